@@ -1,0 +1,25 @@
+//! Types shared by the eBPF programs and the agent: every pinned map's key and
+//! value, plus the constants both sides must agree on.
+//!
+//! Rules for every type here (they are pinned and dumped by `bpftool`):
+//! - `#[repr(C)]`, explicit padding fields (scalars, never `[u8; N]`, which the
+//!   compiler may zero with a `memset` call the BPF target cannot link);
+//! - addresses as `[u8; 4]` in network order (dumps read as dotted quads);
+//! - ports, ids and counters in host order (dumps read as plain numbers).
+//!
+//! Changing any layout or meaning requires bumping [`LAYOUT_VERSION`]: the pin
+//! directory is versioned by it, so an old pin is never silently reused.
+#![no_std]
+
+pub mod maps;
+
+pub use maps::*;
+
+/// Version of the pinned map layout; pins live under `<bpffs>/v<LAYOUT_VERSION>/`.
+pub const LAYOUT_VERSION: u32 = 1;
+
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+
+pub mod csum;

@@ -1,0 +1,282 @@
+//! The pinned maps: name, key, value, who writes and who reads.
+//!
+//! | map (pin name)  | type          | key          | value          | written by            | read by |
+//! |-----------------|---------------|--------------|----------------|-----------------------|---------|
+//! | `ct`            | LRU hash      | [`Tuple`]    | [`CtEntry`]    | program (new flows), agent (flush/GC) | program, `lbagent conntrack` |
+//! | `dnat_rules`    | hash          | [`DnatKey`]  | [`DnatRule`]   | agent                 | program |
+//! | `dnat_backends` | hash          | [`BackendKey`] | [`Backend`]  | agent                 | program |
+//! | `snat_rules`    | LPM trie      | [`SnatKey`] (prefix = 64 + CIDR length) | [`SnatRule`] | agent | program |
+//! | `nat_config`    | array[1]      | `u32` 0      | [`NatConfig`]  | agent                 | program |
+//! | `counters`      | per-CPU array | [`Counter`] as `u32` | `u64`  | program               | agent, `lbagent maps` |
+//! | `meta`          | array[1]      | `u32` 0      | [`Meta`]       | agent (layout check)  | agent |
+//!
+//! Every key carries a *zone*: one zone per network namespace the engine runs
+//! in (one per load balancer, one per NAT gateway). Interface indexes and VPC
+//! addresses repeat across namespaces; the zone keeps them apart in the shared
+//! maps. A program instance is loaded per zone with the zone as a constant.
+
+/// Map names; each is also the pin file name under the versioned pin dir.
+pub const MAP_CT: &str = "ct";
+pub const MAP_DNAT_RULES: &str = "dnat_rules";
+pub const MAP_DNAT_BACKENDS: &str = "dnat_backends";
+pub const MAP_SNAT_RULES: &str = "snat_rules";
+pub const MAP_NAT_CONFIG: &str = "nat_config";
+pub const MAP_COUNTERS: &str = "counters";
+pub const MAP_META: &str = "meta";
+pub const ALL_MAPS: [&str; 7] =
+    [MAP_CT, MAP_DNAT_RULES, MAP_DNAT_BACKENDS, MAP_SNAT_RULES, MAP_NAT_CONFIG, MAP_COUNTERS, MAP_META];
+
+/// Default sizes (`max_entries`).
+pub const CT_MAX: u32 = 262_144;
+pub const DNAT_RULES_MAX: u32 = 131_072;
+pub const DNAT_BACKENDS_MAX: u32 = 262_144;
+pub const SNAT_RULES_MAX: u32 = 131_072;
+
+/// A connection 5-tuple as seen on the wire, in one zone.
+///
+/// For ICMP echo the identifier plays the port: a request has
+/// `sport = id, dport = 0`, a reply `sport = 0, dport = id`, so the reversed
+/// tuple of a request is exactly its reply's tuple.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Tuple {
+    pub saddr: [u8; 4],
+    pub daddr: [u8; 4],
+    pub sport: u16,
+    pub dport: u16,
+    pub proto: u8,
+    pub _pad0: u8,
+    pub zone: u16,
+}
+
+impl Tuple {
+    /// The tuple of a packet travelling the other way.
+    #[inline(always)]
+    pub fn reversed(&self) -> Tuple {
+        Tuple {
+            saddr: self.daddr,
+            daddr: self.saddr,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+            _pad0: 0,
+            zone: self.zone,
+        }
+    }
+}
+
+/// Conntrack entry flags.
+pub const CT_F_REPLY: u8 = 1; // entry for the reply direction
+pub const CT_F_SNAT: u8 = 2; // the flow's source was translated
+pub const CT_F_DNAT: u8 = 4; // the flow's destination was translated
+pub const CT_F_FIN: u8 = 8; // a FIN was seen in this entry's direction
+
+/// Conntrack state (coarse, enough to pick a timeout).
+pub const CT_NEW: u8 = 0; // only the originator has spoken
+pub const CT_ESTABLISHED: u8 = 1; // both directions seen
+pub const CT_CLOSING: u8 = 2; // FIN in both directions, or RST
+
+/// One direction of a tracked flow: packets matching the key are rewritten to
+/// `xlate`. Each flow has two entries: the original tuple and the reply tuple
+/// (`xlate.reversed()` of the original entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtEntry {
+    /// The tuple the packet carries after translation.
+    pub xlate: Tuple,
+    /// `bpf_ktime_get_ns()` of the last packet (updated at most once a second).
+    pub last_seen_ns: u64,
+    /// Id of the DNAT rule (or 0) and of the SNAT rule (or 0) that made the flow.
+    pub dnat_rule: u32,
+    pub snat_rule: u32,
+    /// `CT_F_*` bits.
+    pub flags: u8,
+    /// `CT_NEW`, `CT_ESTABLISHED` or `CT_CLOSING`.
+    pub state: u8,
+    pub _pad0: u16,
+    pub _pad1: u32,
+}
+
+/// Exact-match DNAT key. Looked up first with the packet's port and protocol,
+/// then with `port = 0, proto = 0` (an address-wide rule, e.g. a floating IP).
+/// ICMP echo uses `port = 0`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DnatKey {
+    pub addr: [u8; 4],
+    pub port: u16,
+    pub proto: u8,
+    pub _pad0: u8,
+    pub zone: u16,
+    pub _pad1: u16,
+}
+
+/// DNAT rule: which backend set new flows go to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DnatRule {
+    /// Agent-assigned id, unique across zones; keys the backends.
+    pub rule_id: u32,
+    /// Backends `0..backend_count` in `dnat_backends`; a flow picks one by hash.
+    pub backend_count: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BackendKey {
+    pub rule_id: u32,
+    pub index: u32,
+}
+
+/// A DNAT target. `port = 0` keeps the original destination port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backend {
+    pub addr: [u8; 4],
+    pub port: u16,
+    pub _pad0: u16,
+}
+
+/// Data part of the SNAT LPM key: zone and ingress interface must match fully
+/// (64 bits), then the source address by prefix: `prefix_len = 64 + cidr_len`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SnatKey {
+    pub zone: u16,
+    pub _pad0: u16,
+    /// Interface the packet arrived on (in the zone's namespace).
+    pub ifindex: u32,
+    pub addr: [u8; 4],
+}
+
+/// Bits of `SnatKey` before the address.
+pub const SNAT_KEY_FIXED_BITS: u32 = 64;
+
+/// SNAT rule: new source address and the port range to allocate from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnatRule {
+    pub addr: [u8; 4],
+    pub port_min: u16,
+    pub port_max: u16,
+    pub rule_id: u32,
+    /// `SNAT_F_*` bits.
+    pub flags: u32,
+}
+
+/// Start port search at a random point of the range ("random-fully"), instead
+/// of trying to keep the original source port first.
+pub const SNAT_F_RANDOM: u32 = 1;
+
+/// Timeouts in seconds; 0 means "use the default" (`DEFAULT_*`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NatConfig {
+    pub tcp_new_s: u32,
+    pub tcp_established_s: u32,
+    pub tcp_closing_s: u32,
+    pub udp_s: u32,
+    pub udp_replied_s: u32,
+    pub icmp_s: u32,
+}
+
+pub const DEFAULT_TCP_NEW_S: u32 = 60;
+pub const DEFAULT_TCP_ESTABLISHED_S: u32 = 7_440;
+pub const DEFAULT_TCP_CLOSING_S: u32 = 10;
+pub const DEFAULT_UDP_S: u32 = 30;
+pub const DEFAULT_UDP_REPLIED_S: u32 = 180;
+pub const DEFAULT_ICMP_S: u32 = 30;
+
+/// Written by the agent when it creates the pins; checked on every reuse.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Meta {
+    pub layout_version: u32,
+    pub _pad0: u32,
+}
+
+/// Per-CPU counters (index into `counters`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    Packets = 0,
+    NewFlows,
+    XlateOrig,
+    XlateReply,
+    IcmpErrorXlated,
+    PassNonIpv4,
+    PassFragment,
+    PassUnmatched,
+    ExpiredFlows,
+    DropNoPort,
+    DropCtInsert,
+    DropRewrite,
+    DropMalformed,
+}
+
+pub const COUNTER_COUNT: u32 = 13;
+
+impl Counter {
+    pub const ALL: [Counter; COUNTER_COUNT as usize] = [
+        Counter::Packets,
+        Counter::NewFlows,
+        Counter::XlateOrig,
+        Counter::XlateReply,
+        Counter::IcmpErrorXlated,
+        Counter::PassNonIpv4,
+        Counter::PassFragment,
+        Counter::PassUnmatched,
+        Counter::ExpiredFlows,
+        Counter::DropNoPort,
+        Counter::DropCtInsert,
+        Counter::DropRewrite,
+        Counter::DropMalformed,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Counter::Packets => "packets",
+            Counter::NewFlows => "new_flows",
+            Counter::XlateOrig => "translated_original",
+            Counter::XlateReply => "translated_reply",
+            Counter::IcmpErrorXlated => "icmp_errors_translated",
+            Counter::PassNonIpv4 => "passed_non_ipv4",
+            Counter::PassFragment => "passed_fragment",
+            Counter::PassUnmatched => "passed_unmatched",
+            Counter::ExpiredFlows => "expired_flows",
+            Counter::DropNoPort => "drop_no_free_port",
+            Counter::DropCtInsert => "drop_conntrack_insert",
+            Counter::DropRewrite => "drop_rewrite_failed",
+            Counter::DropMalformed => "drop_malformed",
+        }
+    }
+}
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+
+    macro_rules! pod {
+        ($($t:ty),*) => {$(
+            unsafe impl bytemuck::Zeroable for $t {}
+            unsafe impl bytemuck::Pod for $t {}
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+    pod!(Tuple, CtEntry, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule, NatConfig, Meta);
+}
+
+/// Compile-time proof that no type has implicit padding: the size equals the
+/// sum of the field sizes.
+const _: () = {
+    assert!(core::mem::size_of::<Tuple>() == 16);
+    assert!(core::mem::size_of::<CtEntry>() == 16 + 8 + 4 + 4 + 1 + 1 + 2 + 4);
+    assert!(core::mem::size_of::<DnatKey>() == 4 + 2 + 1 + 1 + 2 + 2);
+    assert!(core::mem::size_of::<DnatRule>() == 8);
+    assert!(core::mem::size_of::<BackendKey>() == 8);
+    assert!(core::mem::size_of::<Backend>() == 8);
+    assert!(core::mem::size_of::<SnatKey>() == 12);
+    assert!(core::mem::size_of::<SnatRule>() == 16);
+    assert!(core::mem::size_of::<NatConfig>() == 24);
+    assert!(core::mem::size_of::<Meta>() == 8);
+};

@@ -1,0 +1,46 @@
+//! lbagent's TC dataplane: one NAT engine (conntrack + DNAT + SNAT) shared by
+//! the VPC load balancer and the VPC NAT gateway.
+//!
+//! The program runs at clsact *ingress* of every interface of a zone's
+//! namespace. Translating before the routing decision lets the kernel route on
+//! the translated destination; replies are matched by their conntrack entry on
+//! the interface they come back on. Packet flow of one packet:
+//!
+//! `parse` → (ICMP error? `icmp_error`) → `conntrack` hit → `rewrite`
+//!                                       → miss → `rules` (DNAT, SNAT) → `conntrack::create` → `rewrite`
+#![no_std]
+#![no_main]
+
+mod conntrack;
+mod counters;
+mod icmp_error;
+mod maps;
+mod nat;
+mod parse;
+mod rewrite;
+mod rules;
+
+use aya_ebpf::{macros::classifier, programs::TcContext};
+
+/// The zone (namespace) this program instance serves; set by the loader.
+#[unsafe(no_mangle)]
+static ZONE: u16 = 0;
+
+#[inline(always)]
+pub(crate) fn zone() -> u16 {
+    unsafe { core::ptr::read_volatile(&ZONE) }
+}
+
+pub(crate) const TC_ACT_OK: i32 = 0;
+pub(crate) const TC_ACT_SHOT: i32 = 2;
+
+#[classifier]
+pub fn lbagent_nat(ctx: TcContext) -> i32 {
+    nat::process(&ctx)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}

@@ -1,0 +1,36 @@
+//! Map definitions. Layouts and the who-writes/who-reads table live in
+//! `lbagent_common::maps`; every map is pinned by name.
+
+use aya_ebpf::{
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    macros::btf_map,
+};
+use lbagent_common::*;
+
+/// Conntrack: both directions of every translated flow.
+#[btf_map(name = "ct", pin_by_name)]
+pub static CT: LruHashMap<Tuple, CtEntry, { CT_MAX as usize }> = LruHashMap::new();
+
+/// DNAT rules by (zone, address, protocol, port).
+#[btf_map(name = "dnat_rules", pin_by_name)]
+pub static DNAT_RULES: HashMap<DnatKey, DnatRule, { DNAT_RULES_MAX as usize }> = HashMap::new();
+
+/// Backends of each DNAT rule, by (rule id, index).
+#[btf_map(name = "dnat_backends", pin_by_name)]
+pub static DNAT_BACKENDS: HashMap<BackendKey, Backend, { DNAT_BACKENDS_MAX as usize }> = HashMap::new();
+
+/// SNAT rules by (zone, ingress interface, source prefix).
+#[btf_map(name = "snat_rules", pin_by_name)]
+pub static SNAT_RULES: LpmTrie<SnatKey, SnatRule, { SNAT_RULES_MAX as usize }> = LpmTrie::new();
+
+/// Engine settings (timeouts).
+#[btf_map(name = "nat_config", pin_by_name)]
+pub static NAT_CONFIG: Array<NatConfig, 1> = Array::new();
+
+/// Per-CPU packet counters, indexed by `Counter`.
+#[btf_map(name = "counters", pin_by_name)]
+pub static COUNTERS: PerCpuArray<u64, { COUNTER_COUNT as usize }> = PerCpuArray::new();
+
+/// Layout version of the pins (checked by the agent, unused by the program).
+#[btf_map(name = "meta", pin_by_name)]
+pub static META: Array<Meta, 1> = Array::new();

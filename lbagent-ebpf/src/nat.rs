@@ -1,0 +1,107 @@
+//! The per-packet pipeline.
+
+use aya_ebpf::programs::TcContext;
+use lbagent_common::*;
+
+use crate::{
+    TC_ACT_OK, TC_ACT_SHOT,
+    conntrack::{self, Lookup, NewFlow},
+    counters::count,
+    icmp_error,
+    parse::{Packet, Parsed, parse},
+    rewrite::rewrite,
+    rules, zone,
+};
+
+/// Lowest port a translated flow that is not SNAT'ed moves to on a collision.
+const COLLISION_PORT_MIN: u16 = 1024;
+
+#[inline(always)]
+pub fn process(ctx: &TcContext) -> i32 {
+    count(Counter::Packets);
+    match parse(ctx, zone()) {
+        Ok(Parsed::Flow(p)) => flow(ctx, &p),
+        Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e),
+        Err(c) => {
+            count(c);
+            TC_ACT_OK
+        }
+    }
+}
+
+#[inline(always)]
+fn flow(ctx: &TcContext, p: &Packet) -> i32 {
+    let now = conntrack::now();
+    match conntrack::lookup(p, now) {
+        Lookup::Hit(e) => {
+            count(if e.flags & CT_F_REPLY != 0 { Counter::XlateReply } else { Counter::XlateOrig });
+            apply(ctx, p, &e.xlate)
+        }
+        Lookup::Miss { expired } => {
+            if expired {
+                count(Counter::ExpiredFlows);
+            }
+            new_flow(ctx, p, now)
+        }
+    }
+}
+
+#[inline(always)]
+fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
+    let t = &p.tuple;
+    // Only echo requests open ICMP flows.
+    if t.proto == PROTO_ICMP && t.sport == 0 {
+        count(Counter::PassUnmatched);
+        return TC_ACT_OK;
+    }
+    let mut f = NewFlow {
+        xlate: *t,
+        flags: 0,
+        dnat_rule: 0,
+        snat_rule: 0,
+        port_min: COLLISION_PORT_MIN,
+        port_max: u16::MAX,
+        random: false,
+    };
+    if let Some(hit) = rules::dnat(t) {
+        f.xlate.daddr = hit.backend.addr;
+        if hit.backend.port != 0 && t.proto != PROTO_ICMP {
+            f.xlate.dport = hit.backend.port;
+        }
+        f.flags |= CT_F_DNAT;
+        f.dnat_rule = hit.rule_id;
+    }
+    if let Some(s) = rules::snat(t.zone, p.ifindex, t.saddr) {
+        f.xlate.saddr = s.addr;
+        f.flags |= CT_F_SNAT;
+        f.snat_rule = s.rule_id;
+        f.port_min = s.port_min;
+        f.port_max = s.port_max;
+        f.random = s.flags & SNAT_F_RANDOM != 0;
+    }
+    if f.flags == 0 {
+        count(Counter::PassUnmatched);
+        return TC_ACT_OK;
+    }
+    match conntrack::create(p, &f, now) {
+        Ok(x) => {
+            count(Counter::NewFlows);
+            apply(ctx, p, &x)
+        }
+        Err(c) => {
+            count(c);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn apply(ctx: &TcContext, p: &Packet, to: &Tuple) -> i32 {
+    match rewrite(ctx, p, to) {
+        Ok(()) => TC_ACT_OK,
+        Err(_) => {
+            count(Counter::DropRewrite);
+            TC_ACT_SHOT
+        }
+    }
+}

@@ -1,0 +1,51 @@
+//! Rule lookups for new flows: DNAT by exact key (then address-wide), SNAT by
+//! longest source prefix on the ingress interface.
+
+use aya_ebpf::btf_maps::lpm_trie::Key;
+use lbagent_common::*;
+
+use crate::maps::{DNAT_BACKENDS, DNAT_RULES, SNAT_RULES};
+
+/// The chosen DNAT target and the rule id.
+pub struct DnatHit {
+    pub backend: Backend,
+    pub rule_id: u32,
+}
+
+#[inline(always)]
+pub fn dnat(t: &Tuple) -> Option<DnatHit> {
+    let port = if t.proto == PROTO_ICMP { 0 } else { t.dport };
+    let mut key = DnatKey { addr: t.daddr, port, proto: t.proto, _pad0: 0, zone: t.zone, _pad1: 0 };
+    let rule = match unsafe { DNAT_RULES.get(&key) } {
+        Some(r) => *r,
+        None => {
+            key.port = 0;
+            key.proto = 0;
+            *unsafe { DNAT_RULES.get(&key) }?
+        }
+    };
+    if rule.backend_count == 0 {
+        return None;
+    }
+    let index = flow_hash(t) % rule.backend_count;
+    let backend = *unsafe { DNAT_BACKENDS.get(&BackendKey { rule_id: rule.rule_id, index }) }?;
+    Some(DnatHit { backend, rule_id: rule.rule_id })
+}
+
+#[inline(always)]
+pub fn snat(zone: u16, ifindex: u32, saddr: [u8; 4]) -> Option<SnatRule> {
+    let key = Key::new(SNAT_KEY_FIXED_BITS + 32, SnatKey { zone, _pad0: 0, ifindex, addr: saddr });
+    SNAT_RULES.get(&key).copied()
+}
+
+/// A stable hash of the tuple, so a flow's backend choice is reproducible.
+#[inline(always)]
+pub fn flow_hash(t: &Tuple) -> u32 {
+    let mut h = u32::from_ne_bytes(t.saddr).wrapping_mul(0x9e37_79b1);
+    h ^= u32::from_ne_bytes(t.daddr).wrapping_mul(0x85eb_ca6b);
+    h ^= (((t.sport as u32) << 16) | t.dport as u32).wrapping_mul(0xc2b2_ae35);
+    h ^= t.proto as u32;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x7feb_352d);
+    h ^ (h >> 15)
+}

@@ -1,0 +1,79 @@
+//! `lbagent conntrack list|flush [filters]`.
+
+use std::{net::Ipv4Addr, path::Path};
+
+use anyhow::{Result, anyhow};
+use clap::{Args, Subcommand};
+use lbagent_common::{CtEntry, Tuple};
+
+use super::format as fmt;
+use crate::dataplane::tables::Tables;
+
+#[derive(Subcommand, Clone, Debug)]
+pub enum Action {
+    /// Print tracked flows (both entries of each flow).
+    List {
+        #[command(flatten)]
+        filter: Filter,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete tracked flows matching the filters (all flows without filters).
+    Flush {
+        #[command(flatten)]
+        filter: Filter,
+    },
+}
+
+/// Selects flows by any field of either direction's tuple.
+#[derive(Args, Clone, Debug, Default)]
+pub struct Filter {
+    #[arg(long)]
+    pub zone: Option<u16>,
+    /// tcp, udp, icmp or a number.
+    #[arg(long, value_parser = parse_proto)]
+    pub proto: Option<u8>,
+    /// Matches source or destination address.
+    #[arg(long)]
+    pub addr: Option<Ipv4Addr>,
+    /// Matches source or destination port.
+    #[arg(long)]
+    pub port: Option<u16>,
+}
+
+fn parse_proto(s: &str) -> Result<u8> {
+    fmt::proto_number(s).ok_or_else(|| anyhow!("protocol {s:?}: expected tcp, udp, icmp or a number"))
+}
+
+impl Filter {
+    pub fn matches(&self, k: &Tuple, _e: &CtEntry) -> bool {
+        self.zone.is_none_or(|z| k.zone == z)
+            && self.proto.is_none_or(|p| k.proto == p)
+            && self.addr.is_none_or(|a| k.saddr == a.octets() || k.daddr == a.octets())
+            && self.port.is_none_or(|p| k.sport == p || k.dport == p)
+    }
+}
+
+pub fn run(bpffs: &Path, action: Action) -> Result<()> {
+    let tables = Tables::open(bpffs)?;
+    match action {
+        Action::List { filter, json } => {
+            let now = fmt::monotonic_ns();
+            let entries: Vec<_> = tables.conntrack()?.into_iter().filter(|(k, e)| filter.matches(k, e)).collect();
+            if json {
+                let v: Vec<_> = entries.iter().map(|(k, e)| fmt::ct_json(k, e, now)).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for (k, e) in &entries {
+                    println!("{}", fmt::ct_line(k, e, now));
+                }
+                eprintln!("{} entries", entries.len());
+            }
+        }
+        Action::Flush { filter } => {
+            let n = tables.flush_conntrack(|k, e| filter.matches(k, e))?;
+            println!("flushed {n} flows");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! `lbagent maps [NAME] [--json]`: decode the pinned maps.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+use lbagent_common::*;
+use serde_json::{Map as JsonMap, Value, json};
+
+use super::format::{self as fmt, ip, proto_name};
+use crate::dataplane::tables::Tables;
+
+pub fn run(bpffs: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
+    if let Some(n) = name {
+        if !ALL_MAPS.contains(&n) {
+            bail!("unknown map {n:?}; maps are: {}", ALL_MAPS.join(", "));
+        }
+    }
+    let tables = Tables::open(bpffs)?;
+    let mut out = JsonMap::new();
+    for map in ALL_MAPS.iter().filter(|m| name.is_none_or(|n| n == **m)) {
+        let (text, value) = render(&tables, map)?;
+        if as_json {
+            out.insert(map.to_string(), value);
+        } else {
+            println!("== {map} ==");
+            print!("{text}");
+        }
+    }
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&Value::Object(out))?);
+    }
+    Ok(())
+}
+
+/// One map as text lines and as JSON.
+pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
+    let mut text = String::new();
+    let value = match map {
+        MAP_CT => {
+            let now = fmt::monotonic_ns();
+            let entries = t.conntrack()?;
+            for (k, e) in &entries {
+                text += &format!("{}\n", fmt::ct_line(k, e, now));
+            }
+            Value::Array(entries.iter().map(|(k, e)| fmt::ct_json(k, e, now)).collect())
+        }
+        MAP_DNAT_RULES | MAP_DNAT_BACKENDS => {
+            let rules = t.dnat_rules()?;
+            let mut arr = Vec::new();
+            for (k, r, bs) in &rules {
+                let backends: Vec<String> =
+                    bs.iter().map(|b| format!("{}:{}", ip(b.addr), if b.port == 0 { "*".into() } else { b.port.to_string() })).collect();
+                let port = if k.port == 0 { "*".to_string() } else { k.port.to_string() };
+                text += &format!(
+                    "zone {:<3} {} {}:{} rule {} -> [{}]\n",
+                    k.zone,
+                    proto_name(k.proto),
+                    ip(k.addr),
+                    port,
+                    r.rule_id,
+                    backends.join(", ")
+                );
+                arr.push(json!({"zone": k.zone, "proto": proto_name(k.proto), "addr": ip(k.addr).to_string(),
+                                "port": k.port, "rule_id": r.rule_id, "backends": backends}));
+            }
+            Value::Array(arr)
+        }
+        MAP_SNAT_RULES => {
+            let mut arr = Vec::new();
+            for (len, k, r) in t.snat_rules()? {
+                let cidr = format!("{}/{}", ip(k.addr), len - SNAT_KEY_FIXED_BITS);
+                let mode = if r.flags & SNAT_F_RANDOM != 0 { "random" } else { "keep-port" };
+                text += &format!(
+                    "zone {:<3} if {:<4} src {:<18} -> {} ports {}-{} {} rule {}\n",
+                    k.zone,
+                    k.ifindex,
+                    cidr,
+                    ip(r.addr),
+                    r.port_min,
+                    r.port_max,
+                    mode,
+                    r.rule_id
+                );
+                arr.push(json!({"zone": k.zone, "ifindex": k.ifindex, "src": cidr, "to": ip(r.addr).to_string(),
+                                "port_min": r.port_min, "port_max": r.port_max, "mode": mode, "rule_id": r.rule_id}));
+            }
+            Value::Array(arr)
+        }
+        MAP_NAT_CONFIG => {
+            let c = t.config()?;
+            text += &format!("{c:?}\n");
+            json!({"tcp_new_s": c.tcp_new_s, "tcp_established_s": c.tcp_established_s, "tcp_closing_s": c.tcp_closing_s,
+                   "udp_s": c.udp_s, "udp_replied_s": c.udp_replied_s, "icmp_s": c.icmp_s})
+        }
+        MAP_COUNTERS => {
+            let mut obj = JsonMap::new();
+            for (c, v) in t.counters()? {
+                text += &format!("{:<24} {v}\n", c.name());
+                obj.insert(c.name().into(), v.into());
+            }
+            Value::Object(obj)
+        }
+        MAP_META => {
+            text += &format!("layout_version {LAYOUT_VERSION}\n");
+            json!({"layout_version": LAYOUT_VERSION})
+        }
+        other => bail!("unknown map {other}"),
+    };
+    Ok((text, value))
+}

@@ -1,0 +1,62 @@
+//! Loading the eBPF object for one zone, reusing (or creating) the pinned maps.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use aya::{Ebpf, EbpfError, EbpfLoader, maps::MapError, programs::SchedClassifier};
+
+use super::{OBJECT, PROGRAM, pins};
+
+/// The NAT program loaded for one zone. Dropping it does not detach anything
+/// (attachments are owned by the kernel; see `attach`).
+pub struct ZoneProgram {
+    pub zone: u16,
+    ebpf: Ebpf,
+}
+
+impl ZoneProgram {
+    /// Loads the object with `ZONE = zone`, pinning its maps under `root`
+    /// (or reusing compatible pins: conntrack and rules survive restarts).
+    pub fn load(root: &Path, zone: u16) -> Result<Self> {
+        if OBJECT.is_empty() {
+            bail!("this lbagent was built without its eBPF object; build with `cargo xtask build`");
+        }
+        raise_memlock();
+        pins::ensure_bpffs(root)?;
+        pins::check_meta(root)?;
+        let dir = pins::versioned_dir(root);
+        let mut ebpf = EbpfLoader::new()
+            .default_map_pin_directory(&dir)
+            .override_global("ZONE", &zone, true)
+            .load(OBJECT)
+            .map_err(|e| explain(e, &dir))?;
+        pins::write_meta(root)?;
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(PROGRAM)
+            .context("program missing from object")?
+            .try_into()?;
+        prog.load().context("loading the NAT program (verifier)")?;
+        Ok(Self { zone, ebpf })
+    }
+
+    pub fn program(&mut self) -> &mut SchedClassifier {
+        self.ebpf.program_mut(PROGRAM).unwrap().try_into().unwrap()
+    }
+}
+
+fn explain(e: EbpfError, dir: &Path) -> anyhow::Error {
+    match e {
+        EbpfError::MapError(MapError::IncompatiblePinnedMap { .. }) => anyhow::anyhow!(
+            "a pinned map in {} is incompatible with this build ({e}); \
+             tear the old dataplane down or use another --bpffs",
+            dir.display()
+        ),
+        e => anyhow::Error::new(e).context("loading eBPF object"),
+    }
+}
+
+/// Kernels < 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+fn raise_memlock() {
+    let lim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+}

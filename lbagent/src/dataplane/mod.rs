@@ -1,0 +1,19 @@
+//! The kernel-facing layer: eBPF object, pins, load, attach, maps.
+//!
+//! One program instance is loaded per *zone* (network namespace) with the zone
+//! as a constant; all instances share the pinned maps under
+//! `<bpffs>/v<LAYOUT_VERSION>/`.
+
+pub mod attach;
+pub mod loader;
+pub mod pins;
+pub mod tables;
+
+/// The eBPF object, embedded at build time.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lbagent-ebpf.o"));
+
+/// Name of the TC program in the object.
+pub const PROGRAM: &str = "lbagent_nat";
+
+/// Default bpffs directory for lbagent's pins.
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/lbagent";

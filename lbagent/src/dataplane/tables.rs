@@ -1,0 +1,242 @@
+//! Typed access to the pinned maps: what the agent writes (rules, config) and
+//! what operators read (conntrack, counters). Works without a loaded program.
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail};
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, lpm_trie::Key};
+use lbagent_common::*;
+
+use super::pins;
+
+pub struct Tables {
+    dir: PathBuf,
+}
+
+/// A DNAT rule as the agent describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnatSpec {
+    pub zone: u16,
+    pub addr: Ipv4Addr,
+    /// 0 with port 0: every protocol and port (floating IP).
+    pub proto: u8,
+    pub port: u16,
+    pub rule_id: u32,
+    pub backends: Vec<(Ipv4Addr, u16)>,
+}
+
+/// A SNAT rule: source `cidr` arriving on `ifindex` leaves as `to`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnatSpec {
+    pub zone: u16,
+    pub ifindex: u32,
+    pub cidr: (Ipv4Addr, u8),
+    pub to: Ipv4Addr,
+    pub ports: (u16, u16),
+    pub random: bool,
+    pub rule_id: u32,
+}
+
+impl DnatSpec {
+    pub fn key(&self) -> DnatKey {
+        DnatKey { addr: self.addr.octets(), port: self.port, proto: self.proto, _pad0: 0, zone: self.zone, _pad1: 0 }
+    }
+}
+
+impl SnatSpec {
+    pub fn key(&self) -> Key<SnatKey> {
+        let (addr, len) = self.cidr;
+        let masked = u32::from(addr) & mask(len);
+        Key::new(
+            SNAT_KEY_FIXED_BITS + len as u32,
+            SnatKey { zone: self.zone, _pad0: 0, ifindex: self.ifindex, addr: masked.to_be_bytes() },
+        )
+    }
+}
+
+fn mask(len: u8) -> u32 {
+    if len == 0 { 0 } else { u32::MAX << (32 - len.min(32)) }
+}
+
+impl Tables {
+    /// Opens the pins under `bpffs` (they must exist: load a program first).
+    pub fn open(bpffs: &Path) -> Result<Self> {
+        let dir = pins::versioned_dir(bpffs);
+        if !dir.join(MAP_CT).exists() {
+            bail!("no lbagent maps pinned under {} (is the dataplane running? see --bpffs)", dir.display());
+        }
+        pins::check_meta(bpffs)?;
+        Ok(Self { dir })
+    }
+
+    fn data(&self, name: &str) -> Result<MapData> {
+        let path = self.dir.join(name);
+        MapData::from_pin(&path).with_context(|| format!("opening pinned map {}", path.display()))
+    }
+
+    fn hash<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<HashMap<MapData, K, V>> {
+        let data = self.data(name)?;
+        let map = if name == MAP_CT { Map::LruHashMap(data) } else { Map::HashMap(data) };
+        Ok(HashMap::try_from(map)?)
+    }
+
+    fn snat_map(&self) -> Result<LpmTrie<MapData, SnatKey, SnatRule>> {
+        Ok(LpmTrie::try_from(Map::LpmTrie(self.data(MAP_SNAT_RULES)?))?)
+    }
+
+    /// Installs or replaces a DNAT rule. Backends are written before the rule
+    /// so a packet never sees a count larger than the backends present;
+    /// surplus backends of a shrunk rule are removed afterwards.
+    pub fn set_dnat(&self, spec: &DnatSpec) -> Result<()> {
+        let mut rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
+        let mut backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
+        let old = rules.get(&spec.key(), 0).ok();
+        for (i, (addr, port)) in spec.backends.iter().enumerate() {
+            let b = Backend { addr: addr.octets(), port: *port, _pad0: 0 };
+            backends.insert(&BackendKey { rule_id: spec.rule_id, index: i as u32 }, &b, 0)?;
+        }
+        let rule = DnatRule { rule_id: spec.rule_id, backend_count: spec.backends.len() as u32 };
+        rules.insert(&spec.key(), &rule, 0)?;
+        if let Some(old) = old {
+            let start = if old.rule_id == spec.rule_id { spec.backends.len() as u32 } else { 0 };
+            for index in start..old.backend_count {
+                let _ = backends.remove(&BackendKey { rule_id: old.rule_id, index });
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a DNAT rule and its backends (existing flows keep their entries).
+    pub fn remove_dnat(&self, key: &DnatKey) -> Result<()> {
+        let mut rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
+        let mut backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
+        if let Ok(old) = rules.get(key, 0) {
+            rules.remove(key)?;
+            for index in 0..old.backend_count {
+                let _ = backends.remove(&BackendKey { rule_id: old.rule_id, index });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn set_snat(&self, spec: &SnatSpec) -> Result<()> {
+        let rule = SnatRule {
+            addr: spec.to.octets(),
+            port_min: spec.ports.0,
+            port_max: spec.ports.1,
+            rule_id: spec.rule_id,
+            flags: if spec.random { SNAT_F_RANDOM } else { 0 },
+        };
+        self.snat_map()?.insert(&spec.key(), &rule, 0)?;
+        Ok(())
+    }
+
+    pub fn remove_snat(&self, spec: &SnatSpec) -> Result<()> {
+        let _ = self.snat_map()?.remove(&spec.key());
+        Ok(())
+    }
+
+    pub fn dnat_rules(&self) -> Result<Vec<(DnatKey, DnatRule, Vec<Backend>)>> {
+        let rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
+        let backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
+        let mut out = Vec::new();
+        for item in rules.iter() {
+            let (k, r) = item?;
+            let bs = (0..r.backend_count)
+                .filter_map(|index| backends.get(&BackendKey { rule_id: r.rule_id, index }, 0).ok())
+                .collect();
+            out.push((k, r, bs));
+        }
+        out.sort_by_key(|(k, _, _)| (k.zone, k.addr, k.proto, k.port));
+        Ok(out)
+    }
+
+    pub fn snat_rules(&self) -> Result<Vec<(u32, SnatKey, SnatRule)>> {
+        let map = self.snat_map()?;
+        let mut out = Vec::new();
+        for item in map.iter() {
+            let (k, v) = item?;
+            out.push((k.prefix_len(), k.data(), v));
+        }
+        out.sort_by_key(|(len, k, _)| (k.zone, k.ifindex, k.addr, *len));
+        Ok(out)
+    }
+
+    pub fn conntrack(&self) -> Result<Vec<(Tuple, CtEntry)>> {
+        let ct = self.hash::<Tuple, CtEntry>(MAP_CT)?;
+        let mut out: Vec<_> = ct.iter().collect::<Result<_, _>>()?;
+        out.sort_by_key(|(k, e)| (k.zone, e.flags & CT_F_REPLY, k.saddr, k.sport, k.daddr, k.dport));
+        Ok(out)
+    }
+
+    /// Deletes the conntrack entries of every flow that `select` picks (either
+    /// direction's entry may match; both go). Returns the number of flows.
+    pub fn flush_conntrack(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
+        let mut ct = self.hash::<Tuple, CtEntry>(MAP_CT)?;
+        let mut doomed = Vec::new();
+        for (k, e) in self.conntrack()? {
+            if select(&k, &e) {
+                doomed.push(k);
+                doomed.push(e.xlate.reversed());
+            }
+        }
+        let mut flows = 0;
+        for k in &doomed {
+            if ct.remove(k).is_ok() && doomed.len() > 0 {
+                flows += 1;
+            }
+        }
+        Ok(flows / 2 + flows % 2)
+    }
+
+    pub fn set_config(&self, cfg: NatConfig) -> Result<()> {
+        let mut arr: Array<_, NatConfig> = Array::try_from(Map::Array(self.data(MAP_NAT_CONFIG)?))?;
+        arr.set(0, &cfg, 0)?;
+        Ok(())
+    }
+
+    pub fn config(&self) -> Result<NatConfig> {
+        let arr: Array<_, NatConfig> = Array::try_from(Map::Array(self.data(MAP_NAT_CONFIG)?))?;
+        Ok(arr.get(&0, 0)?)
+    }
+
+    /// Counters summed over CPUs.
+    pub fn counters(&self) -> Result<Vec<(Counter, u64)>> {
+        let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(self.data(MAP_COUNTERS)?))?;
+        Counter::ALL
+            .iter()
+            .map(|c| Ok((*c, arr.get(&(*c as u32), 0)?.iter().sum())))
+            .collect()
+    }
+
+    pub fn counter(&self, c: Counter) -> Result<u64> {
+        Ok(self.counters()?.into_iter().find(|(k, _)| *k == c).map(|(_, v)| v).unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snat_key_masks_host_bits_and_counts_fixed_prefix() {
+        let s = SnatSpec {
+            zone: 3,
+            ifindex: 7,
+            cidr: ("10.1.2.3".parse().unwrap(), 16),
+            to: "198.51.100.1".parse().unwrap(),
+            ports: (1024, 65535),
+            random: true,
+            rule_id: 1,
+        };
+        let k = s.key();
+        assert_eq!(k.prefix_len(), 64 + 16);
+        assert_eq!(k.data().addr, [10, 1, 0, 0]);
+        assert_eq!(k.data().ifindex, 7);
+        assert_eq!(mask(0), 0);
+        assert_eq!(mask(32), u32::MAX);
+    }
+}

@@ -1,0 +1,27 @@
+//! Testbed for lbagent's root tests and demo: unique names, namespaces and
+//! veths that clean up on drop (also when a test fails), crafted packets with
+//! independently computed checksums, and an engine harness for
+//! `BPF_PROG_TEST_RUN`.
+
+pub mod engine;
+pub mod net;
+pub mod packet;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A name unique to this process and call, at most `prefix.len() + 7` chars
+/// (interface names must stay under 16 bytes).
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{:04x}{:x}", std::process::id() & 0xffff, n % 256)
+}
+
+/// Skips (with a message) when not root; root tests need CAP_NET_ADMIN and CAP_BPF.
+pub fn require_root() -> bool {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root");
+        return false;
+    }
+    true
+}

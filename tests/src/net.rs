@@ -1,0 +1,73 @@
+//! Namespaces and veth pairs for tests, removed on drop. Uses `ip` (tests may;
+//! the agent itself uses rtnetlink).
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Runs a command; error with its output when it fails.
+pub fn sh(args: &[&str]) -> Result<String> {
+    let out = Command::new(args[0]).args(&args[1..]).output().with_context(|| format!("spawning {args:?}"))?;
+    if !out.status.success() {
+        bail!("{args:?} failed: {}{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs a command inside a namespace (network namespace only: `nsenter --net`,
+/// so /sys and bpffs stay the host's).
+pub fn in_ns(ns: &str, args: &[&str]) -> Result<String> {
+    let netns = format!("--net=/run/netns/{ns}");
+    let mut v = vec!["nsenter", netns.as_str(), "--"];
+    v.extend_from_slice(args);
+    sh(&v)
+}
+
+/// A named network namespace, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(name: &str) -> Result<Self> {
+        sh(&["ip", "netns", "add", name])?;
+        let ns = Netns { name: name.to_string() };
+        ns.exec(&["ip", "link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn exec(&self, args: &[&str]) -> Result<String> {
+        in_ns(&self.name, args)
+    }
+
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<()> {
+        self.exec(&["sysctl", "-qw", &format!("{key}={value}")]).map(|_| ())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = sh(&["ip", "netns", "del", &self.name]);
+    }
+}
+
+/// Connects `a` (interface `a_if` with `a_addr`) and `b` with a veth pair.
+pub fn veth(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: &str) -> Result<()> {
+    sh(&["ip", "link", "add", a_if, "netns", &a.name, "type", "veth", "peer", "name", b_if, "netns", &b.name])?;
+    for (ns, ifn, addr) in [(a, a_if, a_addr), (b, b_if, b_addr)] {
+        ns.exec(&["ip", "addr", "add", addr, "dev", ifn])?;
+        ns.exec(&["ip", "link", "set", ifn, "up"])?;
+    }
+    Ok(())
+}
+
+/// The mixed-offload setting of DESIGN §7: senders transmit with checksum
+/// offload (CHECKSUM_PARTIAL packets reach the dataplane) but do not trust
+/// received checksums; the dataplane's veths have tx offload off.
+pub fn sender_offloads(ns: &Netns, ifname: &str) -> Result<()> {
+    ns.exec(&["ethtool", "-K", ifname, "tx", "on", "rx", "off"]).map(|_| ())
+}
+
+pub fn dataplane_offloads(ns: &Netns, ifname: &str) -> Result<()> {
+    ns.exec(&["ethtool", "-K", ifname, "tx", "off"]).map(|_| ())
+}

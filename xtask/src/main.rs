@@ -1,0 +1,87 @@
+//! Developer tasks: `cargo xtask setup|build-ebpf|build|test|demo`.
+//!
+//! Every task first runs the idempotent setup, so a fresh machine goes from
+//! `git clone` to a green test run with one command.
+
+mod build;
+mod setup;
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what is missing: toolchain, bpf-linker (against the toolchain's LLVM), Debian packages.
+    Setup,
+    /// Build the eBPF object (release, BTF) into target/bpfel-unknown-none/release/.
+    BuildEbpf,
+    /// Build the eBPF object and the userspace binaries.
+    Build,
+    /// Run every test tier: unit, program (BPF_PROG_TEST_RUN), static checks, integration.
+    Test {
+        /// Extra arguments passed to `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Build everything, set up a client/NAT/server topology, send traffic, show the maps, clean up.
+    Demo,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Setup => setup::ensure_all(),
+        Cmd::BuildEbpf => {
+            setup::ensure_all()?;
+            build::ebpf()
+        }
+        Cmd::Build => {
+            setup::ensure_all()?;
+            build::all()
+        }
+        Cmd::Test { args } => {
+            setup::ensure_all()?;
+            build::all()?;
+            let started = std::time::Instant::now();
+            // Root tests share the kernel; they use unique names and run two at a time.
+            let mut cmd = Command::new("cargo");
+            cmd.args(["test", "--workspace", "--exclude", "lbagent-ebpf"])
+                .args(&args)
+                .env("RUST_TEST_THREADS", std::env::var("RUST_TEST_THREADS").unwrap_or("2".into()));
+            run(&mut cmd)?;
+            eprintln!("xtask: tests passed in {:.0?}", started.elapsed());
+            Ok(())
+        }
+        Cmd::Demo => {
+            setup::ensure_all()?;
+            build::all()?;
+            run(Command::new("cargo").args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-demo"]))
+        }
+    }
+}
+
+/// Runs a command, failing with its command line when it does not exit 0.
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+/// Runs a command and returns its stdout.
+pub(crate) fn output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("spawning {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}

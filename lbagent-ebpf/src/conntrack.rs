@@ -140,7 +140,9 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
         _pad1: 0,
     };
     let span = (f.port_max as u32).saturating_sub(f.port_min as u32) + 1;
-    let start = if f.random { unsafe { bpf_get_prandom_u32() } } else { x.sport as u32 };
+    // Random-fully draws the start; otherwise a per-flow hash spreads flows
+    // over the range (a plain sport start would cluster and probe long).
+    let start = if f.random { unsafe { bpf_get_prandom_u32() } } else { crate::rules::flow_hash(&orig) };
     let keep_first = !f.random && (f.flags & CT_F_SNAT == 0 || (x.sport >= f.port_min && x.sport <= f.port_max));
     let mut claimed = false;
     for i in 0..PORT_TRIES {

@@ -6,6 +6,8 @@
 pub mod engine;
 pub mod net;
 pub mod packet;
+pub mod topology;
+pub mod traffic;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

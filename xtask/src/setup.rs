@@ -31,6 +31,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("iptables", "iptables"),
     ("ip", "iproute2"),
     ("nft", "nftables"),
+    ("ping", "iputils-ping"),
+    ("nsenter", "util-linux"),
 ];
 
 pub fn ensure_all() -> Result<()> {

@@ -75,7 +75,8 @@ pub struct Hook<'a> {
 impl Hook<'_> {
     /// File name of this hook's pinned tcx link.
     pub fn link_pin_name(&self) -> String {
-        format!("{}.{}.ingress", self.netns.unwrap_or("host"), self.ifname)
+        // bpffs refuses names with dots.
+        format!("{}_{}_ingress", self.netns.unwrap_or("host"), self.ifname)
     }
 }
 
@@ -83,14 +84,20 @@ impl Hook<'_> {
 pub fn attach(prog: &mut SchedClassifier, bpffs: &Path, hook: &Hook<'_>, mode: AttachMode) -> Result<AttachMode> {
     let mode = mode.resolve();
     let pin = pins::links_dir(bpffs).join(hook.link_pin_name());
-    netns::run_in(hook.netns, || {
+    let ctx = || format!("attaching to {} ({mode})", hook.ifname);
+    // The attach must happen inside the namespace; the pin (a bpffs write)
+    // is done from the agent's own thread.
+    let new_link = netns::run_in(hook.netns, || {
         let ifindex = netns::ifindex(hook.ifname)?;
         match mode {
             AttachMode::Tcx => attach_tcx(prog, ifindex, &pin),
-            _ => attach_netlink(prog, ifindex),
+            _ => attach_netlink(prog, ifindex).map(|()| None),
         }
-        .with_context(|| format!("attaching to {} ({mode})", hook.ifname))
-    })?;
+    })
+    .with_context(ctx)?;
+    if let Some(link) = new_link {
+        link.pin(&pin).with_context(|| format!("pinning tcx link at {}", pin.display())).with_context(ctx)?;
+    }
     Ok(mode)
 }
 
@@ -114,17 +121,17 @@ fn attach_netlink(prog: &mut SchedClassifier, ifindex: u32) -> Result<()> {
     Ok(())
 }
 
-fn attach_tcx(prog: &mut SchedClassifier, ifindex: u32, pin: &Path) -> Result<()> {
+/// Replaces the program of an existing pinned link, or creates a link and
+/// returns it for pinning.
+fn attach_tcx(prog: &mut SchedClassifier, ifindex: u32, pin: &Path) -> Result<Option<FdLink>> {
     if pin.exists() {
         let link: FdLink = PinnedLink::from_pin(pin)?.into();
         let id = prog.attach_to_link(SchedClassifierLink::try_from(link)?)?;
         drop(prog.take_link(id)?); // closes our fd; the pin keeps the link
-        return Ok(());
+        return Ok(None);
     }
     let id = prog.attach(ifindex, TcAttach::Tcx { attach_type: TcAttachType::Ingress, order: LinkOrder::default() })?;
-    let link: FdLink = prog.take_link(id)?.try_into()?;
-    link.pin(pin).with_context(|| format!("pinning tcx link at {}", pin.display()))?;
-    Ok(())
+    Ok(Some(prog.take_link(id)?.try_into()?))
 }
 
 /// Removes lbagent's program from `hook` (both attach kinds; absent is fine).

@@ -1,0 +1,114 @@
+//! The first real-traffic topology, shared by the tests and the demo:
+//!
+//! ```text
+//!  client ns            nat ns (engine on ingress of both)         server ns
+//!  c0 10.0.1.2 ──veth── n0 10.0.1.1        n1 10.0.2.1 ──veth── s0 10.0.2.2
+//!  default via .1                                                default via .1
+//! ```
+//! The client talks to VIP 198.51.100.10 (tcp/80 → 8080, udp/53 → 5353,
+//! udp/54 → 5454 with no listener, icmp); everything from 10.0.1.0/24 that
+//! enters on n0 is SNAT'ed to 10.0.2.1. Mixed offloads per DESIGN §7.
+
+use std::{
+    fs::File,
+    net::Ipv4Addr,
+    thread::JoinHandle,
+};
+
+use anyhow::{Context, Result};
+use lbagent::dataplane::{
+    attach::{self, AttachMode, Hook},
+    loader::ZoneProgram,
+    tables::{DnatSpec, SnatSpec, Tables},
+};
+use lbagent_common::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+
+use crate::{
+    engine::TestPins,
+    net::{Netns, dataplane_offloads, sender_offloads, veth},
+    unique,
+};
+
+pub const VIP: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 10);
+pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 0, 1, 2);
+pub const SERVER: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+pub const SNAT: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 1);
+pub const ZONE: u16 = 1;
+
+pub struct NatTopology {
+    // Field order is drop order: namespaces (and their links) go first, then pins.
+    pub client: Netns,
+    pub nat: Netns,
+    pub server: Netns,
+    pub prog: ZoneProgram,
+    pub tables: Tables,
+    pub mode: AttachMode,
+    pub ifaces: [String; 2],
+    pub pins: TestPins,
+}
+
+impl NatTopology {
+    pub fn new(mode: AttachMode) -> Result<Self> {
+        let client = Netns::new(&unique("lbc"))?;
+        let nat = Netns::new(&unique("lbn"))?;
+        let server = Netns::new(&unique("lbs"))?;
+        let (c0, n0, n1, s0) = (unique("c"), unique("n"), unique("n"), unique("s"));
+        veth(&client, &c0, "10.0.1.2/24", &nat, &n0, "10.0.1.1/24")?;
+        veth(&nat, &n1, "10.0.2.1/24", &server, &s0, "10.0.2.2/24")?;
+        client.exec(&["ip", "route", "add", "default", "via", "10.0.1.1"])?;
+        server.exec(&["ip", "route", "add", "default", "via", "10.0.2.1"])?;
+        nat.sysctl("net.ipv4.ip_forward", "1")?;
+        for ifn in [&n0, &n1] {
+            // SNAT happens at ingress, before routing: the new source is one of
+            // this namespace's own addresses, which the kernel must accept.
+            nat.sysctl(&format!("net.ipv4.conf.{ifn}.accept_local"), "1")?;
+            nat.sysctl(&format!("net.ipv4.conf.{ifn}.rp_filter"), "0")?;
+            dataplane_offloads(&nat, ifn)?;
+        }
+        nat.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+        sender_offloads(&client, &c0)?;
+        sender_offloads(&server, &s0)?;
+
+        let pins = TestPins::new();
+        let mut prog = ZoneProgram::load(&pins.root, ZONE)?;
+        let mut used = mode;
+        for ifn in [&n0, &n1] {
+            used = attach::attach(prog.program(), &pins.root, &Hook { netns: Some(&nat.name), ifname: ifn }, mode)?;
+        }
+        let tables = Tables::open(&pins.root)?;
+        let n0_index = lbagent::netns::run_in(Some(&nat.name), || lbagent::netns::ifindex(&n0))?;
+        let rule = |proto, port, id, to: u16| DnatSpec { zone: ZONE, addr: VIP, proto, port, rule_id: id, backends: vec![(SERVER, to)] };
+        tables.set_dnat(&rule(PROTO_TCP, 80, 1, 8080))?;
+        tables.set_dnat(&rule(PROTO_UDP, 53, 2, 5353))?;
+        tables.set_dnat(&rule(PROTO_UDP, 54, 3, 5454))?;
+        tables.set_dnat(&rule(PROTO_ICMP, 0, 4, 0))?;
+        tables.set_snat(&SnatSpec {
+            zone: ZONE,
+            ifindex: n0_index,
+            cidr: (Ipv4Addr::new(10, 0, 1, 0), 24),
+            to: SNAT,
+            ports: (20000, 29999),
+            random: true,
+            rule_id: 10,
+        })?;
+        Ok(NatTopology { client, nat, server, prog, tables, mode: used, ifaces: [n0, n1], pins })
+    }
+}
+
+/// Runs `f` on a new thread inside namespace `ns` (network namespace only).
+pub fn spawn_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> Result<T> + Send + 'static) -> JoinHandle<Result<T>> {
+    let path = lbagent::netns::path(ns);
+    std::thread::spawn(move || {
+        let file = File::open(&path).with_context(|| format!("{}", path.display()))?;
+        nix_setns(&file)?;
+        f()
+    })
+}
+
+fn nix_setns(file: &File) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("setns");
+    }
+    Ok(())
+}

@@ -44,7 +44,15 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             }
             Value::Array(entries.iter().map(|(k, e)| fmt::ct_json(k, e, now)).collect())
         }
-        MAP_DNAT_RULES | MAP_DNAT_BACKENDS => {
+        MAP_DNAT_BACKENDS => {
+            let mut arr = Vec::new();
+            for (k, b) in t.backends()? {
+                text += &format!("rule {:<6} #{:<3} {}:{}\n", k.rule_id, k.index, ip(b.addr), b.port);
+                arr.push(json!({"rule_id": k.rule_id, "index": k.index, "addr": ip(b.addr).to_string(), "port": b.port}));
+            }
+            Value::Array(arr)
+        }
+        MAP_DNAT_RULES => {
             let rules = t.dnat_rules()?;
             let mut arr = Vec::new();
             for (k, r, bs) in &rules {

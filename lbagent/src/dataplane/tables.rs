@@ -154,6 +154,14 @@ impl Tables {
         Ok(out)
     }
 
+    /// Every backend slot: (rule id, index, backend).
+    pub fn backends(&self) -> Result<Vec<(BackendKey, Backend)>> {
+        let map = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
+        let mut out: Vec<_> = map.iter().collect::<Result<_, _>>()?;
+        out.sort_by_key(|(k, _)| (k.rule_id, k.index));
+        Ok(out)
+    }
+
     pub fn snat_rules(&self) -> Result<Vec<(u32, SnatKey, SnatRule)>> {
         let map = self.snat_map()?;
         let mut out = Vec::new();
@@ -176,20 +184,20 @@ impl Tables {
     /// direction's entry may match; both go). Returns the number of flows.
     pub fn flush_conntrack(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
         let mut ct = self.hash::<Tuple, CtEntry>(MAP_CT)?;
-        let mut doomed = Vec::new();
+        // A flow is identified by its original-direction key.
+        let mut flows = std::collections::HashMap::new();
         for (k, e) in self.conntrack()? {
             if select(&k, &e) {
-                doomed.push(k);
-                doomed.push(e.xlate.reversed());
+                let orig = if e.flags & CT_F_REPLY != 0 { e.xlate } else { k };
+                let reply = if e.flags & CT_F_REPLY != 0 { k } else { e.xlate.reversed() };
+                flows.insert(orig, reply);
             }
         }
-        let mut flows = 0;
-        for k in &doomed {
-            if ct.remove(k).is_ok() && doomed.len() > 0 {
-                flows += 1;
-            }
+        for (orig, reply) in &flows {
+            let _ = ct.remove(orig);
+            let _ = ct.remove(reply);
         }
-        Ok(flows / 2 + flows % 2)
+        Ok(flows.len())
     }
 
     pub fn set_config(&self, cfg: NatConfig) -> Result<()> {

@@ -1,0 +1,99 @@
+//! Pins: typed BTF dumps through bpftool, refusal of incompatible pins, and
+//! reuse of conntrack across a program reload (agent restart).
+
+use std::process::Command;
+
+use lbagent::dataplane::{loader::ZoneProgram, pins};
+use lbagent_common::*;
+use lbagent_tests::{
+    engine::{Engine, TC_ACT_OK, TestPins},
+    net::sh,
+    packet::{self, Ip, L4, frame},
+    require_root,
+};
+
+fn udp(sport: u16, dport: u16) -> L4 {
+    L4::Udp { sport, dport, payload: b"pin".to_vec(), zero_csum: false }
+}
+
+fn engine_with_flow() -> Engine {
+    let e = Engine::new(3).unwrap();
+    e.tables
+        .set_dnat(&lbagent::dataplane::tables::DnatSpec {
+            zone: 3,
+            addr: "198.51.100.10".parse().unwrap(),
+            proto: PROTO_UDP,
+            port: 53,
+            rule_id: 1,
+            backends: vec![("10.0.2.2".parse().unwrap(), 5353)],
+        })
+        .unwrap();
+    e
+}
+
+#[test]
+fn bpftool_dumps_named_fields() {
+    if !require_root() {
+        return;
+    }
+    let mut e = engine_with_flow();
+    let (rc, _) = e.run(&frame(&Ip::new([10, 0, 1, 2], [198, 51, 100, 10]), &udp(1234, 53))).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    let dir = pins::versioned_dir(&e.pins.root);
+    let ct = sh(&["bpftool", "map", "dump", "pinned", dir.join(MAP_CT).to_str().unwrap()]).unwrap();
+    for field in ["\"saddr\"", "\"dport\"", "\"xlate\"", "\"last_seen_ns\"", "\"zone\": 3", "\"state\""] {
+        assert!(ct.contains(field), "ct dump lacks {field}:\n{ct}");
+    }
+    let rules = sh(&["bpftool", "map", "dump", "pinned", dir.join(MAP_DNAT_RULES).to_str().unwrap()]).unwrap();
+    assert!(rules.contains("\"backend_count\": 1") && rules.contains("\"addr\": [198,51,100,10"), "{rules}");
+}
+
+#[test]
+fn incompatible_pins_are_refused_with_a_clear_message() {
+    if !require_root() {
+        return;
+    }
+    // A map named `ct` with another value size sits where ours would go.
+    let p = TestPins::new();
+    pins::ensure_bpffs(&p.root).unwrap();
+    let path = pins::versioned_dir(&p.root).join(MAP_CT);
+    sh(&["bpftool", "map", "create", path.to_str().unwrap(), "type", "lru_hash", "key", "16", "value", "8", "entries", "16", "name", "ct"])
+        .unwrap();
+    let err = ZoneProgram::load(&p.root, 1).err().expect("must refuse").to_string();
+    assert!(err.contains("incompatible") && err.contains("--bpffs"), "{err}");
+    assert!(path.exists(), "the foreign pin is left alone");
+}
+
+#[test]
+fn pins_of_another_layout_version_are_refused() {
+    if !require_root() {
+        return;
+    }
+    let e = Engine::new(1).unwrap();
+    let meta = pins::versioned_dir(&e.pins.root).join(MAP_META);
+    let st = Command::new("bpftool")
+        .args(["map", "update", "pinned", meta.to_str().unwrap(), "key", "0", "0", "0", "0", "value", "99", "0", "0", "0", "0", "0", "0", "0"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let err = ZoneProgram::load(&e.pins.root, 1).err().expect("must refuse").to_string();
+    assert!(err.contains("layout version 99"), "{err}");
+}
+
+#[test]
+fn reload_keeps_conntrack_and_rules() {
+    if !require_root() {
+        return;
+    }
+    let mut e = engine_with_flow();
+    let (_, out) = e.run(&frame(&Ip::new([10, 0, 1, 2], [198, 51, 100, 10]), &udp(1234, 53))).unwrap();
+    assert_eq!(packet::summary(&out).dst, [10, 0, 2, 2]);
+    // "Restart": a new program instance over the same pins.
+    e.prog = ZoneProgram::load(&e.pins.root, 3).unwrap();
+    assert_eq!(e.tables.conntrack().unwrap().len(), 2);
+    let (rc, out) = e.run(&frame(&Ip::new([10, 0, 2, 2], [10, 0, 1, 2]), &udp(5353, 1234))).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    let s = packet::summary(&out);
+    assert_eq!((s.src, s.sport), ([198, 51, 100, 10], 53), "reply translated by the reloaded program");
+    assert_eq!(e.tables.counter(Counter::XlateReply).unwrap(), 1);
+}

@@ -1,0 +1,71 @@
+//! Static checks on the built eBPF object: no BPF-to-BPF calls (in particular
+//! no `memset`/`memcpy` the compiler slipped in), and only helpers that exist
+//! in Linux 5.10.
+
+use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
+
+/// The highest helper id in Linux 5.10's uapi `bpf.h` (`bpf_redirect_peer`).
+const MAX_HELPER_5_10: i32 = 155;
+
+fn object_bytes() -> &'static [u8] {
+    let obj = lbagent::dataplane::OBJECT;
+    assert!(!obj.is_empty(), "eBPF object not built (cargo xtask build)");
+    obj
+}
+
+/// (section, instruction index, src_reg, imm) of every call instruction.
+fn calls() -> Vec<(String, usize, u8, i32)> {
+    let file = object::File::parse(object_bytes()).unwrap();
+    let mut out = Vec::new();
+    for sec in file.sections().filter(|s| s.kind() == SectionKind::Text) {
+        let data = sec.data().unwrap();
+        for (i, insn) in data.chunks_exact(8).enumerate() {
+            if insn[0] == 0x85 {
+                let imm = i32::from_le_bytes(insn[4..8].try_into().unwrap());
+                out.push((sec.name().unwrap().to_string(), i, insn[1] >> 4, imm));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_bpf_to_bpf_calls() {
+    let pseudo: Vec<_> = calls().into_iter().filter(|c| c.2 != 0).collect();
+    assert!(pseudo.is_empty(), "BPF-to-BPF calls (src_reg != 0): {pseudo:?}");
+    // And no call relocations against mem* builtins.
+    let file = object::File::parse(object_bytes()).unwrap();
+    for sec in file.sections() {
+        for (_, rel) in sec.relocations() {
+            if let object::RelocationTarget::Symbol(idx) = rel.target() {
+                let name = file.symbol_by_index(idx).and_then(|s| s.name().map(str::to_owned)).unwrap_or_default();
+                assert!(
+                    !["memset", "memcpy", "memmove", "memcmp", "bcmp"].contains(&name.as_str()) || sec.kind() != SectionKind::Text,
+                    "{} references {name}",
+                    sec.name().unwrap_or("?")
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn helpers_exist_in_linux_5_10() {
+    let calls = calls();
+    assert!(!calls.is_empty());
+    let mut ids: Vec<i32> = calls.iter().map(|c| c.3).collect();
+    ids.sort();
+    ids.dedup();
+    eprintln!("helper ids used: {ids:?}");
+    for id in ids {
+        assert!((1..=MAX_HELPER_5_10).contains(&id), "helper {id} is newer than Linux 5.10");
+    }
+}
+
+#[test]
+fn programs_are_tc_classifiers_with_btf() {
+    let file = object::File::parse(object_bytes()).unwrap();
+    assert!(file.section_by_name("classifier").is_some(), "sched_cls section");
+    assert!(file.section_by_name(".BTF").is_some(), "BTF for typed map dumps");
+    assert!(file.section_by_name(".maps").is_some(), "BTF-defined maps");
+}

@@ -8,3 +8,4 @@
 pub mod cli;
 pub mod dataplane;
 pub mod netns;
+pub mod state;

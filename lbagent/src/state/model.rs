@@ -1,0 +1,334 @@
+//! The state file (DESIGN §3): field names are the contract. Unknown fields
+//! are errors. Values are kept as written (strings for addresses and CIDRs) so
+//! validation can report every problem with its path instead of stopping at
+//! the first parse failure.
+
+use serde::{Deserialize, Serialize};
+
+use super::decimal::Decimal;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFile {
+    pub version: u32,
+    #[serde(default)]
+    pub agent: AgentConfig,
+    #[serde(default)]
+    pub load_balancers: Vec<LoadBalancer>,
+    #[serde(default)]
+    pub nat_gateways: Vec<NatGateway>,
+    #[serde(default)]
+    pub qos_policies: Vec<QosPolicy>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// OVS bridge for VPC ports.
+    #[serde(default = "default_bridge")]
+    pub integration_bridge: String,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig { integration_bridge: default_bridge() }
+    }
+}
+
+fn default_bridge() -> String {
+    "brvpc".into()
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadBalancer {
+    pub id: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    pub network: LbNetwork,
+    #[serde(default)]
+    pub listeners: Vec<Listener>,
+    #[serde(default)]
+    pub backend_groups: Vec<BackendGroup>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LbNetwork {
+    pub ip: String,
+    pub mac: String,
+    pub prefix_len: u8,
+    pub gateway: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerType {
+    Http,
+    Https,
+    Tcp,
+    Udp,
+}
+
+impl ListenerType {
+    /// The L4 protocol the listener binds.
+    pub fn l4(self) -> &'static str {
+        if self == ListenerType::Udp { "udp" } else { "tcp" }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerMode {
+    /// eBPF balances L4 itself.
+    Direct,
+    /// Through haproxy.
+    Proxy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheduler {
+    Rr,
+    Wrr,
+    Wlc,
+    Sch,
+    Tch,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listener {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: ListenerType,
+    pub port: u32,
+    pub backend_group: String,
+    #[serde(default)]
+    pub mode: Option<ListenerMode>,
+    #[serde(default)]
+    pub scheduler: Option<Scheduler>,
+    #[serde(default)]
+    pub acl: Option<Acl>,
+    #[serde(default)]
+    pub health_check: Option<HealthCheck>,
+}
+
+impl Listener {
+    /// tcp/udp default to direct, http/https to proxy.
+    pub fn effective_mode(&self) -> ListenerMode {
+        self.mode.unwrap_or(match self.kind {
+            ListenerType::Tcp | ListenerType::Udp => ListenerMode::Direct,
+            _ => ListenerMode::Proxy,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AclAction {
+    Allow,
+    Deny,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Acl {
+    pub action: AclAction,
+    pub cidrs: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HealthCheckType {
+    Tcp,
+    Udp,
+    Http,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    #[serde(rename = "type")]
+    pub kind: HealthCheckType,
+    /// Seconds between checks (default 5).
+    #[serde(default)]
+    pub interval: Option<u32>,
+    /// Successes to mark up (default 2) / failures to mark down (default 3).
+    #[serde(default)]
+    pub rise: Option<u32>,
+    #[serde(default)]
+    pub fall: Option<u32>,
+    /// Seconds to wait for an answer (default 2).
+    #[serde(default)]
+    pub timeout: Option<u32>,
+    /// HTTP checks: path and expected status.
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub expect_status: Option<u16>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendGroup {
+    pub id: String,
+    #[serde(default)]
+    pub backends: Vec<Backend>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backend {
+    pub id: String,
+    pub address: String,
+    pub port: u32,
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatGateway {
+    pub name: String,
+    pub lan: GwLan,
+    pub external: GwExternal,
+    #[serde(default)]
+    pub routes: Vec<Route>,
+    #[serde(default)]
+    pub qos_policy: Option<String>,
+    #[serde(default)]
+    pub eips: Vec<Eip>,
+    #[serde(default)]
+    pub fips: Vec<Fip>,
+    #[serde(default)]
+    pub dnats: Vec<Dnat>,
+    #[serde(default)]
+    pub snats: Vec<Snat>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GwLan {
+    pub ip: String,
+    pub prefix_len: u8,
+    pub mac: String,
+    pub gateway: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GwExternal {
+    pub bridge: String,
+    pub prefix_len: u8,
+    pub gateway: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub cidr: String,
+    pub via: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Eip {
+    pub name: String,
+    pub ip: String,
+    #[serde(default)]
+    pub qos_policy: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fip {
+    pub eip: String,
+    pub internal_ip: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DnatMode {
+    #[default]
+    Exclusive,
+    Share,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dnat {
+    pub eip: String,
+    pub protocol: Protocol,
+    pub external_port: u32,
+    pub internal_ip: String,
+    pub internal_port: u32,
+    #[serde(default)]
+    pub mode: DnatMode,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snat {
+    pub eip: String,
+    pub internal_cidr: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QosBinding {
+    Eip,
+    Natgw,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosPolicy {
+    pub name: String,
+    pub binding: QosBinding,
+    #[serde(default)]
+    pub shared: bool,
+    #[serde(default)]
+    pub rules: Vec<QosRule>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosRule {
+    pub name: String,
+    pub direction: Direction,
+    /// Mbit/s, SI (× 10⁶ bit/s).
+    pub rate_mbps: Decimal,
+    /// MB, binary (× 2²⁰ bytes).
+    pub burst_mb: Decimal,
+    pub priority: u32,
+    /// `src <CIDR>` or `dst <CIDR>`; all traffic when absent.
+    #[serde(rename = "match", default)]
+    pub matches: Option<String>,
+    #[serde(default)]
+    pub interface: Option<String>,
+}

@@ -1,0 +1,83 @@
+//! Syntax of the strings the agent turns into kernel and OVS objects, and
+//! the address/CIDR parsers validation and plumbing share.
+
+use std::net::Ipv4Addr;
+
+/// Interface names: 1–15 chars of `[A-Za-z0-9_-]`.
+pub fn check_ifname(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 15 {
+        return Err(format!("{s:?}: interface names have 1 to 15 characters"));
+    }
+    if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        return Err(format!("{s:?}: interface names use only letters, digits, '_' and '-'"));
+    }
+    Ok(())
+}
+
+/// Object ids and names that become part of namespace/link names.
+pub fn check_id(s: &str, min: usize, max: usize) -> Result<(), String> {
+    if s.len() < min || s.len() > max {
+        return Err(format!("{s:?}: must have {min} to {max} characters"));
+    }
+    if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(format!("{s:?}: only letters, digits, '-' and '_' are allowed"));
+    }
+    Ok(())
+}
+
+/// A dotted-quad IPv4 address (no leading zeros, no other forms).
+pub fn parse_ip(s: &str) -> Result<Ipv4Addr, String> {
+    let ip: Ipv4Addr = s.parse().map_err(|_| format!("{s:?} is not an IPv4 address"))?;
+    Ok(ip)
+}
+
+/// `a.b.c.d/len` or a bare address (= /32). Host bits must be zero.
+pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
+    let (addr, len) = match s.split_once('/') {
+        Some((a, l)) => {
+            let len: u8 = l
+                .parse()
+                .ok()
+                .filter(|n| *n <= 32 && l.bytes().all(|b| b.is_ascii_digit()))
+                .ok_or_else(|| format!("{s:?}: prefix length must be 0 to 32"))?;
+            (a, len)
+        }
+        None => (s, 32),
+    };
+    let ip = parse_ip(addr).map_err(|_| format!("{s:?} is not an IPv4 CIDR"))?;
+    if u32::from(ip) & !mask(len) != 0 {
+        return Err(format!("{s:?} has host bits set (did you mean {}/{len}?)", Ipv4Addr::from(u32::from(ip) & mask(len))));
+    }
+    Ok((ip, len))
+}
+
+pub fn mask(len: u8) -> u32 {
+    if len == 0 { 0 } else { u32::MAX << (32 - len.min(32) as u32) }
+}
+
+pub fn in_subnet(ip: Ipv4Addr, net: Ipv4Addr, len: u8) -> bool {
+    u32::from(ip) & mask(len) == u32::from(net) & mask(len)
+}
+
+/// A unicast MAC `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let bad = || format!("{s:?} is not a MAC address like 02:00:0a:0a:00:05");
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut mac = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.len() != 2 {
+            return Err(bad());
+        }
+        mac[i] = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!("{s:?} is a multicast MAC"));
+    }
+    if mac == [0; 6] {
+        return Err(format!("{s:?} is the zero MAC"));
+    }
+    Ok(mac)
+}

@@ -1,0 +1,116 @@
+//! Table-driven validation cases: each mutates the valid example and
+//! expects either success or specific `path: message` errors.
+
+use lbagent::state::{Format, load_str};
+
+const BASE: &str = include_str!("../../examples/state.yaml");
+
+/// (case, find, replace, expected error fragments; empty = valid)
+const CASES: &[(&str, &str, &str, &[&str])] = &[
+    ("example is valid", "", "", &[]),
+    ("version 2", "version: 1", "version: 2", &["version: unsupported version 2"]),
+    ("unknown top-level field", "version: 1", "version: 1\nextra: 1", &["unknown field `extra`"]),
+    ("unknown listener field", "scheduler: wrr}", "scheduler: wrr, colour: red}", &["load_balancers[0].listeners[1]", "unknown field `colour`"]),
+    ("short lb id", "3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60", "short-id", &["load_balancers[0].id: \"short-id\": must have 13 to 64 characters"]),
+    ("hostile lb id", "3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60", "abcdefghijklm;rm -rf /", &["load_balancers[0].id", "only letters"]),
+    ("command substitution in id", "3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60", "$(reboot)abcdefghijkl", &["load_balancers[0].id"]),
+    ("duplicate tcp port", "port: 5000", "port: 80", &["load_balancers[0].listeners[1].port: duplicate tcp port 80"]),
+    ("same port other protocol ok", "type: udp, port: 53", "type: udp, port: 80", &[]),
+    ("port 0", "port: 5000", "port: 0", &["load_balancers[0].listeners[1].port: 0 is not a port"]),
+    ("port 65536", "port: 5000", "port: 65536", &["listeners[1].port: 65536 is not a port"]),
+    ("port as hostile string", "port: 5000", "port: \"100;rm -rf /\"", &["load_balancers[0].listeners[1].port", "invalid type"]),
+    ("port as hex string", "port: 5000", "port: \"0x64\"", &["load_balancers[0].listeners[1].port"]),
+    ("negative port", "port: 5000", "port: -1", &["load_balancers[0].listeners[1].port"]),
+    ("unknown backend group", "backend_group: g-dns", "backend_group: g-nope", &["listeners[2].backend_group: no backend group \"g-nope\""]),
+    ("unknown listener type", "type: http", "type: ftp", &["listeners[0].type", "unknown variant `ftp`"]),
+    ("udp in proxy mode", "type: udp, port: 53, backend_group: g-dns, scheduler: sch", "type: udp, port: 53, backend_group: g-dns, mode: proxy", &["listeners[2].mode: udp listeners cannot use proxy mode"]),
+    ("http in direct mode", "type: http, port: 80, backend_group: g-web}", "type: http, port: 80, backend_group: g-web, mode: direct}", &["listeners[0].mode"]),
+    ("unknown scheduler", "scheduler: wrr", "scheduler: fastest", &["listeners[1].scheduler", "unknown variant"]),
+    ("bad acl cidr", "cidrs: [10.10.0.0/24, 192.0.2.7]", "cidrs: [10.10.0.0/33]", &["listeners[3].acl.cidrs[0]: \"10.10.0.0/33\": prefix length"]),
+    ("acl cidr with host bits", "cidrs: [10.10.0.0/24, 192.0.2.7]", "cidrs: [10.10.0.1/24]", &["acl.cidrs[0]", "host bits"]),
+    ("health check zero interval", "interval: 5", "interval: 0", &["health_check.interval: 0 is out of range"]),
+    ("path on tcp check", "timeout: 2}", "timeout: 2, path: /health}", &["health_check.path: only http health checks have a path"]),
+    ("bad mac", "\"02:00:0a:0a:00:05\"", "\"02:00:0a:0a:00\"", &["load_balancers[0].network.mac"]),
+    ("multicast mac", "\"02:00:0a:0a:00:05\"", "\"01:00:5e:00:00:05\"", &["network.mac", "multicast"]),
+    ("bad ip", "ip: 10.10.0.5,", "ip: 10.10.0.256,", &["load_balancers[0].network.ip: \"10.10.0.256\" is not an IPv4 address"]),
+    ("gateway outside subnet", "gateway: 10.10.0.1}\n    listeners", "gateway: 10.11.0.1}\n    listeners", &["network.gateway: 10.11.0.1 is not in 10.10.0.5/24"]),
+    ("prefix 33", "prefix_len: 24, gateway: 10.10.0.1}\n    listeners", "prefix_len: 33, gateway: 10.10.0.1}\n    listeners", &["network.prefix_len: 33 is not a prefix length"]),
+    ("duplicate backend id", "{id: b2,", "{id: b1,", &["backend_groups[0].backends[1].id: duplicate backend id \"b1\""]),
+    ("backend bad address", "address: 10.10.0.12", "address: backend.local", &["backends[1].address"]),
+    ("weight too large", "weight: 2}", "weight: 1000}", &["backends[1].weight: 1000 is above"]),
+    ("two fips on one eip", "fips: [{eip: eip1, internal_ip: 10.10.0.21}]", "fips: [{eip: eip1, internal_ip: 10.10.0.21}, {eip: eip1, internal_ip: 10.10.0.25}]", &["nat_gateways[0].fips[1].eip: duplicate floating IP on EIP \"eip1\""]),
+    ("fip and dnat share eip", "{eip: eip2, protocol: tcp, external_port: 2222", "{eip: eip1, protocol: tcp, external_port: 2222", &["nat_gateways[0].dnats[0].eip: EIP \"eip1\" carries a floating IP"]),
+    ("exclusive dnat duplicate", "internal_ip: 10.10.0.24, internal_port: 80, mode: share", "internal_ip: 10.10.0.24, internal_port: 80, mode: exclusive", &["nat_gateways[0].dnats[2].external_port: duplicate DNAT"]),
+    ("share dnat without mode", "internal_ip: 10.10.0.24, internal_port: 80, mode: share}", "internal_ip: 10.10.0.24, internal_port: 80}", &["dnats[2].external_port: duplicate DNAT"]),
+    ("dnat to unknown eip", "{eip: eip2, protocol: tcp", "{eip: eip9, protocol: tcp", &["dnats[0].eip: no EIP \"eip9\" on this gateway"]),
+    ("dnat bad protocol", "protocol: tcp, external_port: 2222", "protocol: sctp, external_port: 2222", &["dnats[0].protocol", "unknown variant `sctp`"]),
+    ("snat bare ip is /32", "internal_cidr: 10.10.0.0/24", "internal_cidr: 10.10.0.7", &[]),
+    ("snat bad cidr", "internal_cidr: 10.10.0.0/24", "internal_cidr: 10.10.0.0/99", &["snats[0].internal_cidr"]),
+    ("snat hostile cidr", "internal_cidr: 10.10.0.0/24", "internal_cidr: \"$(curl evil)\"", &["snats[0].internal_cidr", "is not an IPv4 CIDR"]),
+    ("duplicate eip name", "{name: eip3, ip: 198.51.100.12}", "{name: eip2, ip: 198.51.100.12}", &["eips[2].name: duplicate EIP name \"eip2\""]),
+    ("duplicate eip address", "{name: eip3, ip: 198.51.100.12}", "{name: eip3, ip: 198.51.100.11}", &["eips[2].ip: duplicate EIP address 198.51.100.11"]),
+    ("unknown qos policy", "qos_policy: eip1-qos}", "qos_policy: nope}", &["eips[0].qos_policy: no QoS policy \"nope\""]),
+    ("natgw policy on eip", "qos_policy: eip1-qos}", "qos_policy: gw-qos}", &["eips[0].qos_policy", "binding natgw"]),
+    ("eip policy on gateway", "qos_policy: gw-qos\n", "qos_policy: eip1-qos\n", &["nat_gateways[0].qos_policy", "binding eip"]),
+    ("unshared policy on two eips", "{name: eip2, ip: 198.51.100.11}", "{name: eip2, ip: 198.51.100.11, qos_policy: eip1-qos}", &["qos_policies[0].shared: policy \"eip1-qos\" is not shared but bound to 2 EIPs"]),
+    ("natgw policy not shared", "binding: natgw\n    shared: true", "binding: natgw\n    shared: false", &["qos_policies[1].shared: natgw policies must be shared"]),
+    ("rate with unit", "rate_mbps: 10,", "rate_mbps: 100Mbit,", &["qos_policies[0].rules[0].rate_mbps", "not a non-negative decimal"]),
+    ("negative rate", "rate_mbps: 10,", "rate_mbps: -1,", &["qos_policies[0].rules[0].rate_mbps", "negative"]),
+    ("bare fraction string", "rate_mbps: \"2.5\"", "rate_mbps: \".5\"", &["qos_policies[0].rules[1].rate_mbps"]),
+    ("hex rate string", "rate_mbps: \"2.5\"", "rate_mbps: \"0x64\"", &["qos_policies[0].rules[1].rate_mbps"]),
+    ("decimal string ok", "rate_mbps: \"2.5\"", "rate_mbps: \"0.5\"", &[]),
+    ("duplicate rule name", "{name: out, direction: egress", "{name: in, direction: egress", &["qos_policies[0].rules[1].name: duplicate rule name \"in\""]),
+    ("bad direction", "direction: ingress, rate_mbps: 10", "direction: inbound, rate_mbps: 10", &["rules[0].direction", "unknown variant `inbound`"]),
+    ("interface too long", "interface: eth0}", "interface: averyveryverylongname}", &["qos_policies[1].rules[1].interface", "1 to 15 characters"]),
+    ("interface hostile", "interface: eth0}", "interface: \"eth0;reboot\"}", &["qos_policies[1].rules[1].interface"]),
+    ("bad match", "match: \"src 10.10.0.0/24\"", "match: \"from 10.10.0.0/24\"", &["qos_policies[1].rules[0].match", "expected \"src <CIDR>\""]),
+    ("match on eip policy", "burst_mb: 1, priority: 1}", "burst_mb: 1, priority: 1, match: \"src 10.0.0.0/8\"}", &["qos_policies[0].rules[0].match"]),
+    ("bridge name hostile", "integration_bridge: brvpc", "integration_bridge: \"br$(id)\"", &["agent.integration_bridge"]),
+    ("duplicate lb", "load_balancers:\n", "load_balancers:\n  - {id: 3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60, network: {ip: 10.10.0.6, mac: \"02:00:0a:0a:00:06\", prefix_len: 24, gateway: 10.10.0.1}}\n", &["load_balancers[1].id: duplicate load balancer id"]),
+];
+
+#[test]
+fn validation_table() {
+    assert!(CASES.len() >= 40);
+    let mut failures = Vec::new();
+    for (name, find, replace, expected) in CASES {
+        let text = if find.is_empty() { BASE.to_string() } else {
+            assert!(BASE.contains(find), "case {name}: {find:?} not in the example");
+            BASE.replacen(find, replace, 1)
+        };
+        match (load_str(&text, Format::Yaml), expected.is_empty()) {
+            (Ok(_), true) => {}
+            (Ok(_), false) => failures.push(format!("{name}: accepted, expected {expected:?}")),
+            (Err(e), true) => failures.push(format!("{name}: rejected: {e}")),
+            (Err(e), false) => {
+                let text = e.to_string();
+                for frag in *expected {
+                    if !text.contains(frag) {
+                        failures.push(format!("{name}: error {text:?} lacks {frag:?}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn every_problem_is_reported() {
+    let text = BASE
+        .replacen("port: 5000", "port: 80", 1)
+        .replacen("backend_group: g-dns", "backend_group: nope", 1)
+        .replacen("weight: 2}", "weight: 999}", 1)
+        .replacen("internal_cidr: 10.10.0.0/24", "internal_cidr: 10.10.0.0/40", 1);
+    let e = load_str(&text, Format::Yaml).unwrap_err();
+    assert_eq!(e.0.len(), 4, "{e}");
+}
+
+#[test]
+fn json_is_accepted_and_checked() {
+    let v: serde_json::Value = serde_yaml::from_str(BASE).unwrap();
+    let json = serde_json::to_string(&v).unwrap();
+    load_str(&json, Format::Json).unwrap();
+    let bad = json.replacen("\"version\":1", "\"version\":1,\"bogus\":true", 1);
+    assert!(load_str(&bad, Format::Json).unwrap_err().to_string().contains("unknown field `bogus`"));
+}

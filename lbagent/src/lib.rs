@@ -5,7 +5,11 @@
 //! - [`netns`]: running kernel-facing work inside a network namespace;
 //! - [`cli`]: the `lbagent` commands.
 
+pub mod alloc;
 pub mod cli;
+pub mod daemon;
 pub mod dataplane;
+pub mod naming;
 pub mod netns;
+pub mod reconcile;
 pub mod state;

@@ -3,12 +3,21 @@
 pub mod conntrack;
 pub mod format;
 pub mod maps;
+pub mod status;
 
-use std::path::PathBuf;
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
-use crate::dataplane::DEFAULT_BPFFS;
+use crate::{
+    daemon,
+    dataplane::{DEFAULT_BPFFS, attach::AttachMode},
+};
+
+pub const DEFAULT_STATE: &str = "/etc/lbagent/state.yaml";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/lbagent";
+pub const DEFAULT_API_SOCKET: &str = "/run/lbagent/lbagent.sock";
 
 #[derive(Parser)]
 #[command(name = "lbagent", version, about = "eBPF dataplane agent for VPC load balancers and NAT gateways")]
@@ -17,16 +26,48 @@ pub struct Cli {
     pub cmd: Command,
 }
 
-/// Flags every client command shares with `run`.
+/// Flags every command shares with `run`, so several agents can run side by side.
 #[derive(Args, Clone, Debug)]
 pub struct Common {
     /// bpffs directory holding lbagent's pins.
     #[arg(long, default_value = DEFAULT_BPFFS)]
     pub bpffs: PathBuf,
+    /// Directory for agent-owned state (allocations, applied specs).
+    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Unix socket of the daemon's API.
+    #[arg(long, default_value = DEFAULT_API_SOCKET)]
+    pub api_socket: PathBuf,
 }
 
 #[derive(Subcommand)]
 pub enum Command {
+    /// Run the agent: reconcile the state file, reload on change and SIGHUP.
+    Run {
+        /// The state file (YAML or JSON by extension).
+        #[arg(long, default_value = DEFAULT_STATE)]
+        state: PathBuf,
+        /// auto (tcx on Linux >= 6.6, netlink below), netlink or tcx.
+        #[arg(long, default_value = "auto")]
+        attach: AttachMode,
+        /// Prometheus metrics address.
+        #[arg(long, default_value = "127.0.0.1:9477")]
+        metrics: SocketAddr,
+        /// Seconds between repair passes that re-ensure every object.
+        #[arg(long, default_value_t = 11)]
+        repair_interval: u64,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Check a state file: exit 0 when valid, else print every problem with its path.
+    Validate { file: PathBuf },
+    /// Ask the running daemon for its load balancers, gateways, allocations and last apply.
+    Status {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Decode the pinned maps (works without the daemon).
     Maps {
         /// Only this map (ct, dnat_rules, dnat_backends, snat_rules, nat_config, counters, meta).
@@ -43,15 +84,52 @@ pub enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Remove everything the agent created (stop the daemon first).
+    Teardown {
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
-pub fn main() -> anyhow::Result<()> {
+pub fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LBAGENT_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().cmd {
+        Command::Run { state, attach, metrics, repair_interval, common } => {
+            let opts = daemon::Options {
+                state,
+                state_dir: common.state_dir,
+                bpffs: common.bpffs,
+                attach,
+                metrics: Some(metrics),
+                api_socket: common.api_socket,
+                repair_interval: Duration::from_secs(repair_interval.max(1)),
+            };
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(daemon::run(opts))
+        }
+        Command::Validate { file } => match crate::state::load_file(&file) {
+            Ok(s) => {
+                println!(
+                    "{}: valid ({} load balancers, {} NAT gateways, {} QoS policies)",
+                    file.display(),
+                    s.load_balancers.len(),
+                    s.nat_gateways.len(),
+                    s.qos_policies.len()
+                );
+                Ok(())
+            }
+            Err(problems) => {
+                for p in &problems.0 {
+                    println!("{p}");
+                }
+                std::process::exit(2);
+            }
+        },
+        Command::Status { json, common } => status::run(&common.api_socket, json),
         Command::Maps { name, json, common } => maps::run(&common.bpffs, name.as_deref(), json),
         Command::Conntrack { action, common } => conntrack::run(&common.bpffs, action),
+        Command::Teardown { common } => daemon::teardown(&common.state_dir, &common.bpffs, &common.api_socket),
     }
 }

@@ -1,0 +1,194 @@
+//! Runtime facts the agent owns (never in the state file): zone ids, each
+//! load balancer's link-local inner/outer addresses and each backend's mapped
+//! port. Pure allocation logic here; persistence in `store`.
+//!
+//! Fixes over the original: allocations survive restarts (persisted), host
+//! addresses are only treated as taken when they are in 169.254.0.0/16, and
+//! 169.254.169.254 (the metadata address) is never handed out.
+
+pub mod store;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    net::Ipv4Addr,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// First link-local index (169.254.0.100), as in the original.
+pub const LINKLOCAL_FIRST: u16 = 100;
+pub const MAPPED_PORT_FIRST: u16 = 1025;
+pub const METADATA_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocations {
+    /// Zone id per object key (`lb/<id>`, `natgw/<name>`); ids start at 1.
+    #[serde(default)]
+    pub zones: BTreeMap<String, u16>,
+    #[serde(default)]
+    pub lbs: BTreeMap<String, LbAlloc>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LbAlloc {
+    /// On `h…0` in the namespace (/16): the source the proxy sees.
+    pub inner: Ipv4Addr,
+    /// On `h…1` in the host (/16 noprefixroute): where the proxy binds.
+    pub outer: Ipv4Addr,
+    /// Backend id → mapped port on `inner`.
+    #[serde(default)]
+    pub ports: BTreeMap<String, u16>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AllocError {
+    ZonesExhausted,
+    AddressesExhausted,
+    PortsExhausted(String),
+}
+
+impl std::fmt::Display for AllocError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AllocError::ZonesExhausted => write!(f, "no free zone id (65535 in use)"),
+            AllocError::AddressesExhausted => write!(f, "no free link-local address in 169.254.0.0/16"),
+            AllocError::PortsExhausted(lb) => write!(f, "load balancer {lb}: no free mapped port in 1025-65535"),
+        }
+    }
+}
+
+impl std::error::Error for AllocError {}
+
+/// `169.254.(i >> 8).(i & 255)`.
+pub fn linklocal(i: u16) -> Ipv4Addr {
+    Ipv4Addr::new(169, 254, (i >> 8) as u8, i as u8)
+}
+
+/// Whether a link-local index may be handed out at all.
+fn usable(i: u16) -> bool {
+    let a = linklocal(i);
+    let last = a.octets()[3];
+    a != METADATA_ADDR && last != 0 && last != 255
+}
+
+impl Allocations {
+    /// The zone of `key`, allocating the lowest free id.
+    pub fn zone(&mut self, key: &str) -> Result<u16, AllocError> {
+        if let Some(z) = self.zones.get(key) {
+            return Ok(*z);
+        }
+        let used: BTreeSet<u16> = self.zones.values().copied().collect();
+        let z = (1..=u16::MAX).find(|z| !used.contains(z)).ok_or(AllocError::ZonesExhausted)?;
+        self.zones.insert(key.to_string(), z);
+        Ok(z)
+    }
+
+    pub fn release_zone(&mut self, key: &str) -> Option<u16> {
+        self.zones.remove(key)
+    }
+
+    /// Inner/outer addresses of load balancer `id`, allocating two free
+    /// link-local addresses if needed. `host` holds addresses configured on the
+    /// host (only 169.254/16 ones matter).
+    pub fn lb_addresses(&mut self, id: &str, host: &HashSet<Ipv4Addr>) -> Result<(Ipv4Addr, Ipv4Addr), AllocError> {
+        if let Some(a) = self.lbs.get(id) {
+            return Ok((a.inner, a.outer));
+        }
+        let mut taken: HashSet<Ipv4Addr> = host.iter().copied().filter(|a| a.octets()[..2] == [169, 254]).collect();
+        for a in self.lbs.values() {
+            taken.insert(a.inner);
+            taken.insert(a.outer);
+        }
+        let mut free = (LINKLOCAL_FIRST..=u16::MAX).filter(|i| usable(*i)).map(linklocal).filter(|a| !taken.contains(a));
+        let inner = free.next().ok_or(AllocError::AddressesExhausted)?;
+        let outer = free.next().ok_or(AllocError::AddressesExhausted)?;
+        self.lbs.insert(id.to_string(), LbAlloc { inner, outer, ports: BTreeMap::new() });
+        Ok((inner, outer))
+    }
+
+    /// Makes the mapped ports of `id` exactly one per backend in `backends`:
+    /// existing ones stay, new backends get the lowest free port, ports of
+    /// removed backends are released. Returns (added, released) backend ids.
+    pub fn lb_ports(&mut self, id: &str, backends: &[&str]) -> Result<(Vec<String>, Vec<String>), AllocError> {
+        let Some(a) = self.lbs.get_mut(id) else { return Ok((vec![], vec![])) };
+        let want: BTreeSet<&str> = backends.iter().copied().collect();
+        let released: Vec<String> = a.ports.keys().filter(|b| !want.contains(b.as_str())).cloned().collect();
+        for b in &released {
+            a.ports.remove(b);
+        }
+        let mut added = Vec::new();
+        let mut used: BTreeSet<u16> = a.ports.values().copied().collect();
+        for b in want {
+            if a.ports.contains_key(b) {
+                continue;
+            }
+            let p = (MAPPED_PORT_FIRST..=u16::MAX).find(|p| !used.contains(p)).ok_or_else(|| AllocError::PortsExhausted(id.into()))?;
+            used.insert(p);
+            a.ports.insert(b.to_string(), p);
+            added.push(b.to_string());
+        }
+        Ok((added, released))
+    }
+
+    pub fn release_lb(&mut self, id: &str) -> Option<LbAlloc> {
+        self.lbs.remove(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linklocal_pairs_skip_host_and_metadata() {
+        let mut a = Allocations::default();
+        let host: HashSet<_> = [Ipv4Addr::new(169, 254, 0, 100), Ipv4Addr::new(10, 0, 0, 101)].into();
+        let (i, o) = a.lb_addresses("lb1", &host).unwrap();
+        assert_eq!((i, o), (Ipv4Addr::new(169, 254, 0, 101), Ipv4Addr::new(169, 254, 0, 102)));
+        // Stable on repeat.
+        assert_eq!(a.lb_addresses("lb1", &HashSet::new()).unwrap(), (i, o));
+        let (i2, _) = a.lb_addresses("lb2", &host).unwrap();
+        assert_eq!(i2, Ipv4Addr::new(169, 254, 0, 103));
+    }
+
+    #[test]
+    fn metadata_address_and_edges_are_never_handed_out() {
+        let all: Vec<Ipv4Addr> = (LINKLOCAL_FIRST..=u16::MAX).filter(|i| usable(*i)).map(linklocal).collect();
+        assert!(!all.contains(&METADATA_ADDR));
+        assert!(all.iter().all(|a| a.octets()[3] != 0 && a.octets()[3] != 255));
+        assert_eq!(all[0], Ipv4Addr::new(169, 254, 0, 100));
+    }
+
+    #[test]
+    fn exhaustion_is_an_error_not_a_wrap() {
+        let mut a = Allocations::default();
+        let host: HashSet<Ipv4Addr> = (LINKLOCAL_FIRST..=u16::MAX).map(linklocal).skip(1).collect();
+        assert_eq!(a.lb_addresses("x", &host), Err(AllocError::AddressesExhausted));
+    }
+
+    #[test]
+    fn mapped_ports_are_stable_and_released() {
+        let mut a = Allocations::default();
+        a.lb_addresses("lb", &HashSet::new()).unwrap();
+        let (added, _) = a.lb_ports("lb", &["b1", "b2", "b3"]).unwrap();
+        assert_eq!(added.len(), 3);
+        let before = a.lbs["lb"].ports.clone();
+        assert_eq!(before.values().copied().collect::<Vec<_>>(), vec![1025, 1026, 1027]);
+        let (added, released) = a.lb_ports("lb", &["b1", "b3", "b4"]).unwrap();
+        assert_eq!((added, released), (vec!["b4".to_string()], vec!["b2".to_string()]));
+        let after = &a.lbs["lb"].ports;
+        assert_eq!(after["b1"], before["b1"]);
+        assert_eq!(after["b3"], before["b3"]);
+        assert_eq!(after["b4"], 1026, "the released port is reused");
+    }
+
+    #[test]
+    fn zones_are_stable_and_reused_after_release() {
+        let mut a = Allocations::default();
+        assert_eq!(a.zone("lb/a").unwrap(), 1);
+        assert_eq!(a.zone("natgw/g").unwrap(), 2);
+        assert_eq!(a.zone("lb/a").unwrap(), 1);
+        a.release_zone("lb/a");
+        assert_eq!(a.zone("lb/b").unwrap(), 1);
+    }
+}

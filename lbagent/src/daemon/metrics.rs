@@ -1,0 +1,51 @@
+//! Prometheus text exposition on `--metrics ADDR` (any path).
+
+use std::{
+    fmt::Write as _,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+use super::status::Status;
+use crate::dataplane::tables::Tables;
+
+pub fn render(bpffs: &PathBuf, status: &Status) -> String {
+    let mut out = String::new();
+    out += "# HELP lbagent_dataplane_packets_total Packets by engine outcome (counters map, summed over CPUs).\n";
+    out += "# TYPE lbagent_dataplane_packets_total counter\n";
+    if let Ok(t) = Tables::open(bpffs) {
+        for (c, v) in t.counters().unwrap_or_default() {
+            let _ = writeln!(out, "lbagent_dataplane_packets_total{{counter=\"{}\"}} {v}", c.name());
+        }
+    }
+    let doc = &status.document;
+    let ok = doc["last_apply"]["ok"].as_bool().map(|b| b as u8).unwrap_or(0);
+    let _ = writeln!(out, "# TYPE lbagent_applies_total counter\nlbagent_applies_total {}", status.applies);
+    let _ = writeln!(out, "# TYPE lbagent_last_apply_success gauge\nlbagent_last_apply_success {ok}");
+    let _ = writeln!(out, "# TYPE lbagent_state_rejected gauge\nlbagent_state_rejected {}", status.rejected.is_some() as u8);
+    let n = |k: &str| doc[k].as_array().map(|a| a.len()).unwrap_or(0);
+    let _ = writeln!(out, "# TYPE lbagent_load_balancers gauge\nlbagent_load_balancers {}", n("load_balancers"));
+    let _ = writeln!(out, "# TYPE lbagent_nat_gateways gauge\nlbagent_nat_gateways {}", n("nat_gateways"));
+    out
+}
+
+pub async fn serve(listener: TcpListener, bpffs: PathBuf, status: Arc<Mutex<Status>>) {
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else { continue };
+        let body = render(&bpffs, &status.lock().unwrap());
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(resp.as_bytes()).await;
+        });
+    }
+}

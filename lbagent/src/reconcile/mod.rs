@@ -1,0 +1,11 @@
+//! Reconciliation in the style of a Kubernetes controller: desired state in,
+//! diff against what was applied, idempotent steps, every step safe to repeat.
+//! `plan` is pure; `Reconciler` executes a plan through a `Realizer` (the part
+//! that touches the host) and persists progress after every step.
+
+pub mod plan;
+pub mod host;
+pub mod reconciler;
+
+pub use plan::{Applied, Desired, Kind, Reason, Step, plan};
+pub use reconciler::{ApplyReport, Realizer, Reconciler};

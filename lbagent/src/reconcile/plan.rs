@@ -1,0 +1,131 @@
+//! The plan: which objects to remove, create, update or re-ensure.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::state::{
+    StateFile,
+    model::{LoadBalancer, NatGateway},
+};
+
+/// What the state file asks for (disabled load balancers are absent: they
+/// are torn down like removed ones).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Desired {
+    pub lbs: BTreeMap<String, LoadBalancer>,
+    pub gws: BTreeMap<String, NatGateway>,
+}
+
+impl Desired {
+    pub fn from_state(s: &StateFile) -> Self {
+        Desired {
+            lbs: s.load_balancers.iter().filter(|l| l.enabled).map(|l| (l.id.clone(), l.clone())).collect(),
+            gws: s.nat_gateways.iter().map(|g| (g.name.clone(), g.clone())).collect(),
+        }
+    }
+}
+
+/// The last spec successfully applied per object (persisted in the state dir,
+/// so objects deleted from the file while the agent was down are still found).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Applied {
+    #[serde(default)]
+    pub lbs: BTreeMap<String, LoadBalancer>,
+    #[serde(default)]
+    pub gws: BTreeMap<String, NatGateway>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Lb,
+    Gw,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reason {
+    Create,
+    Update,
+    /// Unchanged spec, re-ensured by the periodic repair pass.
+    Repair,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum Step {
+    Remove { kind: Kind, key: String },
+    Ensure { kind: Kind, key: String, reason: Reason },
+}
+
+/// Removals first (they free addresses and ports), then ensures in key order.
+/// With `repair`, unchanged objects are re-ensured too.
+pub fn plan(desired: &Desired, applied: &Applied, repair: bool) -> Vec<Step> {
+    let mut steps = Vec::new();
+    diff(Kind::Gw, &desired.gws, &applied.gws, repair, &mut steps);
+    diff(Kind::Lb, &desired.lbs, &applied.lbs, repair, &mut steps);
+    steps.sort_by_key(|s| !matches!(s, Step::Remove { .. }));
+    steps
+}
+
+fn diff<T: PartialEq>(kind: Kind, want: &BTreeMap<String, T>, have: &BTreeMap<String, T>, repair: bool, out: &mut Vec<Step>) {
+    for key in have.keys().filter(|k| !want.contains_key(*k)) {
+        out.push(Step::Remove { kind, key: key.clone() });
+    }
+    for (key, spec) in want {
+        let reason = match have.get(key) {
+            None => Reason::Create,
+            Some(old) if old != spec => Reason::Update,
+            Some(_) if repair => Reason::Repair,
+            Some(_) => continue,
+        };
+        out.push(Step::Ensure { kind, key: key.clone(), reason });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Format, load_str};
+
+    fn example() -> StateFile {
+        load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap()
+    }
+
+    fn applied_from(d: &Desired) -> Applied {
+        Applied { lbs: d.lbs.clone(), gws: d.gws.clone() }
+    }
+
+    #[test]
+    fn first_apply_creates_everything() {
+        let d = Desired::from_state(&example());
+        let p = plan(&d, &Applied::default(), false);
+        assert_eq!(p.len(), 2);
+        assert!(p.iter().all(|s| matches!(s, Step::Ensure { reason: Reason::Create, .. })));
+    }
+
+    #[test]
+    fn nothing_to_do_when_applied_matches_unless_repairing() {
+        let d = Desired::from_state(&example());
+        assert!(plan(&d, &applied_from(&d), false).is_empty());
+        let repair = plan(&d, &applied_from(&d), true);
+        assert_eq!(repair.len(), 2);
+        assert!(repair.iter().all(|s| matches!(s, Step::Ensure { reason: Reason::Repair, .. })));
+    }
+
+    #[test]
+    fn changed_removed_and_disabled_objects() {
+        let s = example();
+        let applied = applied_from(&Desired::from_state(&s));
+        let mut changed = s.clone();
+        changed.load_balancers[0].backend_groups[0].backends.pop();
+        changed.nat_gateways.clear();
+        let p = plan(&Desired::from_state(&changed), &applied, false);
+        assert_eq!(p[0], Step::Remove { kind: Kind::Gw, key: "gw1".into() }, "removals first");
+        assert!(matches!(&p[1], Step::Ensure { kind: Kind::Lb, reason: Reason::Update, .. }));
+        let mut disabled = s.clone();
+        disabled.load_balancers[0].enabled = false;
+        let p = plan(&Desired::from_state(&disabled), &applied, false);
+        assert_eq!(p, vec![Step::Remove { kind: Kind::Lb, key: s.load_balancers[0].id.clone() }]);
+    }
+}

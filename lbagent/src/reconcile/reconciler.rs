@@ -1,0 +1,153 @@
+//! Executes plans. Every step is idempotent; after each one the allocations
+//! and the applied specs are persisted, so a crash mid-plan resumes cleanly.
+
+use std::{path::Path, time::SystemTime};
+
+use anyhow::Result;
+use serde::Serialize;
+use tracing::{error, info};
+
+use super::plan::{Applied, Desired, Kind, Reason, Step, plan};
+use crate::{
+    alloc::{Allocations, store::JsonFile},
+    state::model::{LoadBalancer, NatGateway},
+};
+
+/// The part that makes the host match a spec. Each method must be safe to
+/// repeat and returns human-readable lines for what it changed.
+pub trait Realizer {
+    fn ensure_lb(&mut self, lb: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>>;
+    fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
+    fn ensure_gw(&mut self, gw: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>>;
+    fn remove_gw(&mut self, name: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ApplyReport {
+    pub started: Option<SystemTime>,
+    pub steps: usize,
+    pub changes: Vec<String>,
+    /// `(object, error)` for each failed step.
+    pub errors: Vec<(String, String)>,
+}
+
+impl ApplyReport {
+    pub fn ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+pub struct Reconciler<R> {
+    pub realizer: R,
+    pub alloc: Allocations,
+    pub applied: Applied,
+    alloc_file: JsonFile,
+    applied_file: JsonFile,
+}
+
+pub const ALLOC_FILE: &str = "allocations.json";
+pub const APPLIED_FILE: &str = "applied.json";
+
+impl<R: Realizer> Reconciler<R> {
+    /// Opens the persisted allocations and applied specs in `state_dir`.
+    pub fn open(realizer: R, state_dir: &Path) -> Result<Self> {
+        let alloc_file = JsonFile::new(state_dir, ALLOC_FILE);
+        let applied_file = JsonFile::new(state_dir, APPLIED_FILE);
+        Ok(Reconciler { realizer, alloc: alloc_file.load()?, applied: applied_file.load()?, alloc_file, applied_file })
+    }
+
+    /// Brings the host to `desired`. Failed steps are reported and retried
+    /// by the next pass; other steps still run.
+    pub fn apply(&mut self, desired: &Desired, repair: bool) -> ApplyReport {
+        let steps = plan(desired, &self.applied, repair);
+        let mut report = ApplyReport { started: Some(SystemTime::now()), steps: steps.len(), ..Default::default() };
+        for step in steps {
+            let name = describe(&step);
+            match self.run(&step, desired) {
+                Ok(changes) => {
+                    for c in &changes {
+                        info!(object = %name, "{c}");
+                    }
+                    report.changes.extend(changes.into_iter().map(|c| format!("{name}: {c}")));
+                }
+                Err(e) => {
+                    error!(object = %name, "step failed: {e:#}");
+                    report.errors.push((name, format!("{e:#}")));
+                }
+            }
+            if let Err(e) = self.persist() {
+                error!("persisting state: {e:#}");
+                report.errors.push(("state-dir".into(), format!("{e:#}")));
+            }
+        }
+        report
+    }
+
+    fn run(&mut self, step: &Step, desired: &Desired) -> Result<Vec<String>> {
+        match step {
+            Step::Ensure { kind: Kind::Lb, key, reason } => {
+                let lb = &desired.lbs[key];
+                let mut changes = self.realizer.ensure_lb(lb, &mut self.alloc)?;
+                if *reason != Reason::Repair {
+                    changes.insert(0, format!("{} load balancer", verb(*reason)));
+                }
+                self.applied.lbs.insert(key.clone(), lb.clone());
+                Ok(changes)
+            }
+            Step::Ensure { kind: Kind::Gw, key, reason } => {
+                let gw = &desired.gws[key];
+                let mut changes = self.realizer.ensure_gw(gw, &mut self.alloc)?;
+                if *reason != Reason::Repair {
+                    changes.insert(0, format!("{} NAT gateway", verb(*reason)));
+                }
+                self.applied.gws.insert(key.clone(), gw.clone());
+                Ok(changes)
+            }
+            Step::Remove { kind: Kind::Lb, key } => {
+                let mut changes = self.realizer.remove_lb(key, &mut self.alloc)?;
+                changes.insert(0, "removed load balancer".into());
+                self.applied.lbs.remove(key);
+                Ok(changes)
+            }
+            Step::Remove { kind: Kind::Gw, key } => {
+                let mut changes = self.realizer.remove_gw(key, &mut self.alloc)?;
+                changes.insert(0, "removed NAT gateway".into());
+                self.applied.gws.remove(key);
+                Ok(changes)
+            }
+        }
+    }
+
+    fn persist(&self) -> Result<()> {
+        self.alloc_file.save(&self.alloc)?;
+        self.applied_file.save(&self.applied)
+    }
+
+    /// Tears down everything ever applied and forgets it.
+    pub fn teardown(&mut self) -> ApplyReport {
+        let report = self.apply(&Desired::default(), false);
+        if report.ok() {
+            let _ = self.alloc_file.remove();
+            let _ = self.applied_file.remove();
+        }
+        report
+    }
+}
+
+fn verb(r: Reason) -> &'static str {
+    match r {
+        Reason::Create => "created",
+        Reason::Update => "updated",
+        Reason::Repair => "repaired",
+    }
+}
+
+fn describe(step: &Step) -> String {
+    let (kind, key) = match step {
+        Step::Remove { kind, key } | Step::Ensure { kind, key, .. } => (kind, key),
+    };
+    match kind {
+        Kind::Lb => format!("lb/{key}"),
+        Kind::Gw => format!("natgw/{key}"),
+    }
+}

@@ -1,0 +1,173 @@
+//! The daemon end to end (needs root for bpffs): start `lbagent run`, swap in
+//! an invalid file and prove nothing changed, reload on change and SIGHUP,
+//! stop with SIGTERM leaving the dataplane, restart with stable allocations,
+//! tear down.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
+const EXAMPLE: &str = include_str!("../../examples/state.yaml");
+
+struct Env {
+    dir: PathBuf,
+    bpffs: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let tag = format!("lbad{}", std::process::id());
+        let dir = std::env::temp_dir().join(&tag);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Env { dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag) }
+    }
+    fn state(&self) -> PathBuf {
+        self.dir.join("state.yaml")
+    }
+    fn common(&self) -> Vec<String> {
+        vec![
+            "--state-dir".into(),
+            self.dir.join("sd").display().to_string(),
+            "--bpffs".into(),
+            self.bpffs.display().to_string(),
+            "--api-socket".into(),
+            self.dir.join("api.sock").display().to_string(),
+        ]
+    }
+    fn start(&self) -> Child {
+        let child = Command::new(BIN)
+            .arg("run")
+            .args(["--state", self.state().to_str().unwrap(), "--metrics", "127.0.0.1:0", "--repair-interval", "2"])
+            .args(self.common())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait(|| self.status().is_some_and(|s| !s["last_apply"].is_null()), "daemon up and applied");
+        child
+    }
+    fn status(&self) -> Option<Value> {
+        let out = Command::new(BIN).args(["status", "--json"]).args(self.common()).output().ok()?;
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = Command::new(BIN).arg("teardown").args(self.common()).output();
+        let _ = std::fs::remove_dir_all(&self.bpffs);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait(mut f: impl FnMut() -> bool, what: &str) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn signal(child: &Child, sig: i32) {
+    unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+/// The parts of the status that describe what runs (not timestamps).
+fn running(s: &Value) -> Value {
+    serde_json::json!({"lbs": s["load_balancers"], "gws": s["nat_gateways"]})
+}
+
+fn port_of(s: &Value, backend: &str) -> Option<u64> {
+    s["load_balancers"][0]["backends"].as_array()?.iter().find(|b| b["id"] == backend)?["mapped_port"].as_u64()
+}
+
+fn root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn invalid_state_changes_nothing_and_reloads_work() {
+    if !root() {
+        return;
+    }
+    let env = Env::new();
+    std::fs::write(env.state(), EXAMPLE).unwrap();
+    let mut child = env.start();
+    let before = env.status().unwrap();
+    assert_eq!(before["load_balancers"].as_array().unwrap().len(), 1);
+    assert_eq!(port_of(&before, "b2"), Some(1026));
+    let applies = before["applies"].as_u64().unwrap();
+
+    // An invalid file (duplicate port, hostile id) is refused; nothing changes.
+    let invalid = EXAMPLE.replacen("port: 5000", "port: 80", 1).replacen("3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60", "x;rm -rf /", 1);
+    std::fs::write(env.state(), &invalid).unwrap();
+    wait(|| env.status().is_some_and(|s| s["rejected_state"].is_array()), "refusal");
+    signal(&child, libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(2500)); // a repair pass runs too
+    let after = env.status().unwrap();
+    let problems: Vec<String> = after["rejected_state"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+    assert!(problems.iter().any(|p| p.starts_with("load_balancers[0].id")), "{problems:?}");
+    assert!(problems.iter().any(|p| p.contains("duplicate tcp port 80")), "{problems:?}");
+    assert_eq!(running(&after), running(&before), "nothing running changed");
+    assert!(after["applies"].as_u64().unwrap() > applies, "repair passes keep running on the last good state");
+
+    // A valid change: b2 removed, b9 added; b9 reuses the released port.
+    let changed = EXAMPLE.replacen("- {id: b2, address: 10.10.0.12, port: 8080, weight: 2}", "- {id: b9, address: 10.10.0.19, port: 8080}", 1);
+    std::fs::write(env.state(), &changed).unwrap();
+    wait(|| env.status().is_some_and(|s| port_of(&s, "b9").is_some()), "reload on change");
+    let s = env.status().unwrap();
+    assert!(s["rejected_state"].is_null());
+    assert_eq!(port_of(&s, "b2"), None);
+    assert_eq!(port_of(&s, "b9"), Some(1026));
+    assert_eq!(port_of(&s, "b1"), port_of(&before, "b1"));
+
+    // SIGTERM: clean exit, the dataplane (pins) stays.
+    signal(&child, libc::SIGTERM);
+    assert!(child.wait().unwrap().success());
+    assert!(env.bpffs.join("v1/ct").exists(), "pins survive a clean stop");
+
+    // Restart: allocations are stable.
+    let mut child = env.start();
+    let again = env.status().unwrap();
+    assert_eq!(again["load_balancers"][0]["inner"], s["load_balancers"][0]["inner"]);
+    assert_eq!(again["load_balancers"][0]["outer"], s["load_balancers"][0]["outer"]);
+    assert_eq!(port_of(&again, "b9"), Some(1026));
+    assert_eq!(again["load_balancers"][0]["zone"], s["load_balancers"][0]["zone"]);
+
+    // Teardown is refused while running, then removes everything.
+    let out = Command::new(BIN).arg("teardown").args(env.common()).output().unwrap();
+    assert!(!out.status.success());
+    signal(&child, libc::SIGTERM);
+    assert!(child.wait().unwrap().success());
+    let out = Command::new(BIN).arg("teardown").args(env.common()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!env.bpffs.exists());
+    assert!(!env.dir.join("sd/allocations.json").exists());
+}
+
+#[test]
+fn validate_command_exit_codes_and_paths() {
+    let dir = std::env::temp_dir().join(format!("lbav{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.yaml");
+    std::fs::write(&good, EXAMPLE).unwrap();
+    let out = Command::new(BIN).args(["validate", good.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success());
+    let bad = dir.join("bad.json");
+    let v: Value = serde_yaml::from_str(&EXAMPLE.replacen("port: 5000", "port: 80", 1).replacen("weight: 2}", "weight: 900}", 1)).unwrap();
+    std::fs::write(&bad, v.to_string()).unwrap();
+    let out = Command::new(BIN).args(["validate", bad.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines.iter().any(|l| l.starts_with("load_balancers[0].listeners[1].port: duplicate tcp port 80")), "{text}");
+    assert!(lines.iter().any(|l| l.starts_with("load_balancers[0].backend_groups[0].backends[1].weight")), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+    assert!(Path::new(BIN).exists());
+}

@@ -119,6 +119,9 @@ pub struct DnatRule {
     pub rule_id: u32,
     /// Backends `0..backend_count` in `dnat_backends`; a flow picks one by hash.
     pub backend_count: u32,
+    /// Hairpin: a new flow of this rule arriving on this interface that no
+    /// SNAT rule matched is SNAT'ed to the rule's own address (0 = never).
+    pub hairpin_ifindex: u32,
 }
 
 #[repr(C)]
@@ -272,7 +275,7 @@ const _: () = {
     assert!(core::mem::size_of::<Tuple>() == 16);
     assert!(core::mem::size_of::<CtEntry>() == 16 + 8 + 4 + 4 + 1 + 1 + 2 + 4);
     assert!(core::mem::size_of::<DnatKey>() == 4 + 2 + 1 + 1 + 2 + 2);
-    assert!(core::mem::size_of::<DnatRule>() == 8);
+    assert!(core::mem::size_of::<DnatRule>() == 12);
     assert!(core::mem::size_of::<BackendKey>() == 8);
     assert!(core::mem::size_of::<Backend>() == 8);
     assert!(core::mem::size_of::<SnatKey>() == 12);

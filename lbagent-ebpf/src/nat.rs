@@ -63,6 +63,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         port_max: u16::MAX,
         random: false,
     };
+    let mut hairpin = 0;
     if let Some(hit) = rules::dnat(t) {
         f.xlate.daddr = hit.backend.addr;
         if hit.backend.port != 0 && t.proto != PROTO_ICMP {
@@ -70,6 +71,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         }
         f.flags |= CT_F_DNAT;
         f.dnat_rule = hit.rule_id;
+        hairpin = hit.hairpin_ifindex;
     }
     if let Some(s) = rules::snat(t.zone, p.ifindex, t.saddr) {
         f.xlate.saddr = s.addr;
@@ -78,6 +80,12 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         f.port_min = s.port_min;
         f.port_max = s.port_max;
         f.random = s.flags & SNAT_F_RANDOM != 0;
+    } else if hairpin != 0 && hairpin == p.ifindex {
+        // Hairpin: the reply must come back through us, so the source
+        // becomes the address the client asked for.
+        f.xlate.saddr = t.daddr;
+        f.flags |= CT_F_SNAT;
+        f.random = true;
     }
     if f.flags == 0 {
         count(Counter::PassUnmatched);

@@ -10,6 +10,7 @@ use crate::maps::{DNAT_BACKENDS, DNAT_RULES, SNAT_RULES};
 pub struct DnatHit {
     pub backend: Backend,
     pub rule_id: u32,
+    pub hairpin_ifindex: u32,
 }
 
 #[inline(always)]
@@ -29,7 +30,7 @@ pub fn dnat(t: &Tuple) -> Option<DnatHit> {
     }
     let index = flow_hash(t) % rule.backend_count;
     let backend = *unsafe { DNAT_BACKENDS.get(&BackendKey { rule_id: rule.rule_id, index }) }?;
-    Some(DnatHit { backend, rule_id: rule.rule_id })
+    Some(DnatHit { backend, rule_id: rule.rule_id, hairpin_ifindex: rule.hairpin_ifindex })
 }
 
 #[inline(always)]

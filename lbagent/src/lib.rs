@@ -11,5 +11,6 @@ pub mod daemon;
 pub mod dataplane;
 pub mod naming;
 pub mod netns;
+pub mod plumbing;
 pub mod reconcile;
 pub mod state;

@@ -33,3 +33,50 @@ pub fn run_in<T: Send>(name: Option<&str>, f: impl FnOnce() -> Result<T> + Send)
 pub fn ifindex(ifname: &str) -> Result<u32> {
     nix::net::if_::if_nametoindex(ifname).with_context(|| format!("interface {ifname} not found"))
 }
+
+/// Creates named namespace `name` (like `ip netns add`) unless it exists:
+/// a fresh namespace from a thread's `unshare`, bind-mounted at /run/netns.
+pub fn create(name: &str) -> Result<bool> {
+    let target = path(name);
+    if target.exists() && File::open(&target).is_ok_and(|f| is_netns(&f)) {
+        return Ok(false);
+    }
+    std::fs::create_dir_all(NETNS_RUN_DIR)?;
+    File::create(&target).with_context(|| format!("creating {}", target.display()))?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> Result<()> {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).context("unshare(CLONE_NEWNET)")?;
+            let tid = nix::unistd::gettid();
+            let src = format!("/proc/self/task/{tid}/ns/net");
+            nix::mount::mount(Some(src.as_str()), &target, None::<&str>, nix::mount::MsFlags::MS_BIND, None::<&str>)
+                .with_context(|| format!("bind-mounting namespace at {}", target.display()))?;
+            Ok(())
+        })
+        .join()
+        .map_err(|_| anyhow!("namespace creation thread panicked"))?
+    })?;
+    Ok(true)
+}
+
+fn is_netns(f: &File) -> bool {
+    nix::sys::statfs::fstatfs(f).map(|s| s.filesystem_type().0 as i64 == 0x6e736673).unwrap_or(false)
+}
+
+/// Removes named namespace `name` (its interfaces go with it).
+pub fn delete(name: &str) -> Result<bool> {
+    let target = path(name);
+    if !target.exists() {
+        return Ok(false);
+    }
+    let _ = nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH);
+    std::fs::remove_file(&target).with_context(|| format!("removing {}", target.display()))?;
+    Ok(true)
+}
+
+pub fn exists(name: &str) -> bool {
+    File::open(path(name)).is_ok_and(|f| is_netns(&f))
+}
+
+pub fn open(name: &str) -> Result<File> {
+    File::open(path(name)).with_context(|| format!("network namespace {name} not found"))
+}

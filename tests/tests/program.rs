@@ -30,7 +30,7 @@ fn a(x: [u8; 4]) -> Ipv4Addr {
 }
 
 fn dnat(proto: u8, port: u16, rule_id: u32, backends: &[([u8; 4], u16)]) -> DnatSpec {
-    DnatSpec { zone: ZONE, addr: a(VIP), proto, port, rule_id, backends: backends.iter().map(|(x, p)| (a(*x), *p)).collect() }
+    DnatSpec { zone: ZONE, addr: a(VIP), proto, port, rule_id, backends: backends.iter().map(|(x, p)| (a(*x), *p)).collect(), hairpin_ifindex: 0 }
 }
 
 fn snat(cidr: ([u8; 4], u8), to: [u8; 4], ports: (u16, u16), random: bool, rule_id: u32) -> SnatSpec {
@@ -377,7 +377,7 @@ fn dnat_only_keeps_source() {
 #[test]
 fn address_wide_dnat_keeps_ports() {
     let Some(mut e) = engine() else { return };
-    let fip = DnatSpec { zone: ZONE, addr: a([198, 51, 100, 20]), proto: 0, port: 0, rule_id: 30, backends: vec![(a(SERVER2), 0)] };
+    let fip = DnatSpec { zone: ZONE, addr: a([198, 51, 100, 20]), proto: 0, port: 0, rule_id: 30, backends: vec![(a(SERVER2), 0)], hairpin_ifindex: 0 };
     e.tables.set_dnat(&fip).unwrap();
     let other = [203, 0, 113, 5];
     expect(&mut e, frame(&Ip::new(other, [198, 51, 100, 20]), &udp(7777, 9999, b"f")), frame(&Ip::new(other, SERVER2), &udp(7777, 9999, b"f")));
@@ -481,4 +481,23 @@ fn conntrack_flush_by_selector() {
     let left = e.tables.conntrack().unwrap();
     assert_eq!(left.len(), 2);
     assert!(left.iter().all(|(k, _)| k.proto == PROTO_TCP));
+}
+
+#[test]
+fn hairpin_snats_to_the_dnat_address_when_no_snat_rule_matches() {
+    let Some(mut e) = engine() else { return };
+    let mut spec = dnat(PROTO_TCP, 8443, 60, &[(SERVER, 443)]);
+    spec.hairpin_ifindex = LO;
+    e.tables.set_dnat(&spec).unwrap();
+    // A VPC host outside every SNAT rule reaches the VIP of its own gateway.
+    let host = [10, 0, 2, 77];
+    let (rc, out) = e.run(&frame(&Ip::new(host, VIP), &tcp(SYN, 33000, 8443, b""))).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    verify(&out).unwrap();
+    let s = packet::summary(&out);
+    assert_eq!((s.src, s.dst, s.dport), (VIP, SERVER, 443), "DNAT'ed and SNAT'ed to the VIP");
+    expect(&mut e, frame(&Ip::new(SERVER, VIP), &tcp(SYN | ACK, 443, s.sport, b"")), frame(&Ip::new(VIP, host), &tcp(SYN | ACK, 8443, 33000, b"")));
+    // A client covered by a SNAT rule uses that rule instead (CIDR SNAT before hairpin).
+    let (_, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &tcp(SYN, 24001, 8443, b""))).unwrap();
+    assert_eq!(packet::summary(&out).src, SNAT);
 }

@@ -26,6 +26,8 @@ pub struct DnatSpec {
     pub port: u16,
     pub rule_id: u32,
     pub backends: Vec<(Ipv4Addr, u16)>,
+    /// SNAT new flows arriving on this interface to `addr` (0 = no hairpin).
+    pub hairpin_ifindex: u32,
 }
 
 /// A SNAT rule: source `cidr` arriving on `ifindex` leaves as `to`.
@@ -98,7 +100,7 @@ impl Tables {
             let b = Backend { addr: addr.octets(), port: *port, _pad0: 0 };
             backends.insert(&BackendKey { rule_id: spec.rule_id, index: i as u32 }, &b, 0)?;
         }
-        let rule = DnatRule { rule_id: spec.rule_id, backend_count: spec.backends.len() as u32 };
+        let rule = DnatRule { rule_id: spec.rule_id, backend_count: spec.backends.len() as u32, hairpin_ifindex: spec.hairpin_ifindex };
         rules.insert(&spec.key(), &rule, 0)?;
         if let Some(old) = old {
             let start = if old.rule_id == spec.rule_id { spec.backends.len() as u32 } else { 0 };

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod daemon;
 pub mod dataplane;
 pub mod naming;
+pub mod natgw;
 pub mod netns;
 pub mod plumbing;
 pub mod reconcile;

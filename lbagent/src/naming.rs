@@ -29,6 +29,12 @@ pub fn gw_netns(name: &str) -> String {
     format!("natgw-{name}")
 }
 
+/// 8 hex digits of FNV-1a of `s`: a short, stable tag for link names.
+pub fn short_hash(s: &str) -> String {
+    let h = s.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ b as u32).wrapping_mul(0x0100_0193));
+    format!("{h:08x}")
+}
+
 /// Zone key of an object in the allocation store.
 pub fn lb_zone_key(id: &str) -> String {
     format!("lb/{id}")

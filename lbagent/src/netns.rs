@@ -15,17 +15,24 @@ pub fn path(name: &str) -> PathBuf {
     PathBuf::from(NETNS_RUN_DIR).join(name)
 }
 
-/// Runs `f` inside namespace `name` (or in the caller's when `None`).
+/// Runs `f` on a new thread inside namespace `name` (the caller's when `None`).
 pub fn run_in<T: Send>(name: Option<&str>, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    let Some(name) = name else { return f() };
-    let file = File::open(path(name)).with_context(|| format!("network namespace {name} not found"))?;
+    let file = match name {
+        Some(name) => Some(File::open(path(name)).with_context(|| format!("network namespace {name} not found"))?),
+        None => None,
+    };
+    let label = name.unwrap_or("host");
+    // Always a fresh thread: it carries the namespace, and it is outside any
+    // async runtime, so blocking netlink clients may run there.
     std::thread::scope(|s| {
         s.spawn(move || {
-            setns(&file, CloneFlags::CLONE_NEWNET).with_context(|| format!("entering network namespace {name}"))?;
+            if let Some(file) = &file {
+                setns(file, CloneFlags::CLONE_NEWNET).with_context(|| format!("entering network namespace {label}"))?;
+            }
             f()
         })
         .join()
-        .map_err(|_| anyhow!("thread working in network namespace {name} panicked"))?
+        .map_err(|_| anyhow!("thread working in network namespace {label} panicked"))?
     })
 }
 

@@ -27,6 +27,10 @@ pub struct Allocations {
     pub zones: BTreeMap<String, u16>,
     #[serde(default)]
     pub lbs: BTreeMap<String, LbAlloc>,
+    /// Dataplane rule id per rule key (`natgw/<name>/dnat/...`); ids start at 1
+    /// and are unique across zones (they key backends and conntrack entries).
+    #[serde(default)]
+    pub rule_ids: BTreeMap<String, u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +132,24 @@ impl Allocations {
             added.push(b.to_string());
         }
         Ok((added, released))
+    }
+
+    /// The rule id of `key`, allocating the lowest free one.
+    pub fn rule_id(&mut self, key: &str) -> u32 {
+        if let Some(id) = self.rule_ids.get(key) {
+            return *id;
+        }
+        let used: BTreeSet<u32> = self.rule_ids.values().copied().collect();
+        let id = (1..).find(|i| !used.contains(i)).unwrap();
+        self.rule_ids.insert(key.to_string(), id);
+        id
+    }
+
+    /// Releases rule ids whose key starts with `prefix` and is not in `keep`.
+    pub fn release_rules(&mut self, prefix: &str, keep: &BTreeSet<String>) -> usize {
+        let before = self.rule_ids.len();
+        self.rule_ids.retain(|k, _| !k.starts_with(prefix) || keep.contains(k));
+        before - self.rule_ids.len()
     }
 
     pub fn release_lb(&mut self, id: &str) -> Option<LbAlloc> {

@@ -89,7 +89,7 @@ pub async fn run(opts: Options) -> Result<()> {
     // Load the object once up front: it creates or reuses (after checking)
     // the pinned maps, and fails fast on a verifier or pin problem.
     ZoneProgram::load(&opts.bpffs, 0).context("preparing the dataplane")?;
-    let reconciler = Reconciler::open(Host::default(), &opts.state_dir)?;
+    let reconciler = Reconciler::open(Host::new(opts.bpffs.clone(), opts.attach), &opts.state_dir)?;
     let status = Arc::new(Mutex::new(Status { state_file: opts.state.display().to_string(), ..Default::default() }));
     status.lock().unwrap().refresh(&reconciler.applied, &reconciler.alloc);
 
@@ -139,10 +139,11 @@ pub async fn run(opts: Options) -> Result<()> {
 /// `lbagent teardown`: removes every object the agent created, the pins and
 /// the persisted allocations. Refused while a daemon serves `api_socket`.
 pub fn teardown(state_dir: &Path, bpffs: &Path, api_socket: &Path) -> Result<()> {
+    let bpffs_buf = bpffs.to_path_buf();
     if std::os::unix::net::UnixStream::connect(api_socket).is_ok() {
         anyhow::bail!("a daemon is running on {}; stop it first", api_socket.display());
     }
-    let mut r = Reconciler::open(Host::default(), state_dir)?;
+    let mut r = Reconciler::open(Host::new(bpffs_buf, AttachMode::Auto), state_dir)?;
     let report = r.teardown();
     for c in &report.changes {
         println!("{c}");

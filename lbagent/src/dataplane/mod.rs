@@ -5,6 +5,7 @@
 //! `<bpffs>/v<LAYOUT_VERSION>/`.
 
 pub mod attach;
+pub mod engine;
 pub mod loader;
 pub mod pins;
 pub mod tables;

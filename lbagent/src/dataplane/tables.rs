@@ -136,6 +136,11 @@ impl Tables {
         Ok(())
     }
 
+    pub fn remove_snat_key(&self, prefix_len: u32, key: SnatKey) -> Result<()> {
+        let _ = self.snat_map()?.remove(&Key::new(prefix_len, key));
+        Ok(())
+    }
+
     pub fn remove_snat(&self, spec: &SnatSpec) -> Result<()> {
         let _ = self.snat_map()?.remove(&spec.key());
         Ok(())

@@ -1,20 +1,30 @@
-//! The realizer for this host. At this stage it owns the runtime facts of
-//! every object (zone, link-local addresses, mapped ports); the load balancer
-//! and NAT gateway plumbing plug in here.
+//! The realizer for this host: NAT gateways (plumbing + engine rules) and the
+//! runtime facts of load balancers (zone, link-local addresses, mapped ports;
+//! their plumbing plugs in here).
 
-use std::{collections::HashSet, net::Ipv4Addr};
+use std::{collections::HashSet, net::Ipv4Addr, path::PathBuf};
 
 use anyhow::Result;
 
 use super::Realizer;
 use crate::{
     alloc::Allocations,
-    naming,
-    state::model::{LoadBalancer, NatGateway},
+    dataplane::{attach::AttachMode, engine::Engine},
+    naming, natgw,
+    state::model::{AgentConfig, LoadBalancer, NatGateway},
 };
 
-#[derive(Default)]
-pub struct Host;
+pub struct Host {
+    pub engine: Engine,
+    /// The OVS integration bridge (from the state file's `agent` section).
+    pub bridge: String,
+}
+
+impl Host {
+    pub fn new(bpffs: PathBuf, mode: AttachMode) -> Self {
+        Host { engine: Engine::new(bpffs, mode), bridge: AgentConfig::default().integration_bridge }
+    }
+}
 
 /// IPv4 addresses configured on the host (the agent's namespace).
 pub fn host_addresses() -> HashSet<Ipv4Addr> {
@@ -59,15 +69,15 @@ impl Realizer for Host {
         Ok(changes)
     }
 
-    fn ensure_gw(&mut self, gw: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>> {
-        let key = naming::gw_zone_key(&gw.name);
-        if alloc.zones.contains_key(&key) {
-            return Ok(vec![]);
-        }
-        Ok(vec![format!("zone {}", alloc.zone(&key)?)])
+    fn configure(&mut self, agent: &AgentConfig) {
+        self.bridge = agent.integration_bridge.clone();
     }
 
-    fn remove_gw(&mut self, name: &str, alloc: &mut Allocations) -> Result<Vec<String>> {
-        Ok(alloc.release_zone(&naming::gw_zone_key(name)).map(|z| format!("released zone {z}")).into_iter().collect())
+    fn ensure_gw(&mut self, gw: &NatGateway, prev: Option<&NatGateway>, alloc: &mut Allocations) -> Result<Vec<String>> {
+        natgw::ensure(&mut self.engine, &self.bridge, gw, prev, alloc)
+    }
+
+    fn remove_gw(&mut self, prev: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>> {
+        natgw::remove(&mut self.engine, prev, alloc)
     }
 }

@@ -6,13 +6,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::{
     StateFile,
-    model::{LoadBalancer, NatGateway},
+    model::{AgentConfig, LoadBalancer, NatGateway},
 };
 
 /// What the state file asks for (disabled load balancers are absent: they
 /// are torn down like removed ones).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Desired {
+    pub agent: AgentConfig,
     pub lbs: BTreeMap<String, LoadBalancer>,
     pub gws: BTreeMap<String, NatGateway>,
 }
@@ -20,6 +21,7 @@ pub struct Desired {
 impl Desired {
     pub fn from_state(s: &StateFile) -> Self {
         Desired {
+            agent: s.agent.clone(),
             lbs: s.load_balancers.iter().filter(|l| l.enabled).map(|l| (l.id.clone(), l.clone())).collect(),
             gws: s.nat_gateways.iter().map(|g| (g.name.clone(), g.clone())).collect(),
         }

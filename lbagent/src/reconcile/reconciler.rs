@@ -10,16 +10,19 @@ use tracing::{error, info};
 use super::plan::{Applied, Desired, Kind, Reason, Step, plan};
 use crate::{
     alloc::{Allocations, store::JsonFile},
-    state::model::{LoadBalancer, NatGateway},
+    state::model::{AgentConfig, LoadBalancer, NatGateway},
 };
 
 /// The part that makes the host match a spec. Each method must be safe to
 /// repeat and returns human-readable lines for what it changed.
 pub trait Realizer {
+    /// Agent-wide settings of the state file, before each apply.
+    fn configure(&mut self, _agent: &AgentConfig) {}
     fn ensure_lb(&mut self, lb: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>>;
     fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
-    fn ensure_gw(&mut self, gw: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>>;
-    fn remove_gw(&mut self, name: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
+    /// `prev` is the spec applied before (for deciding which flows to flush).
+    fn ensure_gw(&mut self, gw: &NatGateway, prev: Option<&NatGateway>, alloc: &mut Allocations) -> Result<Vec<String>>;
+    fn remove_gw(&mut self, prev: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>>;
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -59,6 +62,7 @@ impl<R: Realizer> Reconciler<R> {
     /// Brings the host to `desired`. Failed steps are reported and retried
     /// by the next pass; other steps still run.
     pub fn apply(&mut self, desired: &Desired, repair: bool) -> ApplyReport {
+        self.realizer.configure(&desired.agent);
         let steps = plan(desired, &self.applied, repair);
         let mut report = ApplyReport { started: Some(SystemTime::now()), steps: steps.len(), ..Default::default() };
         for step in steps {
@@ -96,7 +100,7 @@ impl<R: Realizer> Reconciler<R> {
             }
             Step::Ensure { kind: Kind::Gw, key, reason } => {
                 let gw = &desired.gws[key];
-                let mut changes = self.realizer.ensure_gw(gw, &mut self.alloc)?;
+                let mut changes = self.realizer.ensure_gw(gw, self.applied.gws.get(key), &mut self.alloc)?;
                 if *reason != Reason::Repair {
                     changes.insert(0, format!("{} NAT gateway", verb(*reason)));
                 }
@@ -110,7 +114,8 @@ impl<R: Realizer> Reconciler<R> {
                 Ok(changes)
             }
             Step::Remove { kind: Kind::Gw, key } => {
-                let mut changes = self.realizer.remove_gw(key, &mut self.alloc)?;
+                let prev = self.applied.gws[key].clone();
+                let mut changes = self.realizer.remove_gw(&prev, &mut self.alloc)?;
                 changes.insert(0, "removed NAT gateway".into());
                 self.applied.gws.remove(key);
                 Ok(changes)

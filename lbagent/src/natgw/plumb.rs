@@ -1,0 +1,189 @@
+//! A gateway's namespace and links (the kube-ovn gateway pod, done by the
+//! agent): `eth0` toward the VPC (host end on the integration bridge),
+//! `net1` toward the external network (host end on the external bridge),
+//! EIPs on `net1` with a gratuitous ARP each time one is added.
+
+use std::{collections::BTreeSet, net::Ipv4Addr};
+
+use anyhow::{Result, bail};
+
+use crate::{
+    naming, netns,
+    plumbing::{
+        garp,
+        nl::{Nl, Route4},
+        ovs, sysctl,
+    },
+    state::{
+        model::NatGateway,
+        names::{parse_cidr, parse_ip, parse_mac},
+    },
+};
+
+pub const LAN_IF: &str = "eth0";
+pub const EXT_IF: &str = "net1";
+
+/// Host-side ends of `eth0` and `net1`: `ngw<hash>l` / `ngw<hash>x`, where
+/// `<hash>` is 8 hex digits of the gateway name (names fit IFNAMSIZ and do
+/// not depend on anything but the name, so any agent can find them).
+pub fn host_ends(name: &str) -> (String, String) {
+    let h = naming::short_hash(name);
+    (format!("ngw{h}l"), format!("ngw{h}x"))
+}
+
+fn tmp_peer(name: &str, which: &str) -> String {
+    format!("ngw{}{which}", naming::short_hash(name))
+}
+
+/// Creates the veth `host`/`inside` with `inside` in `ns`, unless present.
+fn ensure_pair(ns: &str, name: &str, host: &str, inside: &str, changes: &mut Vec<String>) -> Result<()> {
+    let present = netns::run_in(Some(ns), || Ok(Nl::new()?.index(inside)?.is_some()))?;
+    if present {
+        return Ok(());
+    }
+    let tmp = tmp_peer(name, if inside == LAN_IF { "lp" } else { "xp" });
+    let ns_file = netns::open(ns)?;
+    netns::run_in(None, || {
+        let nl = Nl::new()?;
+        nl.delete(host)?; // a leftover host end whose peer is gone
+        nl.ensure_veth(host, &tmp)?;
+        nl.move_to(&tmp, &ns_file)
+    })?;
+    netns::run_in(Some(ns), || {
+        let nl = Nl::new()?;
+        let i = nl.must_index(&tmp)?;
+        nl.rename(i, inside)
+    })?;
+    changes.push(format!("created veth {host} <-> {ns}/{inside}"));
+    Ok(())
+}
+
+/// Ensures everything below the engine; returns the gateway's interface
+/// indexes in its namespace (lan, ext).
+pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<String>) -> Result<(u32, u32)> {
+    let ns = naming::gw_netns(&gw.name);
+    if netns::create(&ns)? {
+        changes.push(format!("created namespace {ns}"));
+    }
+    let (lan_host, ext_host) = host_ends(&gw.name);
+    ensure_pair(&ns, &gw.name, &lan_host, LAN_IF, changes)?;
+    ensure_pair(&ns, &gw.name, &ext_host, EXT_IF, changes)?;
+
+    // Host ends: up, on their bridges.
+    netns::run_in(None, || {
+        let nl = Nl::new()?;
+        for h in [&lan_host, &ext_host] {
+            nl.set_up(nl.must_index(h)?)?;
+        }
+        Ok(())
+    })?;
+    if ovs::ensure_port(integration_bridge, &lan_host, &format!("natgw/{}", gw.name))? {
+        changes.push(format!("{lan_host} on OVS bridge {integration_bridge}"));
+    }
+    let ext_br = &gw.external.bridge;
+    if ovs::bridge_exists(ext_br) {
+        if ovs::ensure_port(ext_br, &ext_host, &format!("natgw/{}/external", gw.name))? {
+            changes.push(format!("{ext_host} on OVS bridge {ext_br}"));
+        }
+    } else if std::path::Path::new(&format!("/sys/class/net/{ext_br}/bridge")).exists() {
+        netns::run_in(None, || {
+            let nl = Nl::new()?;
+            nl.set_master(nl.must_index(&ext_host)?, nl.must_index(ext_br)?)
+        })?;
+    } else {
+        bail!("external.bridge {ext_br}: no such OVS or Linux bridge");
+    }
+
+    let lan_ip = parse_ip(&gw.lan.ip).map_err(anyhow::Error::msg)?;
+    let lan_mac = parse_mac(&gw.lan.mac).map_err(anyhow::Error::msg)?;
+    let ext_gw = parse_ip(&gw.external.gateway).map_err(anyhow::Error::msg)?;
+    let eips: BTreeSet<Ipv4Addr> = gw.eips.iter().filter_map(|e| parse_ip(&e.ip).ok()).collect();
+    let routes: Vec<((Ipv4Addr, u8), Ipv4Addr)> = gw
+        .routes
+        .iter()
+        .filter_map(|r| Some((parse_cidr(&r.cidr).ok()?, parse_ip(&r.via).ok()?)))
+        .collect();
+    let ext_len = gw.external.prefix_len;
+    let lan_len = gw.lan.prefix_len;
+    let inner = netns::run_in(Some(&ns), || {
+        let mut ch = Vec::new();
+        let nl = Nl::new()?;
+        nl.set_up(nl.must_index("lo")?)?;
+        let lan = nl.must_index(LAN_IF)?;
+        let ext = nl.must_index(EXT_IF)?;
+        if nl.link_info(lan)?.1 != lan_mac {
+            nl.set_mac(lan, lan_mac)?;
+            ch.push(format!("{LAN_IF} mac {}", gw.lan.mac));
+        }
+        nl.set_up(lan)?;
+        nl.set_up(ext)?;
+        if nl.ensure_addr(lan, lan_ip, lan_len, false)? {
+            ch.push(format!("{LAN_IF} address {lan_ip}/{lan_len}"));
+        }
+        for (ip, len) in nl.addresses(lan)? {
+            if (ip, len) != (lan_ip, lan_len) && nl.del_addr(lan, ip, len)? {
+                ch.push(format!("{LAN_IF} removed stray address {ip}/{len}"));
+            }
+        }
+        // EIPs: exactly the configured ones on net1; announce new ones.
+        let ext_mac: [u8; 6] = nl.link_info(ext)?.1.try_into().unwrap_or([0; 6]);
+        for ip in &eips {
+            if nl.ensure_addr(ext, *ip, ext_len, false)? {
+                ch.push(format!("EIP {ip}/{ext_len} on {EXT_IF}"));
+                if let Err(e) = garp::announce(ext, ext_mac, *ip) {
+                    ch.push(format!("gratuitous ARP for {ip} failed: {e:#}"));
+                } else {
+                    ch.push(format!("gratuitous ARP for {ip}"));
+                }
+            }
+        }
+        for (ip, len) in nl.addresses(ext)? {
+            if !eips.contains(&ip) && nl.del_addr(ext, ip, len)? {
+                ch.push(format!("EIP {ip} removed from {EXT_IF}"));
+            }
+        }
+        sysctl::router(&[LAN_IF, EXT_IF])?;
+        // Routes: default via the external gateway (onlink), VPC routes via eth0.
+        let mut want = vec![Route4 { dst: Ipv4Addr::UNSPECIFIED, len: 0, via: Some(ext_gw), oif: ext, onlink: true }];
+        want.extend(routes.iter().map(|((dst, len), via)| Route4 { dst: *dst, len: *len, via: Some(*via), oif: lan, onlink: false }));
+        for r in &want {
+            if nl.ensure_route(r)? {
+                ch.push(format!("route {}/{} via {}", r.dst, r.len, r.via.unwrap()));
+            }
+        }
+        for (r, m) in nl.routes()? {
+            if r.via.is_some() && !want.iter().any(|w| w.dst == r.dst && w.len == r.len && w.via == r.via && w.oif == r.oif) {
+                nl.del_route(m)?;
+                ch.push(format!("removed route {}/{} via {}", r.dst, r.len, r.via.unwrap()));
+            }
+        }
+        Ok((ch, lan, ext))
+    })?;
+    changes.extend(inner.0);
+    Ok((inner.1, inner.2))
+}
+
+/// Removes the namespace (its veths and their host ends go with it) and the
+/// OVS ports. Safe to repeat.
+pub fn remove(name: &str, changes: &mut Vec<String>) -> Result<()> {
+    let (lan_host, ext_host) = host_ends(name);
+    let ns = naming::gw_netns(name);
+    if netns::delete(&ns)? {
+        changes.push(format!("deleted namespace {ns}"));
+    }
+    let deleted = netns::run_in(None, || {
+        let nl = Nl::new()?;
+        let mut d = Vec::new();
+        for h in [&lan_host, &ext_host] {
+            if nl.delete(h)? {
+                d.push(format!("deleted {h}"));
+            }
+        }
+        Ok(d)
+    })?;
+    changes.extend(deleted);
+    for h in [&lan_host, &ext_host] {
+        let _ = ovs::del_port(h);
+    }
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! From a gateway spec to engine rules (pure), and which flows a change must
+//! flush (DESIGN §2.2):
+//! - FIP: address-wide DNAT `eip → internal` + SNAT `internal/32 → eip`
+//!   keeping ports; hairpin on the LAN interface;
+//! - DNAT: exact `(eip, proto, port)`, several backends when `share`;
+//! - SNAT: longest prefix on the LAN interface, random ports ("random-fully");
+//!   a FIP's /32 wins over a SNAT of the same single address;
+//! - deleting a FIP flushes its flows; deleting a DNAT identity (or replacing
+//!   an exclusive target) flushes that identity's flows; deleting a SNAT or
+//!   one share backend flushes nothing.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
+
+use lbagent_common::{PROTO_TCP, PROTO_UDP};
+
+use crate::{
+    alloc::Allocations,
+    dataplane::tables::{DnatSpec, SnatSpec},
+    state::{
+        model::{DnatMode, NatGateway, Protocol},
+        names::{parse_cidr, parse_ip},
+    },
+};
+
+/// SNAT port range for CIDR SNAT.
+pub const SNAT_PORTS: (u16, u16) = (1024, 65535);
+
+#[derive(Clone, Copy, Debug)]
+pub struct Ifaces {
+    pub lan: u32,
+    pub ext: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GwRules {
+    pub dnats: Vec<DnatSpec>,
+    pub snats: Vec<SnatSpec>,
+    /// Rule-id keys in use (the rest of this gateway's ids can be released).
+    pub keys: BTreeSet<String>,
+}
+
+pub fn prefix(gw: &str) -> String {
+    format!("natgw/{gw}/")
+}
+
+fn proto(p: Protocol) -> u8 {
+    match p {
+        Protocol::Tcp => PROTO_TCP,
+        Protocol::Udp => PROTO_UDP,
+    }
+}
+
+fn eip_ip(gw: &NatGateway, name: &str) -> Option<Ipv4Addr> {
+    gw.eips.iter().find(|e| e.name == name).and_then(|e| parse_ip(&e.ip).ok())
+}
+
+fn fip_key(gw: &str, eip: Ipv4Addr) -> String {
+    format!("natgw/{gw}/fip/{eip}")
+}
+
+fn fip_snat_key(gw: &str, internal: Ipv4Addr) -> String {
+    format!("natgw/{gw}/fip-snat/{internal}")
+}
+
+fn dnat_key(gw: &str, eip: Ipv4Addr, p: Protocol, port: u32) -> String {
+    format!("natgw/{gw}/dnat/{eip}/{}/{port}", if p == Protocol::Tcp { "tcp" } else { "udp" })
+}
+
+/// FIPs as (eip address, internal address).
+fn fips(gw: &NatGateway) -> Vec<(Ipv4Addr, Ipv4Addr)> {
+    gw.fips.iter().filter_map(|f| Some((eip_ip(gw, &f.eip)?, parse_ip(&f.internal_ip).ok()?))).collect()
+}
+
+/// DNAT identities with their backends (sorted: stable indexes) and mode.
+fn identities(gw: &NatGateway) -> BTreeMap<(Ipv4Addr, Protocol, u32), (Vec<(Ipv4Addr, u16)>, DnatMode)> {
+    let mut out: BTreeMap<_, (Vec<_>, DnatMode)> = BTreeMap::new();
+    for d in &gw.dnats {
+        let (Some(eip), Ok(ip)) = (eip_ip(gw, &d.eip), parse_ip(&d.internal_ip)) else { continue };
+        let e = out.entry((eip, d.protocol, d.external_port)).or_default();
+        e.0.push((ip, d.internal_port as u16));
+        e.1 = d.mode;
+    }
+    for (b, _) in out.values_mut() {
+        b.sort();
+        b.dedup();
+    }
+    out
+}
+
+pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -> GwRules {
+    let mut r = GwRules::default();
+    let mut id = |key: String, r: &mut GwRules| {
+        let id = alloc.rule_id(&key);
+        r.keys.insert(key);
+        id
+    };
+    let fips = fips(gw);
+    for (eip, internal) in &fips {
+        let rule_id = id(fip_key(&gw.name, *eip), &mut r);
+        r.dnats.push(DnatSpec { zone, addr: *eip, proto: 0, port: 0, rule_id, backends: vec![(*internal, 0)], hairpin_ifindex: ifs.lan });
+        let rule_id = id(fip_snat_key(&gw.name, *internal), &mut r);
+        r.snats.push(SnatSpec { zone, ifindex: ifs.lan, cidr: (*internal, 32), to: *eip, ports: (1, 65535), random: false, rule_id });
+    }
+    for ((eip, p, port), (backends, _)) in identities(gw) {
+        let rule_id = id(dnat_key(&gw.name, eip, p, port), &mut r);
+        r.dnats.push(DnatSpec { zone, addr: eip, proto: proto(p), port: port as u16, rule_id, backends, hairpin_ifindex: ifs.lan });
+    }
+    for s in &gw.snats {
+        let (Some(eip), Ok(cidr)) = (eip_ip(gw, &s.eip), parse_cidr(&s.internal_cidr)) else { continue };
+        if cidr.1 == 32 && fips.iter().any(|(_, i)| *i == cidr.0) {
+            continue; // the FIP's own SNAT wins
+        }
+        let rule_id = id(format!("natgw/{}/snat/{}/{}", gw.name, cidr.0, cidr.1), &mut r);
+        r.snats.push(SnatSpec { zone, ifindex: ifs.lan, cidr, to: eip, ports: SNAT_PORTS, random: true, rule_id });
+    }
+    r
+}
+
+/// Rule ids whose flows must be flushed when `prev` becomes `next`.
+pub fn flushes(prev: &NatGateway, next: Option<&NatGateway>, alloc: &Allocations) -> BTreeSet<u32> {
+    let id = |k: String| alloc.rule_ids.get(&k).copied();
+    let mut out = BTreeSet::new();
+    let next_fips = next.map(fips).unwrap_or_default();
+    for (eip, internal) in fips(prev) {
+        if !next_fips.contains(&(eip, internal)) {
+            out.extend(id(fip_key(&prev.name, eip)));
+            out.extend(id(fip_snat_key(&prev.name, internal)));
+        }
+    }
+    let next_ids = next.map(identities).unwrap_or_default();
+    for (ident, (backends, _)) in identities(prev) {
+        let gone = match next_ids.get(&ident) {
+            None => true,
+            Some((nb, DnatMode::Exclusive)) => !nb.iter().any(|b| backends.contains(b)),
+            Some(_) => false,
+        };
+        if gone {
+            out.extend(id(dnat_key(&prev.name, ident.0, ident.1, ident.2)));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Format, load_str};
+
+    fn gw() -> NatGateway {
+        load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap().nat_gateways[0].clone()
+    }
+
+    const IFS: Ifaces = Ifaces { lan: 2, ext: 3 };
+
+    #[test]
+    fn rules_of_the_example() {
+        let mut a = Allocations::default();
+        let r = rules(&gw(), 5, IFS, &mut a);
+        // FIP eip1 (address-wide) + two identities (eip2 tcp/2222, eip3 tcp/80 shared by two backends).
+        assert_eq!(r.dnats.len(), 3);
+        let fip = r.dnats.iter().find(|d| d.proto == 0).unwrap();
+        assert_eq!((fip.addr.to_string(), fip.port, fip.hairpin_ifindex), ("198.51.100.10".into(), 0, 2));
+        let share = r.dnats.iter().find(|d| d.addr == Ipv4Addr::new(198, 51, 100, 12)).unwrap();
+        assert_eq!(share.backends.len(), 2);
+        // FIP SNAT (/32, keep ports) + CIDR SNAT (random).
+        assert_eq!(r.snats.len(), 2);
+        assert!(r.snats.iter().any(|s| s.cidr.1 == 32 && !s.random && s.to == Ipv4Addr::new(198, 51, 100, 10)));
+        assert!(r.snats.iter().any(|s| s.cidr.1 == 24 && s.random && s.ifindex == 2));
+        // Stable ids on repeat.
+        assert_eq!(rules(&gw(), 5, IFS, &mut a), r);
+    }
+
+    #[test]
+    fn flush_rules_follow_the_reference() {
+        let mut a = Allocations::default();
+        let prev = gw();
+        rules(&prev, 5, IFS, &mut a);
+        let fip_id = a.rule_ids[&fip_key("gw1", Ipv4Addr::new(198, 51, 100, 10))];
+        let ssh_id = a.rule_ids[&dnat_key("gw1", Ipv4Addr::new(198, 51, 100, 11), Protocol::Tcp, 2222)];
+        // Deleting a FIP flushes it; deleting a SNAT or a share backend flushes nothing.
+        let mut next = prev.clone();
+        next.fips.clear();
+        next.snats.clear();
+        next.dnats.pop();
+        let f = flushes(&prev, Some(&next), &a);
+        assert!(f.contains(&fip_id));
+        assert!(!f.contains(&ssh_id));
+        assert_eq!(f.len(), 2, "fip dnat + fip snat only: {f:?}");
+        // Deleting a DNAT identity flushes it; so does replacing an exclusive target.
+        let mut next = prev.clone();
+        next.dnats[0].internal_ip = "10.10.0.99".into();
+        assert!(flushes(&prev, Some(&next), &a).contains(&ssh_id));
+        next.dnats.remove(0);
+        assert!(flushes(&prev, Some(&next), &a).contains(&ssh_id));
+        // Removing the gateway flushes every FIP and identity.
+        assert_eq!(flushes(&prev, None, &a).len(), 4);
+    }
+
+    #[test]
+    fn fip_snat_beats_a_bare_ip_snat() {
+        let mut g = gw();
+        g.snats.push(crate::state::model::Snat { eip: "eip2".into(), internal_cidr: "10.10.0.21".into() });
+        let r = rules(&g, 5, IFS, &mut Allocations::default());
+        let at_32: Vec<_> = r.snats.iter().filter(|s| s.cidr == (Ipv4Addr::new(10, 10, 0, 21), 32)).collect();
+        assert_eq!(at_32.len(), 1);
+        assert_eq!(at_32[0].to, Ipv4Addr::new(198, 51, 100, 10));
+    }
+}

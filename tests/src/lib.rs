@@ -4,7 +4,9 @@
 //! `BPF_PROG_TEST_RUN`.
 
 pub mod engine;
+pub mod gateway;
 pub mod net;
+pub mod ovs;
 pub mod packet;
 pub mod topology;
 pub mod traffic;

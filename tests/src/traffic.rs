@@ -105,3 +105,136 @@ pub fn udp_expect_refused(ns: &str, to: SocketAddr) -> Result<()> {
     .join()
     .map_err(|_| anyhow::anyhow!("client thread panicked"))?
 }
+
+/// Binds one UDP socket per local port in `ports`, sends from each to `to`,
+/// and returns what the server reported for each (its view of the sender).
+/// Every socket must get exactly its own answer.
+pub fn udp_many(ns: &str, to: SocketAddr, ports: std::ops::Range<u16>) -> Result<Vec<String>> {
+    spawn_in(ns, move || {
+        let socks: Vec<UdpSocket> = ports.clone().map(|p| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, p))).collect::<Result<_, _>>()?;
+        for s in &socks {
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.send_to(b"who am i", to)?;
+        }
+        let mut out = Vec::new();
+        for s in &socks {
+            let mut buf = [0u8; 256];
+            let (n, from) = s.recv_from(&mut buf).with_context(|| format!("reply to local port {}", s.local_addr().unwrap().port()))?;
+            ensure!(from == to, "reply from {from}, expected {to}");
+            out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        Ok(out)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))?
+}
+
+/// A TCP connection kept open: each `ping` sends a line and expects it back.
+pub struct OpenConn {
+    tx: std::sync::mpsc::Sender<Option<String>>,
+    rx: std::sync::mpsc::Receiver<Result<String>>,
+}
+
+impl OpenConn {
+    /// Connects from `ns` to `to`, where a `line_echo_server` answers.
+    pub fn open(ns: &str, to: SocketAddr) -> Result<OpenConn> {
+        let (tx, crx) = std::sync::mpsc::channel::<Option<String>>();
+        let (ctx, rx) = std::sync::mpsc::channel();
+        spawn_in(ns, move || {
+            let s = TcpStream::connect_timeout(&to, Duration::from_secs(5));
+            let mut s = match s {
+                Ok(s) => {
+                    ctx.send(Ok("connected".into())).ok();
+                    s
+                }
+                Err(e) => {
+                    ctx.send(Err(e.into())).ok();
+                    return Ok(());
+                }
+            };
+            s.set_read_timeout(Some(Duration::from_secs(3)))?;
+            let mut r = std::io::BufReader::new(s.try_clone()?);
+            while let Ok(Some(line)) = crx.recv() {
+                let res = (|| {
+                    s.write_all(format!("{line}\n").as_bytes())?;
+                    let mut back = String::new();
+                    std::io::BufRead::read_line(&mut r, &mut back)?;
+                    ensure!(!back.is_empty(), "connection closed");
+                    Ok(back.trim().to_string())
+                })();
+                ctx.send(res).ok();
+            }
+            Ok(())
+        });
+        let first = rx.recv_timeout(Duration::from_secs(10)).context("connect timed out")??;
+        ensure!(first == "connected");
+        Ok(OpenConn { tx, rx })
+    }
+
+    pub fn ping(&self, line: &str) -> Result<String> {
+        self.tx.send(Some(line.to_string()))?;
+        self.rx.recv_timeout(Duration::from_secs(10)).context("no answer")?
+    }
+}
+
+impl Drop for OpenConn {
+    fn drop(&mut self) {
+        let _ = self.tx.send(None);
+    }
+}
+
+/// TCP server answering each line with `<server tag> <peer>`; runs until
+/// the process ends (tests own their namespaces, which go away).
+pub fn line_echo_server(ns: &str, port: u16, tag: &str) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tag = tag.to_string();
+    spawn_in(ns, move || {
+        let l = TcpListener::bind(("0.0.0.0", port))?;
+        tx.send(()).ok();
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let tag = tag.clone();
+            std::thread::spawn(move || {
+                let peer = s.peer_addr().map(|p| p.to_string()).unwrap_or_default();
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    match std::io::BufRead::read_line(&mut r, &mut line) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {
+                            if s.write_all(format!("{tag} {peer}\n").as_bytes()).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+        Ok(())
+    });
+    rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
+    Ok(())
+}
+
+/// One request on a fresh connection: returns the server's `<tag> <peer>`.
+pub fn ask_tcp(ns: &str, to: SocketAddr) -> Result<String> {
+    OpenConn::open(ns, to)?.ping("hello")
+}
+
+/// UDP server answering forever with the sender's address.
+pub fn udp_echo_forever(ns: &str, port: u16) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    spawn_in(ns, move || {
+        let s = UdpSocket::bind(("0.0.0.0", port))?;
+        tx.send(()).ok();
+        let mut buf = [0u8; 2048];
+        loop {
+            let (_, peer) = s.recv_from(&mut buf)?;
+            s.send_to(peer.to_string().as_bytes(), peer)?;
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), anyhow::Error>(())
+    });
+    rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! Open vSwitch on the userspace (netdev) datapath for tests: started once
+//! per machine (under a file lock, shared by parallel test processes) and
+//! bridges with unique names removed on drop.
+
+use std::{fs::File, os::fd::AsRawFd, path::Path, process::Command, time::Duration};
+
+use anyhow::{Context, Result, bail};
+
+use crate::net::sh;
+
+const LOCK: &str = "/run/lbagent-tests-ovs.lock";
+
+fn vsctl_ok() -> bool {
+    Command::new("ovs-vsctl").args(["--timeout=2", "show"]).output().is_ok_and(|o| o.status.success())
+        && Path::new("/var/run/openvswitch/ovs-vswitchd.pid").exists()
+}
+
+/// Starts ovsdb-server and ovs-vswitchd (userspace TSO on) unless running.
+pub fn ensure_running() -> Result<()> {
+    let lock = File::create(LOCK)?;
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    if vsctl_ok() {
+        return Ok(());
+    }
+    for d in ["/var/lib/openvswitch", "/var/run/openvswitch", "/var/log/openvswitch", "/etc/openvswitch"] {
+        std::fs::create_dir_all(d)?;
+    }
+    let db = "/var/lib/openvswitch/conf.db";
+    if !Path::new(db).exists() {
+        sh(&["ovsdb-tool", "create", db, "/usr/share/openvswitch/vswitch.ovsschema"])?;
+    }
+    if !Command::new("ovs-appctl").args(["-t", "ovsdb-server", "version"]).output().is_ok_and(|o| o.status.success()) {
+        sh(&["ovsdb-server", db, "--remote=punix:/var/run/openvswitch/db.sock", "--pidfile", "--detach", "--log-file"])?;
+    }
+    sh(&["ovs-vsctl", "--timeout=10", "--no-wait", "init"])?;
+    // Without userspace TSO, TCP over veth ports fails with bad checksums.
+    sh(&["ovs-vsctl", "--timeout=10", "--no-wait", "set", "Open_vSwitch", ".", "other_config:userspace-tso-enable=true"])?;
+    sh(&["ovs-vswitchd", "--pidfile", "--detach", "--log-file"]).context("starting ovs-vswitchd")?;
+    for _ in 0..50 {
+        if vsctl_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("Open vSwitch did not come up")
+}
+
+/// An OVS bridge on the netdev datapath, deleted on drop.
+pub struct OvsBridge {
+    pub name: String,
+}
+
+impl OvsBridge {
+    pub fn new(name: &str) -> Result<Self> {
+        ensure_running()?;
+        sh(&["ovs-vsctl", "--timeout=10", "add-br", name, "--", "set", "bridge", name, "datapath_type=netdev"])?;
+        sh(&["ip", "link", "set", name, "up"])?;
+        Ok(OvsBridge { name: name.into() })
+    }
+
+    /// Plugs a host-namespace interface in as a port.
+    pub fn add_port(&self, port: &str) -> Result<()> {
+        sh(&["ovs-vsctl", "--timeout=10", "add-port", &self.name, port]).map(|_| ())
+    }
+}
+
+impl Drop for OvsBridge {
+    fn drop(&mut self) {
+        let _ = sh(&["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", &self.name]);
+    }
+}
+
+/// A Linux bridge, deleted on drop.
+pub struct LinuxBridge {
+    pub name: String,
+}
+
+impl LinuxBridge {
+    pub fn new(name: &str) -> Result<Self> {
+        sh(&["ip", "link", "add", name, "type", "bridge"])?;
+        sh(&["ip", "link", "set", name, "up"])?;
+        Ok(LinuxBridge { name: name.into() })
+    }
+}
+
+impl Drop for LinuxBridge {
+    fn drop(&mut self) {
+        let _ = sh(&["ip", "link", "del", &self.name]);
+    }
+}
+
+/// A host link (e.g. a veth end left in the host namespace), deleted on drop.
+pub struct HostLink(pub String);
+
+impl Drop for HostLink {
+    fn drop(&mut self) {
+        let _ = sh(&["ip", "link", "del", &self.0]);
+    }
+}

@@ -1,0 +1,192 @@
+//! The VPC NAT gateway with real traffic: an "internet" host on the external
+//! bridge, VPC hosts on the OVS integration bridge (userspace datapath), the
+//! gateway plumbed and programmed by the reconciler.
+
+use std::{collections::HashSet, net::SocketAddr};
+
+use lbagent::daemon::status::Status;
+use lbagent_common::PROTO_ICMP;
+use lbagent_tests::{gateway::GwBed, require_root, traffic::*};
+
+fn at(ip: &str, port: u16) -> SocketAddr {
+    format!("{ip}:{port}").parse().unwrap()
+}
+
+/// `<tag> <ip>:<port>` → (tag, ip).
+fn who(answer: &str) -> (String, String) {
+    let (tag, peer) = answer.split_once(' ').unwrap();
+    (tag.to_string(), peer.rsplit_once(':').unwrap().0.to_string())
+}
+
+const EIPS: &str = "    eips:
+      - {name: eip1, ip: 198.51.100.10}
+      - {name: eip2, ip: 198.51.100.11}
+      - {name: eip3, ip: 198.51.100.12}
+";
+
+const RULES: &str = "    fips: [{eip: eip1, internal_ip: 10.10.0.21}]
+    dnats:
+      - {eip: eip2, protocol: tcp, external_port: 2222, internal_ip: 10.10.0.22, internal_port: 8022}
+      - {eip: eip3, protocol: tcp, external_port: 80, internal_ip: 10.10.0.22, internal_port: 8080, mode: share}
+      - {eip: eip3, protocol: tcp, external_port: 80, internal_ip: 10.10.0.23, internal_port: 8080, mode: share}
+    snats: [{eip: eip2, internal_cidr: 10.10.0.0/25}]
+";
+
+/// Bed with four VPC hosts (.21 FIP, .22 and .23 DNAT backends, .200
+/// outside the SNAT range), servers everywhere, gateway applied.
+fn bed() -> Option<GwBed> {
+    if !require_root() {
+        return None;
+    }
+    let mut b = GwBed::new(&["10.10.0.21", "10.10.0.22", "10.10.0.23", "10.10.0.200"]).unwrap();
+    for (i, tag) in ["vpc0", "vpc1", "vpc2", "vpc3"].iter().enumerate() {
+        for port in [7000, 8022, 8080] {
+            line_echo_server(&b.vpc[i].ns.name, port, tag).unwrap();
+        }
+    }
+    line_echo_server(&b.internet.ns.name, 9000, "inet").unwrap();
+    udp_echo_forever(&b.internet.ns.name, 9001).unwrap();
+    let state = b.state(&format!("{EIPS}{RULES}"));
+    b.apply(&state);
+    Some(b)
+}
+
+#[test]
+fn fip_dnat_snat_hairpin_and_icmp() {
+    let Some(b) = bed() else { return };
+    let inet = &b.internet.ns.name;
+    let vpc = |i: usize| b.vpc[i].ns.name.clone();
+
+    // FIP inbound: the internal host sees the real client.
+    assert_eq!(who(&ask_tcp(inet, at("198.51.100.10", 7000)).unwrap()), ("vpc0".into(), "198.51.100.1".into()));
+    // FIP outbound: the internet sees the EIP.
+    assert_eq!(who(&ask_tcp(&vpc(0), at("198.51.100.1", 9000)).unwrap()), ("inet".into(), "198.51.100.10".into()));
+    // DNAT exclusive.
+    assert_eq!(who(&ask_tcp(inet, at("198.51.100.11", 2222)).unwrap()), ("vpc1".into(), "198.51.100.1".into()));
+    // DNAT share: both backends serve.
+    let tags: HashSet<String> = (0..24).map(|_| who(&ask_tcp(inet, at("198.51.100.12", 80)).unwrap()).0).collect();
+    assert_eq!(tags, HashSet::from(["vpc1".to_string(), "vpc2".to_string()]));
+    // SNAT.
+    assert_eq!(who(&ask_tcp(&vpc(1), at("198.51.100.1", 9000)).unwrap()), ("inet".into(), "198.51.100.11".into()));
+
+    // 200 concurrent UDP flows from two hosts that use the same source ports:
+    // every reply comes back and no two flows share a translated port.
+    let mut seen = HashSet::new();
+    for i in [1, 2] {
+        for answer in udp_many(&vpc(i), at("198.51.100.1", 9001), 40000..40100).unwrap() {
+            let (ip, port) = answer.rsplit_once(':').unwrap();
+            assert_eq!(ip, "198.51.100.11");
+            assert!(seen.insert(port.to_string()), "port {port} used twice");
+        }
+    }
+    assert_eq!(seen.len(), 200);
+
+    // Hairpin: a VPC host outside every SNAT rule reaches an EIP of its own
+    // gateway and is SNAT'ed to that EIP; a host inside a SNAT CIDR uses it.
+    assert_eq!(who(&ask_tcp(&vpc(3), at("198.51.100.10", 7000)).unwrap()), ("vpc0".into(), "198.51.100.10".into()));
+    assert_eq!(who(&ask_tcp(&vpc(1), at("198.51.100.10", 7000)).unwrap()), ("vpc0".into(), "198.51.100.11".into()));
+
+    // ICMP: ping through the FIP reaches the internal host; errors translate both ways.
+    let out = b.internet.ns.exec(&["ping", "-c", "2", "-W", "2", "198.51.100.10"]).unwrap();
+    assert!(out.contains("from 198.51.100.10"), "{out}");
+    let t = b.reconciler.realizer.engine.tables().unwrap();
+    let zone = b.zone();
+    assert!(
+        t.conntrack().unwrap().iter().any(|(k, e)| k.zone == zone && k.proto == PROTO_ICMP && e.xlate.daddr == [10, 10, 0, 21]),
+        "echo went to the FIP's internal host"
+    );
+    udp_expect_refused(inet, at("198.51.100.10", 9999)).unwrap();
+    udp_expect_refused(&vpc(0), at("198.51.100.1", 9999)).unwrap();
+
+    // Status: each EIP and what uses it.
+    let mut st = Status::default();
+    st.refresh(&b.reconciler.applied, &b.reconciler.alloc);
+    let eips = &st.document["nat_gateways"][0]["eips"];
+    assert_eq!(eips[0]["used_by"][0], "fip -> 10.10.0.21");
+    assert_eq!(eips[1]["used_by"][0], "dnat tcp 2222 -> 10.10.0.22:8022");
+    assert_eq!(eips[1]["used_by"][1], "snat 10.10.0.0/25");
+}
+
+#[test]
+fn updates_flushes_and_draining() {
+    let Some(mut b) = bed() else { return };
+    let inet = b.internet.ns.name.clone();
+
+    // A long-lived flow through the FIP, then the FIP is deleted: its flows
+    // are flushed and forwarding stops.
+    let conn = OpenConn::open(&inet, at("198.51.100.10", 7000)).unwrap();
+    assert!(conn.ping("a").unwrap().starts_with("vpc0"));
+    let no_fip = b.state(&format!("{EIPS}{}", RULES.replace("    fips: [{eip: eip1, internal_ip: 10.10.0.21}]\n", "")));
+    b.apply(&no_fip);
+    let zone = b.zone();
+    let t = b.reconciler.realizer.engine.tables().unwrap();
+    assert!(!t.conntrack().unwrap().iter().any(|(k, e)| k.zone == zone && (e.xlate.daddr == [10, 10, 0, 21] || k.daddr == [10, 10, 0, 21])));
+    assert!(conn.ping("b").is_err(), "the flushed flow no longer reaches the old FIP target");
+    assert!(ask_tcp(&inet, at("198.51.100.10", 7000)).is_err(), "no forwarding without the FIP");
+
+    // Spec updates take effect: FIP to another host, DNAT to another port.
+    let updated = RULES
+        .replace("internal_ip: 10.10.0.21}]", "internal_ip: 10.10.0.23}]")
+        .replace("external_port: 2222, internal_ip: 10.10.0.22, internal_port: 8022", "external_port: 2223, internal_ip: 10.10.0.22, internal_port: 7000");
+    b.apply(&b.state(&format!("{EIPS}{updated}")));
+    assert!(ask_tcp(&inet, at("198.51.100.10", 7000)).unwrap().starts_with("vpc2"));
+    assert_eq!(who(&ask_tcp(&inet, at("198.51.100.11", 2223)).unwrap()).0, "vpc1");
+    assert!(ask_tcp(&inet, at("198.51.100.11", 2222)).is_err());
+
+    // Removing one share backend keeps existing flows (they drain), new
+    // flows go to the remaining backend.
+    let conns: Vec<(OpenConn, String)> = (0..12)
+        .map(|_| {
+            let c = OpenConn::open(&inet, at("198.51.100.12", 80)).unwrap();
+            let tag = who(&c.ping("x").unwrap()).0;
+            (c, tag)
+        })
+        .collect();
+    assert!(conns.iter().any(|(_, t)| t == "vpc2"), "some flows on the backend we remove");
+    let one_backend = updated.replace("      - {eip: eip3, protocol: tcp, external_port: 80, internal_ip: 10.10.0.23, internal_port: 8080, mode: share}\n", "");
+    b.apply(&b.state(&format!("{EIPS}{one_backend}")));
+    for (c, tag) in &conns {
+        assert_eq!(&who(&c.ping("still there").unwrap()).0, tag, "existing flow kept its backend");
+    }
+    for _ in 0..6 {
+        assert_eq!(who(&ask_tcp(&inet, at("198.51.100.12", 80)).unwrap()).0, "vpc1");
+    }
+
+    // Deleting an EIP that rules still use is refused by validation.
+    let err = lbagent::state::load_str(&b.state(&format!("    eips: [{{name: eip1, ip: 198.51.100.10}}]\n{one_backend}")), lbagent::state::Format::Yaml)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no EIP \"eip2\""), "{err}");
+}
+
+#[test]
+fn snat_longest_prefix_in_any_order() {
+    if !require_root() {
+        return;
+    }
+    let mut b = GwBed::new(&["10.10.0.21"]).unwrap();
+    line_echo_server(&b.internet.ns.name, 9000, "inet").unwrap();
+    let eips = "    eips:
+      - {name: a, ip: 198.51.100.20}
+      - {name: b, ip: 198.51.100.21}
+      - {name: c, ip: 198.51.100.22}
+      - {name: d, ip: 198.51.100.23}
+";
+    let host = b.vpc[0].ns.name.clone();
+    let seen_as = |_: &GwBed| who(&ask_tcp(&host, at("198.51.100.1", 9000)).unwrap()).1;
+    // Worst order: broadest first, one apply each (kube-ovn's ordering case).
+    let mut snats = String::from("    snats:\n");
+    for (eip, cidr, expect) in [("a", "10.10.0.0/16", "198.51.100.20"), ("b", "10.10.0.0/20", "198.51.100.21"), ("c", "10.10.0.0/24", "198.51.100.22")] {
+        snats += &format!("      - {{eip: {eip}, internal_cidr: {cidr}}}\n");
+        b.apply(&b.state(&format!("{eips}{snats}")));
+        assert_eq!(seen_as(&b), expect, "after adding {cidr}");
+    }
+    // Removing the /20 keeps the order.
+    let without_20 = snats.replace("      - {eip: b, internal_cidr: 10.10.0.0/20}\n", "");
+    b.apply(&b.state(&format!("{eips}{without_20}")));
+    assert_eq!(seen_as(&b), "198.51.100.22");
+    // A bare IP is a /32 and wins.
+    let with_ip = format!("{without_20}      - {{eip: d, internal_cidr: 10.10.0.21}}\n");
+    b.apply(&b.state(&format!("{eips}{with_ip}")));
+    assert_eq!(seen_as(&b), "198.51.100.23");
+}

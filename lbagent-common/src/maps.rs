@@ -119,10 +119,21 @@ pub struct DnatRule {
     pub rule_id: u32,
     /// Backends `0..backend_count` in `dnat_backends`; a flow picks one by hash.
     pub backend_count: u32,
-    /// Hairpin: a new flow of this rule arriving on this interface that no
-    /// SNAT rule matched is SNAT'ed to the rule's own address (0 = never).
-    pub hairpin_ifindex: u32,
+    /// With `DNAT_F_SNAT`: new flows of this rule that arrive on
+    /// `snat_ifindex` (0 = any interface) and match no SNAT rule get their
+    /// source rewritten to `snat_addr` (0.0.0.0 = the rule's own address:
+    /// the NAT gateway's hairpin). The load balancer uses it to SNAT to its
+    /// inner address or its VIP, as the seed's `-o … -j SNAT` rules did.
+    pub snat_ifindex: u32,
+    pub snat_addr: [u8; 4],
+    /// `DNAT_F_*` bits.
+    pub flags: u32,
 }
+
+/// SNAT this rule's new flows (see `DnatRule::snat_ifindex`).
+pub const DNAT_F_SNAT: u32 = 1;
+/// ... starting the source port search at random.
+pub const DNAT_F_SNAT_RANDOM: u32 = 2;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -275,7 +286,7 @@ const _: () = {
     assert!(core::mem::size_of::<Tuple>() == 16);
     assert!(core::mem::size_of::<CtEntry>() == 16 + 8 + 4 + 4 + 1 + 1 + 2 + 4);
     assert!(core::mem::size_of::<DnatKey>() == 4 + 2 + 1 + 1 + 2 + 2);
-    assert!(core::mem::size_of::<DnatRule>() == 12);
+    assert!(core::mem::size_of::<DnatRule>() == 20);
     assert!(core::mem::size_of::<BackendKey>() == 8);
     assert!(core::mem::size_of::<Backend>() == 8);
     assert!(core::mem::size_of::<SnatKey>() == 12);

@@ -63,15 +63,17 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         port_max: u16::MAX,
         random: false,
     };
-    let mut hairpin = 0;
+    let mut rule_snat: Option<DnatRule> = None;
     if let Some(hit) = rules::dnat(t) {
         f.xlate.daddr = hit.backend.addr;
         if hit.backend.port != 0 && t.proto != PROTO_ICMP {
             f.xlate.dport = hit.backend.port;
         }
         f.flags |= CT_F_DNAT;
-        f.dnat_rule = hit.rule_id;
-        hairpin = hit.hairpin_ifindex;
+        f.dnat_rule = hit.rule.rule_id;
+        if hit.rule.flags & DNAT_F_SNAT != 0 && (hit.rule.snat_ifindex == 0 || hit.rule.snat_ifindex == p.ifindex) {
+            rule_snat = Some(hit.rule);
+        }
     }
     if let Some(s) = rules::snat(t.zone, p.ifindex, t.saddr) {
         f.xlate.saddr = s.addr;
@@ -80,12 +82,13 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         f.port_min = s.port_min;
         f.port_max = s.port_max;
         f.random = s.flags & SNAT_F_RANDOM != 0;
-    } else if hairpin != 0 && hairpin == p.ifindex {
-        // Hairpin: the reply must come back through us, so the source
-        // becomes the address the client asked for.
-        f.xlate.saddr = t.daddr;
+    } else if let Some(r) = rule_snat {
+        // The rule's own SNAT (hairpin, load balancer paths): replies must
+        // come back through us.
+        f.xlate.saddr = if r.snat_addr == [0; 4] { t.daddr } else { r.snat_addr };
         f.flags |= CT_F_SNAT;
-        f.random = true;
+        f.snat_rule = r.rule_id;
+        f.random = r.flags & DNAT_F_SNAT_RANDOM != 0;
     }
     if f.flags == 0 {
         count(Counter::PassUnmatched);

@@ -9,8 +9,7 @@ use crate::maps::{DNAT_BACKENDS, DNAT_RULES, SNAT_RULES};
 /// The chosen DNAT target and the rule id.
 pub struct DnatHit {
     pub backend: Backend,
-    pub rule_id: u32,
-    pub hairpin_ifindex: u32,
+    pub rule: DnatRule,
 }
 
 #[inline(always)]
@@ -30,7 +29,7 @@ pub fn dnat(t: &Tuple) -> Option<DnatHit> {
     }
     let index = flow_hash(t) % rule.backend_count;
     let backend = *unsafe { DNAT_BACKENDS.get(&BackendKey { rule_id: rule.rule_id, index }) }?;
-    Some(DnatHit { backend, rule_id: rule.rule_id, hairpin_ifindex: rule.hairpin_ifindex })
+    Some(DnatHit { backend, rule })
 }
 
 #[inline(always)]

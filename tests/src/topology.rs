@@ -77,7 +77,7 @@ impl NatTopology {
         }
         let tables = Tables::open(&pins.root)?;
         let n0_index = lbagent::netns::run_in(Some(&nat.name), || lbagent::netns::ifindex(&n0))?;
-        let rule = |proto, port, id, to: u16| DnatSpec { zone: ZONE, addr: VIP, proto, port, rule_id: id, backends: vec![(SERVER, to)], hairpin_ifindex: 0 };
+        let rule = |proto, port, id, to: u16| DnatSpec { zone: ZONE, addr: VIP, proto, port, rule_id: id, backends: vec![(SERVER, to)], snat: None };
         tables.set_dnat(&rule(PROTO_TCP, 80, 1, 8080))?;
         tables.set_dnat(&rule(PROTO_UDP, 53, 2, 5353))?;
         tables.set_dnat(&rule(PROTO_UDP, 54, 3, 5454))?;

@@ -25,7 +25,7 @@ fn engine_with_flow() -> Engine {
             proto: PROTO_UDP,
             port: 53,
             rule_id: 1,
-            backends: vec![("10.0.2.2".parse().unwrap(), 5353)], hairpin_ifindex: 0,
+            backends: vec![("10.0.2.2".parse().unwrap(), 5353)], snat: None,
         })
         .unwrap();
     e

@@ -30,7 +30,7 @@ fn a(x: [u8; 4]) -> Ipv4Addr {
 }
 
 fn dnat(proto: u8, port: u16, rule_id: u32, backends: &[([u8; 4], u16)]) -> DnatSpec {
-    DnatSpec { zone: ZONE, addr: a(VIP), proto, port, rule_id, backends: backends.iter().map(|(x, p)| (a(*x), *p)).collect(), hairpin_ifindex: 0 }
+    DnatSpec { zone: ZONE, addr: a(VIP), proto, port, rule_id, backends: backends.iter().map(|(x, p)| (a(*x), *p)).collect(), snat: None }
 }
 
 fn snat(cidr: ([u8; 4], u8), to: [u8; 4], ports: (u16, u16), random: bool, rule_id: u32) -> SnatSpec {
@@ -377,7 +377,7 @@ fn dnat_only_keeps_source() {
 #[test]
 fn address_wide_dnat_keeps_ports() {
     let Some(mut e) = engine() else { return };
-    let fip = DnatSpec { zone: ZONE, addr: a([198, 51, 100, 20]), proto: 0, port: 0, rule_id: 30, backends: vec![(a(SERVER2), 0)], hairpin_ifindex: 0 };
+    let fip = DnatSpec { zone: ZONE, addr: a([198, 51, 100, 20]), proto: 0, port: 0, rule_id: 30, backends: vec![(a(SERVER2), 0)], snat: None };
     e.tables.set_dnat(&fip).unwrap();
     let other = [203, 0, 113, 5];
     expect(&mut e, frame(&Ip::new(other, [198, 51, 100, 20]), &udp(7777, 9999, b"f")), frame(&Ip::new(other, SERVER2), &udp(7777, 9999, b"f")));
@@ -487,7 +487,7 @@ fn conntrack_flush_by_selector() {
 fn hairpin_snats_to_the_dnat_address_when_no_snat_rule_matches() {
     let Some(mut e) = engine() else { return };
     let mut spec = dnat(PROTO_TCP, 8443, 60, &[(SERVER, 443)]);
-    spec.hairpin_ifindex = LO;
+    spec.snat = Some(lbagent::dataplane::tables::RuleSnat::hairpin(LO));
     e.tables.set_dnat(&spec).unwrap();
     // A VPC host outside every SNAT rule reaches the VIP of its own gateway.
     let host = [10, 0, 2, 77];

@@ -26,8 +26,26 @@ pub struct DnatSpec {
     pub port: u16,
     pub rule_id: u32,
     pub backends: Vec<(Ipv4Addr, u16)>,
-    /// SNAT new flows arriving on this interface to `addr` (0 = no hairpin).
-    pub hairpin_ifindex: u32,
+    /// The rule's own SNAT for new flows no SNAT rule matched (hairpin, load
+    /// balancer paths); `None` = none.
+    pub snat: Option<RuleSnat>,
+}
+
+/// See `DnatRule::snat_ifindex`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleSnat {
+    /// Only flows arriving on this interface (0 = any).
+    pub ifindex: u32,
+    /// New source (`None` = the rule's own address).
+    pub to: Option<Ipv4Addr>,
+    pub random: bool,
+}
+
+impl RuleSnat {
+    /// The NAT gateway's hairpin: SNAT to the EIP the client asked for.
+    pub fn hairpin(ifindex: u32) -> Self {
+        RuleSnat { ifindex, to: None, random: true }
+    }
 }
 
 /// A SNAT rule: source `cidr` arriving on `ifindex` leaves as `to`.
@@ -43,6 +61,19 @@ pub struct SnatSpec {
 }
 
 impl DnatSpec {
+    /// The map value for this rule.
+    pub fn rule(&self) -> DnatRule {
+        let (snat_ifindex, snat_addr, flags) = match self.snat {
+            None => (0, [0; 4], 0),
+            Some(s) => (
+                s.ifindex,
+                s.to.map(|a| a.octets()).unwrap_or([0; 4]),
+                DNAT_F_SNAT | if s.random { DNAT_F_SNAT_RANDOM } else { 0 },
+            ),
+        };
+        DnatRule { rule_id: self.rule_id, backend_count: self.backends.len() as u32, snat_ifindex, snat_addr, flags }
+    }
+
     pub fn key(&self) -> DnatKey {
         DnatKey { addr: self.addr.octets(), port: self.port, proto: self.proto, _pad0: 0, zone: self.zone, _pad1: 0 }
     }
@@ -100,7 +131,7 @@ impl Tables {
             let b = Backend { addr: addr.octets(), port: *port, _pad0: 0 };
             backends.insert(&BackendKey { rule_id: spec.rule_id, index: i as u32 }, &b, 0)?;
         }
-        let rule = DnatRule { rule_id: spec.rule_id, backend_count: spec.backends.len() as u32, hairpin_ifindex: spec.hairpin_ifindex };
+        let rule = spec.rule();
         rules.insert(&spec.key(), &rule, 0)?;
         if let Some(old) = old {
             let start = if old.rule_id == spec.rule_id { spec.backends.len() as u32 } else { 0 };

@@ -32,9 +32,7 @@ pub fn ensure(engine: &mut Engine, bridge: &str, gw: &NatGateway, prev: Option<&
     for d in &want.dnats {
         let current = have_dnat.iter().find(|(k, _, _)| *k == d.key());
         let same = current.is_some_and(|(_, r, bs)| {
-            r.rule_id == d.rule_id
-                && r.hairpin_ifindex == d.hairpin_ifindex
-                && bs.iter().map(|b| (b.addr.into(), b.port)).collect::<Vec<_>>() == d.backends
+            *r == d.rule() && bs.iter().map(|b| (b.addr.into(), b.port)).collect::<Vec<_>>() == d.backends
         });
         if !same {
             t.set_dnat(d)?;

@@ -18,7 +18,7 @@ use lbagent_common::{PROTO_TCP, PROTO_UDP};
 
 use crate::{
     alloc::Allocations,
-    dataplane::tables::{DnatSpec, SnatSpec},
+    dataplane::tables::{DnatSpec, RuleSnat, SnatSpec},
     state::{
         model::{DnatMode, NatGateway, Protocol},
         names::{parse_cidr, parse_ip},
@@ -100,13 +100,13 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
     let fips = fips(gw);
     for (eip, internal) in &fips {
         let rule_id = id(fip_key(&gw.name, *eip), &mut r);
-        r.dnats.push(DnatSpec { zone, addr: *eip, proto: 0, port: 0, rule_id, backends: vec![(*internal, 0)], hairpin_ifindex: ifs.lan });
+        r.dnats.push(DnatSpec { zone, addr: *eip, proto: 0, port: 0, rule_id, backends: vec![(*internal, 0)], snat: Some(RuleSnat::hairpin(ifs.lan)) });
         let rule_id = id(fip_snat_key(&gw.name, *internal), &mut r);
         r.snats.push(SnatSpec { zone, ifindex: ifs.lan, cidr: (*internal, 32), to: *eip, ports: (1, 65535), random: false, rule_id });
     }
     for ((eip, p, port), (backends, _)) in identities(gw) {
         let rule_id = id(dnat_key(&gw.name, eip, p, port), &mut r);
-        r.dnats.push(DnatSpec { zone, addr: eip, proto: proto(p), port: port as u16, rule_id, backends, hairpin_ifindex: ifs.lan });
+        r.dnats.push(DnatSpec { zone, addr: eip, proto: proto(p), port: port as u16, rule_id, backends, snat: Some(RuleSnat::hairpin(ifs.lan)) });
     }
     for s in &gw.snats {
         let (Some(eip), Ok(cidr)) = (eip_ip(gw, &s.eip), parse_cidr(&s.internal_cidr)) else { continue };
@@ -162,7 +162,7 @@ mod tests {
         // FIP eip1 (address-wide) + two identities (eip2 tcp/2222, eip3 tcp/80 shared by two backends).
         assert_eq!(r.dnats.len(), 3);
         let fip = r.dnats.iter().find(|d| d.proto == 0).unwrap();
-        assert_eq!((fip.addr.to_string(), fip.port, fip.hairpin_ifindex), ("198.51.100.10".into(), 0, 2));
+        assert_eq!((fip.addr.to_string(), fip.port, fip.snat), ("198.51.100.10".into(), 0, Some(RuleSnat::hairpin(2))));
         let share = r.dnats.iter().find(|d| d.addr == Ipv4Addr::new(198, 51, 100, 12)).unwrap();
         assert_eq!(share.backends.len(), 2);
         // FIP SNAT (/32, keep ports) + CIDR SNAT (random).

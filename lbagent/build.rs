@@ -8,9 +8,8 @@ use std::{env, fs, path::PathBuf};
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let target_dir = env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| manifest.parent().unwrap().join("target"));
+    let target_dir =
+        env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| manifest.parent().unwrap().join("target"));
     let obj = target_dir.join("bpfel-unknown-none/release/lbagent-ebpf");
     println!("cargo:rerun-if-changed={}", obj.display());
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");

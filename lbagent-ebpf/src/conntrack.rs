@@ -6,12 +6,15 @@
 //! any --RST, or FIN seen in both directions--> `CLOSING` (short timeout).
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST},
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
 };
 use lbagent_common::*;
 
-use crate::{maps::{CT, NAT_CONFIG}, parse::{Packet, TCP_FIN, TCP_RST}};
+use crate::{
+    maps::{CT, NAT_CONFIG},
+    parse::{Packet, TCP_FIN, TCP_RST},
+};
 
 const NS: u64 = 1_000_000_000;
 /// How many source ports a new flow tries before giving up.

@@ -112,7 +112,13 @@ fn rewrite_error(ctx: &TcContext, p: &Packet, e: &Embedded, x: &Tuple) -> Option
 
 /// Stores bytes inside the ICMP payload and folds the change into the ICMP checksum.
 #[inline(always)]
-fn payload_store<const N: usize>(ctx: &TcContext, icmp_csum: usize, off: usize, old: &[u8; N], new: &[u8; N]) -> Option<()> {
+fn payload_store<const N: usize>(
+    ctx: &TcContext,
+    icmp_csum: usize,
+    off: usize,
+    old: &[u8; N],
+    new: &[u8; N],
+) -> Option<()> {
     ctx.store(off, new, 0).ok()?;
     if N == 4 {
         let o = raw32([old[0], old[1], old[2], old[3]]);

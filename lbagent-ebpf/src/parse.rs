@@ -68,13 +68,7 @@ fn ipv4(ctx: &TcContext, l3: usize) -> Option<(usize, u8, [u8; 4], [u8; 4], bool
         return None;
     }
     let frag = be16([h[6], h[7]]) & 0x3fff != 0;
-    Some((
-        l3 + ihl,
-        h[9],
-        [h[12], h[13], h[14], h[15]],
-        [h[16], h[17], h[18], h[19]],
-        frag,
-    ))
+    Some((l3 + ihl, h[9], [h[12], h[13], h[14], h[15]], [h[16], h[17], h[18], h[19]], frag))
 }
 
 #[inline(always)]

@@ -6,7 +6,10 @@
 //! uses `BPF_F_MARK_MANGLED_0`: a zero ("no checksum") UDP checksum stays zero
 //! and a computed zero becomes 0xffff. Checksums are never zeroed.
 
-use aya_ebpf::{bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR}, programs::TcContext};
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    programs::TcContext,
+};
 use lbagent_common::{PROTO_ICMP, PROTO_TCP, PROTO_UDP, Tuple};
 
 use crate::parse::Packet;
@@ -28,7 +31,14 @@ pub fn raw16(port: u16) -> u64 {
 
 /// Stores a 4-byte address and fixes the IP checksum (and, if given, the L4 one).
 #[inline(always)]
-pub fn set_addr(ctx: &TcContext, off: usize, l3: usize, old: [u8; 4], new: [u8; 4], l4csum: Option<(usize, u64)>) -> Result<(), i64> {
+pub fn set_addr(
+    ctx: &TcContext,
+    off: usize,
+    l3: usize,
+    old: [u8; 4],
+    new: [u8; 4],
+    l4csum: Option<(usize, u64)>,
+) -> Result<(), i64> {
     ctx.store(off, &new, 0)?;
     ctx.l3_csum_replace(l3 + IP_CSUM, raw32(old), raw32(new), 4)?;
     if let Some((csum_off, flags)) = l4csum {

@@ -113,20 +113,26 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     let applies = before["applies"].as_u64().unwrap();
 
     // An invalid file (duplicate port, hostile id) is refused; nothing changes.
-    let invalid = example.replacen("port: 5000", "port: 80", 1).replacen("3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60", "x;rm -rf /", 1);
+    let invalid =
+        example.replacen("port: 5000", "port: 80", 1).replacen("3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60", "x;rm -rf /", 1);
     std::fs::write(env.state(), &invalid).unwrap();
     wait(|| env.status().is_some_and(|s| s["rejected_state"].is_array()), "refusal");
     signal(&child, libc::SIGHUP);
     std::thread::sleep(Duration::from_millis(2500)); // a repair pass runs too
     let after = env.status().unwrap();
-    let problems: Vec<String> = after["rejected_state"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
+    let problems: Vec<String> =
+        after["rejected_state"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();
     assert!(problems.iter().any(|p| p.starts_with("load_balancers[0].id")), "{problems:?}");
     assert!(problems.iter().any(|p| p.contains("duplicate tcp port 80")), "{problems:?}");
     assert_eq!(running(&after), running(&before), "nothing running changed");
     assert!(after["applies"].as_u64().unwrap() > applies, "repair passes keep running on the last good state");
 
     // A valid change: b2 removed, b9 added; b9 reuses the released port.
-    let changed = example.replacen("- {id: b2, address: 10.10.0.12, port: 8080, weight: 2}", "- {id: b9, address: 10.10.0.19, port: 8080}", 1);
+    let changed = example.replacen(
+        "- {id: b2, address: 10.10.0.12, port: 8080, weight: 2}",
+        "- {id: b9, address: 10.10.0.19, port: 8080}",
+        1,
+    );
     std::fs::write(env.state(), &changed).unwrap();
     wait(|| env.status().is_some_and(|s| port_of(&s, "b9").is_some()), "reload on change");
     let s = env.status().unwrap();
@@ -168,14 +174,22 @@ fn validate_command_exit_codes_and_paths() {
     let out = Command::new(BIN).args(["validate", good.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success());
     let bad = dir.join("bad.json");
-    let v: Value = serde_yaml::from_str(&FULL_EXAMPLE.replacen("port: 5000", "port: 80", 1).replacen("weight: 2}", "weight: 900}", 1)).unwrap();
+    let v: Value = serde_yaml::from_str(&FULL_EXAMPLE.replacen("port: 5000", "port: 80", 1).replacen(
+        "weight: 2}",
+        "weight: 900}",
+        1,
+    ))
+    .unwrap();
     std::fs::write(&bad, v.to_string()).unwrap();
     let out = Command::new(BIN).args(["validate", bad.to_str().unwrap()]).output().unwrap();
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 2, "{text}");
-    assert!(lines.iter().any(|l| l.starts_with("load_balancers[0].listeners[1].port: duplicate tcp port 80")), "{text}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("load_balancers[0].listeners[1].port: duplicate tcp port 80")),
+        "{text}"
+    );
     assert!(lines.iter().any(|l| l.starts_with("load_balancers[0].backend_groups[0].backends[1].weight")), "{text}");
     let _ = std::fs::remove_dir_all(dir);
     assert!(Path::new(BIN).exists());

@@ -18,21 +18,16 @@ use lbagent::{
 
 use crate::{
     engine::TestPins,
-    net::{Netns, sender_offloads, sh},
-    ovs::{HostLink, LinuxBridge, OvsBridge},
+    hosts::TestHost,
+    net::sh,
+    ovs::{LinuxBridge, OvsBridge},
     unique,
 };
 
 pub const LAN_GW_IP: &str = "10.10.0.254";
 pub const INTERNET_IP: &str = "198.51.100.1";
 
-/// A host in its own namespace, plugged into a bridge.
-pub struct TestHost {
-    pub ns: Netns,
-    pub ip: String,
-    _link: HostLink,
-}
-
+/// The gateway under test and its surroundings.
 pub struct GwBed {
     pub gw: String,
     pub reconciler: Reconciler<Host>,
@@ -44,41 +39,21 @@ pub struct GwBed {
     pub state_dir: PathBuf,
 }
 
-fn host_on(bridge_add: impl Fn(&str) -> Result<()>, ip: &str, len: u8, gw: &str) -> Result<TestHost> {
-    let ns = Netns::new(&unique("lbh"))?;
-    let outside = unique("th");
-    sh(&["ip", "link", "add", &outside, "type", "veth", "peer", "name", "eth0", "netns", &ns.name])?;
-    let link = HostLink(outside.clone());
-    sh(&["ip", "link", "set", &outside, "up"])?;
-    bridge_add(&outside)?;
-    ns.exec(&["ip", "addr", "add", &format!("{ip}/{len}"), "dev", "eth0"])?;
-    ns.exec(&["ip", "link", "set", "eth0", "up"])?;
-    if !gw.is_empty() {
-        ns.exec(&["ip", "route", "add", "default", "via", gw])?;
-    }
-    sender_offloads(&ns, "eth0")?;
-    Ok(TestHost { ns, ip: ip.into(), _link: link })
-}
-
 impl GwBed {
     /// VPC hosts get `vpc_ips` (in 10.10.0.0/24, default route via the gateway).
     pub fn new(vpc_ips: &[&str]) -> Result<Self> {
         let lan_bridge = OvsBridge::new(&unique("brv"))?;
         let ext_bridge = LinuxBridge::new(&unique("bre"))?;
         let ext_name = ext_bridge.name.clone();
-        let internet = host_on(
-            |p| sh(&["ip", "link", "set", p, "master", &ext_name]).map(|_| ()),
-            INTERNET_IP,
-            24,
-            "",
-        )?;
+        let internet =
+            TestHost::on(|p| sh(&["ip", "link", "set", p, "master", &ext_name]).map(|_| ()), INTERNET_IP, 24, "")?;
         let mut vpc = Vec::new();
         for ip in vpc_ips {
-            vpc.push(host_on(|p| lan_bridge.add_port(p), ip, 24, LAN_GW_IP)?);
+            vpc.push(TestHost::on(|p| lan_bridge.add_port(p), ip, 24, LAN_GW_IP)?);
         }
         let pins = TestPins::new();
         let state_dir = std::env::temp_dir().join(unique("lbgwsd"));
-        let reconciler = Reconciler::open(Host::new(pins.root.clone(), AttachMode::Auto), &state_dir)?;
+        let reconciler = Reconciler::open(Host::new(pins.root.clone(), AttachMode::Auto, &state_dir), &state_dir)?;
         Ok(GwBed { gw: unique("gw"), reconciler, internet, vpc, lan_bridge, ext_bridge, pins, state_dir })
     }
 

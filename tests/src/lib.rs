@@ -5,6 +5,7 @@
 
 pub mod engine;
 pub mod gateway;
+pub mod hosts;
 pub mod net;
 pub mod ovs;
 pub mod packet;

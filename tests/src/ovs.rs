@@ -30,11 +30,26 @@ pub fn ensure_running() -> Result<()> {
         sh(&["ovsdb-tool", "create", db, "/usr/share/openvswitch/vswitch.ovsschema"])?;
     }
     if !Command::new("ovs-appctl").args(["-t", "ovsdb-server", "version"]).output().is_ok_and(|o| o.status.success()) {
-        sh(&["ovsdb-server", db, "--remote=punix:/var/run/openvswitch/db.sock", "--pidfile", "--detach", "--log-file"])?;
+        sh(&[
+            "ovsdb-server",
+            db,
+            "--remote=punix:/var/run/openvswitch/db.sock",
+            "--pidfile",
+            "--detach",
+            "--log-file",
+        ])?;
     }
     sh(&["ovs-vsctl", "--timeout=10", "--no-wait", "init"])?;
     // Without userspace TSO, TCP over veth ports fails with bad checksums.
-    sh(&["ovs-vsctl", "--timeout=10", "--no-wait", "set", "Open_vSwitch", ".", "other_config:userspace-tso-enable=true"])?;
+    sh(&[
+        "ovs-vsctl",
+        "--timeout=10",
+        "--no-wait",
+        "set",
+        "Open_vSwitch",
+        ".",
+        "other_config:userspace-tso-enable=true",
+    ])?;
     sh(&["ovs-vswitchd", "--pidfile", "--detach", "--log-file"]).context("starting ovs-vswitchd")?;
     for _ in 0..50 {
         if vsctl_ok() {

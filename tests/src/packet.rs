@@ -57,11 +57,32 @@ impl Ip {
 
 #[derive(Clone, Debug)]
 pub enum L4 {
-    Tcp { sport: u16, dport: u16, seq: u32, ack: u32, flags: u8, payload: Vec<u8> },
-    Udp { sport: u16, dport: u16, payload: Vec<u8>, zero_csum: bool },
-    Echo { request: bool, id: u16, seq: u16, payload: Vec<u8> },
+    Tcp {
+        sport: u16,
+        dport: u16,
+        seq: u32,
+        ack: u32,
+        flags: u8,
+        payload: Vec<u8>,
+    },
+    Udp {
+        sport: u16,
+        dport: u16,
+        payload: Vec<u8>,
+        zero_csum: bool,
+    },
+    Echo {
+        request: bool,
+        id: u16,
+        seq: u16,
+        payload: Vec<u8>,
+    },
     /// An ICMP error carrying `inner` (an IPv4 packet without Ethernet header).
-    Error { kind: u8, code: u8, inner: Vec<u8> },
+    Error {
+        kind: u8,
+        code: u8,
+        inner: Vec<u8>,
+    },
 }
 
 impl L4 {

@@ -9,11 +9,7 @@
 //! udp/54 → 5454 with no listener, icmp); everything from 10.0.1.0/24 that
 //! enters on n0 is SNAT'ed to 10.0.2.1. Mixed offloads per DESIGN §7.
 
-use std::{
-    fs::File,
-    net::Ipv4Addr,
-    thread::JoinHandle,
-};
+use std::{fs::File, net::Ipv4Addr, thread::JoinHandle};
 
 use anyhow::{Context, Result};
 use lbagent::dataplane::{
@@ -77,7 +73,15 @@ impl NatTopology {
         }
         let tables = Tables::open(&pins.root)?;
         let n0_index = lbagent::netns::run_in(Some(&nat.name), || lbagent::netns::ifindex(&n0))?;
-        let rule = |proto, port, id, to: u16| DnatSpec { zone: ZONE, addr: VIP, proto, port, rule_id: id, backends: vec![(SERVER, to)], snat: None };
+        let rule = |proto, port, id, to: u16| DnatSpec {
+            zone: ZONE,
+            addr: VIP,
+            proto,
+            port,
+            rule_id: id,
+            backends: vec![(SERVER, to)],
+            snat: None,
+        };
         tables.set_dnat(&rule(PROTO_TCP, 80, 1, 8080))?;
         tables.set_dnat(&rule(PROTO_UDP, 53, 2, 5353))?;
         tables.set_dnat(&rule(PROTO_UDP, 54, 3, 5454))?;

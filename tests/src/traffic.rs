@@ -111,7 +111,8 @@ pub fn udp_expect_refused(ns: &str, to: SocketAddr) -> Result<()> {
 /// Every socket must get exactly its own answer.
 pub fn udp_many(ns: &str, to: SocketAddr, ports: std::ops::Range<u16>) -> Result<Vec<String>> {
     spawn_in(ns, move || {
-        let socks: Vec<UdpSocket> = ports.clone().map(|p| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, p))).collect::<Result<_, _>>()?;
+        let socks: Vec<UdpSocket> =
+            ports.clone().map(|p| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, p))).collect::<Result<_, _>>()?;
         for s in &socks {
             s.set_read_timeout(Some(Duration::from_secs(5)))?;
             s.send_to(b"who am i", to)?;
@@ -119,7 +120,9 @@ pub fn udp_many(ns: &str, to: SocketAddr, ports: std::ops::Range<u16>) -> Result
         let mut out = Vec::new();
         for s in &socks {
             let mut buf = [0u8; 256];
-            let (n, from) = s.recv_from(&mut buf).with_context(|| format!("reply to local port {}", s.local_addr().unwrap().port()))?;
+            let (n, from) = s
+                .recv_from(&mut buf)
+                .with_context(|| format!("reply to local port {}", s.local_addr().unwrap().port()))?;
             ensure!(from == to, "reply from {from}, expected {to}");
             out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
         }

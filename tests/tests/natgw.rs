@@ -92,7 +92,10 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     let t = b.reconciler.realizer.engine.tables().unwrap();
     let zone = b.zone();
     assert!(
-        t.conntrack().unwrap().iter().any(|(k, e)| k.zone == zone && k.proto == PROTO_ICMP && e.xlate.daddr == [10, 10, 0, 21]),
+        t.conntrack()
+            .unwrap()
+            .iter()
+            .any(|(k, e)| k.zone == zone && k.proto == PROTO_ICMP && e.xlate.daddr == [10, 10, 0, 21]),
         "echo went to the FIP's internal host"
     );
     udp_expect_refused(inet, at("198.51.100.10", 9999)).unwrap();
@@ -120,14 +123,20 @@ fn updates_flushes_and_draining() {
     b.apply(&no_fip);
     let zone = b.zone();
     let t = b.reconciler.realizer.engine.tables().unwrap();
-    assert!(!t.conntrack().unwrap().iter().any(|(k, e)| k.zone == zone && (e.xlate.daddr == [10, 10, 0, 21] || k.daddr == [10, 10, 0, 21])));
+    assert!(
+        !t.conntrack()
+            .unwrap()
+            .iter()
+            .any(|(k, e)| k.zone == zone && (e.xlate.daddr == [10, 10, 0, 21] || k.daddr == [10, 10, 0, 21]))
+    );
     assert!(conn.ping("b").is_err(), "the flushed flow no longer reaches the old FIP target");
     assert!(ask_tcp(&inet, at("198.51.100.10", 7000)).is_err(), "no forwarding without the FIP");
 
     // Spec updates take effect: FIP to another host, DNAT to another port.
-    let updated = RULES
-        .replace("internal_ip: 10.10.0.21}]", "internal_ip: 10.10.0.23}]")
-        .replace("external_port: 2222, internal_ip: 10.10.0.22, internal_port: 8022", "external_port: 2223, internal_ip: 10.10.0.22, internal_port: 7000");
+    let updated = RULES.replace("internal_ip: 10.10.0.21}]", "internal_ip: 10.10.0.23}]").replace(
+        "external_port: 2222, internal_ip: 10.10.0.22, internal_port: 8022",
+        "external_port: 2223, internal_ip: 10.10.0.22, internal_port: 7000",
+    );
     b.apply(&b.state(&format!("{EIPS}{updated}")));
     assert!(ask_tcp(&inet, at("198.51.100.10", 7000)).unwrap().starts_with("vpc2"));
     assert_eq!(who(&ask_tcp(&inet, at("198.51.100.11", 2223)).unwrap()).0, "vpc1");
@@ -153,9 +162,12 @@ fn updates_flushes_and_draining() {
     }
 
     // Deleting an EIP that rules still use is refused by validation.
-    let err = lbagent::state::load_str(&b.state(&format!("    eips: [{{name: eip1, ip: 198.51.100.10}}]\n{one_backend}")), lbagent::state::Format::Yaml)
-        .unwrap_err()
-        .to_string();
+    let err = lbagent::state::load_str(
+        &b.state(&format!("    eips: [{{name: eip1, ip: 198.51.100.10}}]\n{one_backend}")),
+        lbagent::state::Format::Yaml,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("no EIP \"eip2\""), "{err}");
 }
 
@@ -176,7 +188,11 @@ fn snat_longest_prefix_in_any_order() {
     let seen_as = |_: &GwBed| who(&ask_tcp(&host, at("198.51.100.1", 9000)).unwrap()).1;
     // Worst order: broadest first, one apply each (kube-ovn's ordering case).
     let mut snats = String::from("    snats:\n");
-    for (eip, cidr, expect) in [("a", "10.10.0.0/16", "198.51.100.20"), ("b", "10.10.0.0/20", "198.51.100.21"), ("c", "10.10.0.0/24", "198.51.100.22")] {
+    for (eip, cidr, expect) in [
+        ("a", "10.10.0.0/16", "198.51.100.20"),
+        ("b", "10.10.0.0/20", "198.51.100.21"),
+        ("c", "10.10.0.0/24", "198.51.100.22"),
+    ] {
         snats += &format!("      - {{eip: {eip}, internal_cidr: {cidr}}}\n");
         b.apply(&b.state(&format!("{eips}{snats}")));
         assert_eq!(seen_as(&b), expect, "after adding {cidr}");

@@ -25,7 +25,8 @@ fn engine_with_flow() -> Engine {
             proto: PROTO_UDP,
             port: 53,
             rule_id: 1,
-            backends: vec![("10.0.2.2".parse().unwrap(), 5353)], snat: None,
+            backends: vec![("10.0.2.2".parse().unwrap(), 5353)],
+            snat: None,
         })
         .unwrap();
     e
@@ -57,8 +58,23 @@ fn incompatible_pins_are_refused_with_a_clear_message() {
     let p = TestPins::new();
     pins::ensure_bpffs(&p.root).unwrap();
     let path = pins::versioned_dir(&p.root).join(MAP_CT);
-    sh(&["bpftool", "map", "create", path.to_str().unwrap(), "type", "lru_hash", "key", "16", "value", "8", "entries", "16", "name", "ct"])
-        .unwrap();
+    sh(&[
+        "bpftool",
+        "map",
+        "create",
+        path.to_str().unwrap(),
+        "type",
+        "lru_hash",
+        "key",
+        "16",
+        "value",
+        "8",
+        "entries",
+        "16",
+        "name",
+        "ct",
+    ])
+    .unwrap();
     let err = ZoneProgram::load(&p.root, 1).err().expect("must refuse").to_string();
     assert!(err.contains("incompatible") && err.contains("--bpffs"), "{err}");
     assert!(path.exists(), "the foreign pin is left alone");
@@ -72,7 +88,26 @@ fn pins_of_another_layout_version_are_refused() {
     let e = Engine::new(1).unwrap();
     let meta = pins::versioned_dir(&e.pins.root).join(MAP_META);
     let st = Command::new("bpftool")
-        .args(["map", "update", "pinned", meta.to_str().unwrap(), "key", "0", "0", "0", "0", "value", "99", "0", "0", "0", "0", "0", "0", "0"])
+        .args([
+            "map",
+            "update",
+            "pinned",
+            meta.to_str().unwrap(),
+            "key",
+            "0",
+            "0",
+            "0",
+            "0",
+            "value",
+            "99",
+            "0",
+            "0",
+            "0",
+            "0",
+            "0",
+            "0",
+            "0",
+        ])
         .status()
         .unwrap();
     assert!(st.success());

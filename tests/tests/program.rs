@@ -30,7 +30,15 @@ fn a(x: [u8; 4]) -> Ipv4Addr {
 }
 
 fn dnat(proto: u8, port: u16, rule_id: u32, backends: &[([u8; 4], u16)]) -> DnatSpec {
-    DnatSpec { zone: ZONE, addr: a(VIP), proto, port, rule_id, backends: backends.iter().map(|(x, p)| (a(*x), *p)).collect(), snat: None }
+    DnatSpec {
+        zone: ZONE,
+        addr: a(VIP),
+        proto,
+        port,
+        rule_id,
+        backends: backends.iter().map(|(x, p)| (a(*x), *p)).collect(),
+        snat: None,
+    }
 }
 
 fn snat(cidr: ([u8; 4], u8), to: [u8; 4], ports: (u16, u16), random: bool, rule_id: u32) -> SnatSpec {
@@ -89,7 +97,11 @@ fn expect_untouched(e: &mut Engine, input: Vec<u8>) {
 
 /// client:24000 → VIP:80 becomes SNAT:24000 → server:8080 (the port is in range: kept).
 fn open_tcp(e: &mut Engine) {
-    expect(e, frame(&Ip::new(CLIENT, VIP), &tcp(SYN, 24000, 80, b"")), frame(&Ip::new(SNAT, SERVER), &tcp(SYN, 24000, 8080, b"")));
+    expect(
+        e,
+        frame(&Ip::new(CLIENT, VIP), &tcp(SYN, 24000, 80, b"")),
+        frame(&Ip::new(SNAT, SERVER), &tcp(SYN, 24000, 8080, b"")),
+    );
 }
 
 fn ct_state(e: &Engine, key: Tuple) -> u8 {
@@ -112,7 +124,11 @@ fn tcp_syn_original_direction() {
 fn tcp_synack_reply_direction() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")), frame(&Ip::new(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"")));
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")),
+        frame(&Ip::new(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"")),
+    );
     assert_eq!(ct_state(&e, orig_key()), CT_ESTABLISHED);
 }
 
@@ -121,26 +137,50 @@ fn tcp_data_both_directions() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
     let req = b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n";
-    expect(&mut e, frame(&Ip::new(CLIENT, VIP), &tcp(ACK | PSH, 24000, 80, req)), frame(&Ip::new(SNAT, SERVER), &tcp(ACK | PSH, 24000, 8080, req)));
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &tcp(ACK | PSH, 24000, 80, req)),
+        frame(&Ip::new(SNAT, SERVER), &tcp(ACK | PSH, 24000, 8080, req)),
+    );
     let resp = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &tcp(ACK | PSH, 8080, 24000, resp)), frame(&Ip::new(VIP, CLIENT), &tcp(ACK | PSH, 80, 24000, resp)));
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(ACK | PSH, 8080, 24000, resp)),
+        frame(&Ip::new(VIP, CLIENT), &tcp(ACK | PSH, 80, 24000, resp)),
+    );
 }
 
 #[test]
 fn tcp_odd_length_payload() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
-    expect(&mut e, frame(&Ip::new(CLIENT, VIP), &tcp(ACK, 24000, 80, b"odd")), frame(&Ip::new(SNAT, SERVER), &tcp(ACK, 24000, 8080, b"odd")));
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &tcp(ACK, 24000, 80, b"odd")),
+        frame(&Ip::new(SNAT, SERVER), &tcp(ACK, 24000, 8080, b"odd")),
+    );
 }
 
 #[test]
 fn tcp_fin_both_directions_closes_flow() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")), frame(&Ip::new(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"")));
-    expect(&mut e, frame(&Ip::new(CLIENT, VIP), &tcp(FIN | ACK, 24000, 80, b"")), frame(&Ip::new(SNAT, SERVER), &tcp(FIN | ACK, 24000, 8080, b"")));
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")),
+        frame(&Ip::new(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"")),
+    );
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &tcp(FIN | ACK, 24000, 80, b"")),
+        frame(&Ip::new(SNAT, SERVER), &tcp(FIN | ACK, 24000, 8080, b"")),
+    );
     assert_eq!(ct_state(&e, orig_key()), CT_ESTABLISHED, "half closed");
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &tcp(FIN | ACK, 8080, 24000, b"")), frame(&Ip::new(VIP, CLIENT), &tcp(FIN | ACK, 80, 24000, b"")));
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(FIN | ACK, 8080, 24000, b"")),
+        frame(&Ip::new(VIP, CLIENT), &tcp(FIN | ACK, 80, 24000, b"")),
+    );
     assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
 }
 
@@ -148,22 +188,40 @@ fn tcp_fin_both_directions_closes_flow() {
 fn tcp_rst_closes_flow() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &tcp(RST | ACK, 8080, 24000, b"")), frame(&Ip::new(VIP, CLIENT), &tcp(RST | ACK, 80, 24000, b"")));
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(RST | ACK, 8080, 24000, b"")),
+        frame(&Ip::new(VIP, CLIENT), &tcp(RST | ACK, 80, 24000, b"")),
+    );
     assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
 }
 
 #[test]
 fn udp_both_directions() {
     let Some(mut e) = engine() else { return };
-    let port = expect_snat(&mut e, frame(&Ip::new(CLIENT, VIP), &udp(5000, 53, b"query")), |p| frame(&Ip::new(SNAT, SERVER), &udp(p, 5353, b"query")));
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &udp(5353, port, b"answer")), frame(&Ip::new(VIP, CLIENT), &udp(53, 5000, b"answer")));
+    let port = expect_snat(&mut e, frame(&Ip::new(CLIENT, VIP), &udp(5000, 53, b"query")), |p| {
+        frame(&Ip::new(SNAT, SERVER), &udp(p, 5353, b"query"))
+    });
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &udp(5353, port, b"answer")),
+        frame(&Ip::new(VIP, CLIENT), &udp(53, 5000, b"answer")),
+    );
 }
 
 #[test]
 fn udp_reply_direction() {
     let Some(mut e) = engine() else { return };
-    expect(&mut e, frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")));
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &udp(5353, 25000, b"answer")), frame(&Ip::new(VIP, CLIENT), &udp(53, 25000, b"answer")));
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")),
+        frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")),
+    );
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &udp(5353, 25000, b"answer")),
+        frame(&Ip::new(VIP, CLIENT), &udp(53, 25000, b"answer")),
+    );
 }
 
 #[test]
@@ -175,7 +233,11 @@ fn udp_zero_checksum_stays_zero() {
     assert_eq!(out, frame(&Ip::new(SNAT, SERVER), &z(25001, 5353, b"nocsum")));
     assert_eq!(&out[14 + 20 + 6..14 + 20 + 8], &[0, 0]);
     verify(&out).unwrap();
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &z(5353, 25001, b"r")), frame(&Ip::new(VIP, CLIENT), &z(53, 25001, b"r")));
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &z(5353, 25001, b"r")),
+        frame(&Ip::new(VIP, CLIENT), &z(53, 25001, b"r")),
+    );
 }
 
 #[test]
@@ -200,7 +262,9 @@ fn udp_checksum_that_becomes_zero_is_sent_as_ffff() {
 fn icmp_echo_request_and_reply() {
     let Some(mut e) = engine() else { return };
     let echo = |request, id| L4::Echo { request, id, seq: 1, payload: b"ping-payload".to_vec() };
-    let id = expect_snat(&mut e, frame(&Ip::new(CLIENT, VIP), &echo(true, 0x4242)), |id| frame(&Ip::new(SNAT, SERVER), &echo(true, id)));
+    let id = expect_snat(&mut e, frame(&Ip::new(CLIENT, VIP), &echo(true, 0x4242)), |id| {
+        frame(&Ip::new(SNAT, SERVER), &echo(true, id))
+    });
     expect(&mut e, frame(&Ip::new(SERVER, SNAT), &echo(false, id)), frame(&Ip::new(VIP, CLIENT), &echo(false, 0x4242)));
 }
 
@@ -215,7 +279,11 @@ fn icmp_echo_id_in_range_is_kept() {
 #[test]
 fn icmp_port_unreachable_for_udp_is_translated() {
     let Some(mut e) = engine() else { return };
-    expect(&mut e, frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"query")), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"query")));
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"query")),
+        frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"query")),
+    );
     let sent = packet::ipv4(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"query"));
     let seen = packet::ipv4(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"query"));
     expect(
@@ -264,7 +332,11 @@ fn icmp_error_with_truncated_inner_tcp() {
 #[test]
 fn icmp_time_exceeded_from_router() {
     let Some(mut e) = engine() else { return };
-    expect(&mut e, frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")));
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")),
+        frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")),
+    );
     let sent = packet::ipv4(&Ip { ttl: 1, ..Ip::new(SNAT, SERVER) }, &udp(25000, 5353, b"q"));
     let seen = packet::ipv4(&Ip { ttl: 1, ..Ip::new(CLIENT, VIP) }, &udp(25000, 53, b"q"));
     expect(
@@ -300,9 +372,21 @@ fn ip_options_are_kept_and_offsets_respected() {
     let Some(mut e) = engine() else { return };
     let opts = vec![0x94, 0x04, 0x00, 0x00, 0x01, 0x01, 0x01, 0x00]; // router alert + NOPs
     let ip = |s, d| Ip { options: opts.clone(), ..Ip::new(s, d) };
-    expect(&mut e, frame(&ip(CLIENT, VIP), &tcp(SYN, 24000, 80, b"")), frame(&ip(SNAT, SERVER), &tcp(SYN, 24000, 8080, b"")));
-    expect(&mut e, frame(&ip(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"x")), frame(&ip(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"x")));
-    expect(&mut e, frame(&ip(CLIENT, VIP), &udp(25000, 53, b"opt")), frame(&ip(SNAT, SERVER), &udp(25000, 5353, b"opt")));
+    expect(
+        &mut e,
+        frame(&ip(CLIENT, VIP), &tcp(SYN, 24000, 80, b"")),
+        frame(&ip(SNAT, SERVER), &tcp(SYN, 24000, 8080, b"")),
+    );
+    expect(
+        &mut e,
+        frame(&ip(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"x")),
+        frame(&ip(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"x")),
+    );
+    expect(
+        &mut e,
+        frame(&ip(CLIENT, VIP), &udp(25000, 53, b"opt")),
+        frame(&ip(SNAT, SERVER), &udp(25000, 5353, b"opt")),
+    );
 }
 
 #[test]
@@ -310,10 +394,20 @@ fn port_collision_picks_another_snat_port() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
     // A second client with the same source port would map to SNAT:24000 too.
-    let port = expect_snat(&mut e, frame(&Ip::new(CLIENT2, VIP), &tcp(SYN, 24000, 80, b"")), |p| frame(&Ip::new(SNAT, SERVER), &tcp(SYN, p, 8080, b"")));
+    let port = expect_snat(&mut e, frame(&Ip::new(CLIENT2, VIP), &tcp(SYN, 24000, 80, b"")), |p| {
+        frame(&Ip::new(SNAT, SERVER), &tcp(SYN, p, 8080, b""))
+    });
     assert_ne!(port, 24000);
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, port, b"")), frame(&Ip::new(VIP, CLIENT2), &tcp(SYN | ACK, 80, 24000, b"")));
-    expect(&mut e, frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")), frame(&Ip::new(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"")));
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, port, b"")),
+        frame(&Ip::new(VIP, CLIENT2), &tcp(SYN | ACK, 80, 24000, b"")),
+    );
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")),
+        frame(&Ip::new(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"")),
+    );
 }
 
 #[test]
@@ -370,17 +464,37 @@ fn longest_prefix_snat_wins() {
 fn dnat_only_keeps_source() {
     let Some(mut e) = engine() else { return };
     let other = [192, 0, 2, 7];
-    expect(&mut e, frame(&Ip::new(other, VIP), &tcp(SYN, 24000, 80, b"")), frame(&Ip::new(other, SERVER), &tcp(SYN, 24000, 8080, b"")));
-    expect(&mut e, frame(&Ip::new(SERVER, other), &tcp(SYN | ACK, 8080, 24000, b"")), frame(&Ip::new(VIP, other), &tcp(SYN | ACK, 80, 24000, b"")));
+    expect(
+        &mut e,
+        frame(&Ip::new(other, VIP), &tcp(SYN, 24000, 80, b"")),
+        frame(&Ip::new(other, SERVER), &tcp(SYN, 24000, 8080, b"")),
+    );
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, other), &tcp(SYN | ACK, 8080, 24000, b"")),
+        frame(&Ip::new(VIP, other), &tcp(SYN | ACK, 80, 24000, b"")),
+    );
 }
 
 #[test]
 fn address_wide_dnat_keeps_ports() {
     let Some(mut e) = engine() else { return };
-    let fip = DnatSpec { zone: ZONE, addr: a([198, 51, 100, 20]), proto: 0, port: 0, rule_id: 30, backends: vec![(a(SERVER2), 0)], snat: None };
+    let fip = DnatSpec {
+        zone: ZONE,
+        addr: a([198, 51, 100, 20]),
+        proto: 0,
+        port: 0,
+        rule_id: 30,
+        backends: vec![(a(SERVER2), 0)],
+        snat: None,
+    };
     e.tables.set_dnat(&fip).unwrap();
     let other = [203, 0, 113, 5];
-    expect(&mut e, frame(&Ip::new(other, [198, 51, 100, 20]), &udp(7777, 9999, b"f")), frame(&Ip::new(other, SERVER2), &udp(7777, 9999, b"f")));
+    expect(
+        &mut e,
+        frame(&Ip::new(other, [198, 51, 100, 20]), &udp(7777, 9999, b"f")),
+        frame(&Ip::new(other, SERVER2), &udp(7777, 9999, b"f")),
+    );
     let echo = L4::Echo { request: true, id: 5, seq: 1, payload: vec![] };
     expect(&mut e, frame(&Ip::new(other, [198, 51, 100, 20]), &echo), frame(&Ip::new(other, SERVER2), &echo));
 }
@@ -408,7 +522,10 @@ fn unmatched_traffic_is_untouched() {
     let Some(mut e) = engine() else { return };
     expect_untouched(&mut e, frame(&Ip::new([192, 0, 2, 1], [192, 0, 2, 2]), &tcp(SYN, 1, 2, b"")));
     expect_untouched(&mut e, frame(&Ip::new([192, 0, 2, 1], VIP), &udp(1, 54, b"other port")));
-    expect_untouched(&mut e, frame(&Ip::new(SERVER, CLIENT), &L4::Echo { request: false, id: 1, seq: 1, payload: vec![] }));
+    expect_untouched(
+        &mut e,
+        frame(&Ip::new(SERVER, CLIENT), &L4::Echo { request: false, id: 1, seq: 1, payload: vec![] }),
+    );
     assert!(e.tables.counter(Counter::PassUnmatched).unwrap() >= 3);
     assert!(e.tables.conntrack().unwrap().is_empty());
 }
@@ -474,7 +591,11 @@ fn zones_are_isolated() {
 fn conntrack_flush_by_selector() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
-    expect(&mut e, frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")));
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")),
+        frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")),
+    );
     assert_eq!(e.tables.conntrack().unwrap().len(), 4);
     let n = e.tables.flush_conntrack(|k, en| k.proto == PROTO_UDP && en.flags & CT_F_REPLY == 0).unwrap();
     assert_eq!(n, 1);
@@ -496,7 +617,11 @@ fn hairpin_snats_to_the_dnat_address_when_no_snat_rule_matches() {
     verify(&out).unwrap();
     let s = packet::summary(&out);
     assert_eq!((s.src, s.dst, s.dport), (VIP, SERVER, 443), "DNAT'ed and SNAT'ed to the VIP");
-    expect(&mut e, frame(&Ip::new(SERVER, VIP), &tcp(SYN | ACK, 443, s.sport, b"")), frame(&Ip::new(VIP, host), &tcp(SYN | ACK, 8443, 33000, b"")));
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, VIP), &tcp(SYN | ACK, 443, s.sport, b"")),
+        frame(&Ip::new(VIP, host), &tcp(SYN | ACK, 8443, 33000, b"")),
+    );
     // A client covered by a SNAT rule uses that rule instead (CIDR SNAT before hairpin).
     let (_, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &tcp(SYN, 24001, 8443, b""))).unwrap();
     assert_eq!(packet::summary(&out).src, SNAT);

@@ -40,7 +40,8 @@ fn no_bpf_to_bpf_calls() {
             if let object::RelocationTarget::Symbol(idx) = rel.target() {
                 let name = file.symbol_by_index(idx).and_then(|s| s.name().map(str::to_owned)).unwrap_or_default();
                 assert!(
-                    !["memset", "memcpy", "memmove", "memcmp", "bcmp"].contains(&name.as_str()) || sec.kind() != SectionKind::Text,
+                    !["memset", "memcpy", "memmove", "memcmp", "bcmp"].contains(&name.as_str())
+                        || sec.kind() != SectionKind::Text,
                     "{} references {name}",
                     sec.name().unwrap_or("?")
                 );

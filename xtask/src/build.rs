@@ -27,5 +27,11 @@ pub fn ebpf() -> Result<()> {
 pub fn all() -> Result<()> {
     ebpf()?;
     eprintln!("xtask: building userspace");
-    run(Command::new("cargo").current_dir(root()).args(["build", "--workspace", "--exclude", "lbagent-ebpf", "--all-targets"]))
+    run(Command::new("cargo").current_dir(root()).args([
+        "build",
+        "--workspace",
+        "--exclude",
+        "lbagent-ebpf",
+        "--all-targets",
+    ]))
 }

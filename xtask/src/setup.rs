@@ -66,7 +66,17 @@ fn ensure_toolchain(channel: &str) -> Result<()> {
     }
     eprintln!("setup: installing toolchain {channel} with rust-src");
     run(Command::new("rustup").args([
-        "toolchain", "install", channel, "--profile", "minimal", "-c", "rust-src", "-c", "clippy", "-c", "rustfmt",
+        "toolchain",
+        "install",
+        channel,
+        "--profile",
+        "minimal",
+        "-c",
+        "rust-src",
+        "-c",
+        "clippy",
+        "-c",
+        "rustfmt",
     ]))
 }
 
@@ -111,9 +121,8 @@ fn ensure_bpf_linker(channel: &str) -> Result<()> {
 /// A prefix whose `lib/` holds `libLLVM.so` and the SONAME file name, both
 /// pointing at the toolchain's own libLLVM.
 fn llvm_prefix(toolchain_lib: &Path, channel: &str) -> Result<PathBuf> {
-    let prefix = PathBuf::from(std::env::var("HOME").unwrap_or("/root".into()))
-        .join(".cache/lbagent/llvm-prefix")
-        .join(channel);
+    let prefix =
+        PathBuf::from(std::env::var("HOME").unwrap_or("/root".into())).join(".cache/lbagent/llvm-prefix").join(channel);
     let lib = prefix.join("lib");
     fs::create_dir_all(&lib)?;
     let mut found = None;
@@ -141,7 +150,14 @@ fn llvm_prefix(toolchain_lib: &Path, channel: &str) -> Result<PathBuf> {
 fn ensure_packages() -> Result<()> {
     let missing: Vec<&str> = PACKAGES
         .iter()
-        .filter(|(bin, _)| !Command::new("sh").arg("-c").arg(format!("command -v {bin} >/dev/null")).status().map(|s| s.success()).unwrap_or(false))
+        .filter(|(bin, _)| {
+            !Command::new("sh")
+                .arg("-c")
+                .arg(format!("command -v {bin} >/dev/null"))
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        })
         .map(|(_, pkg)| *pkg)
         .collect();
     if missing.is_empty() {
@@ -161,7 +177,10 @@ mod tests {
 
     #[test]
     fn parses_channel_and_llvm_major() {
-        assert_eq!(parse_channel("[toolchain]\nchannel = \"nightly-2026-10-29\"\n").as_deref(), Some("nightly-2026-10-29"));
+        assert_eq!(
+            parse_channel("[toolchain]\nchannel = \"nightly-2026-10-29\"\n").as_deref(),
+            Some("nightly-2026-10-29")
+        );
         let vv = "rustc 1.101.0-nightly\nbinary: rustc\nLLVM version: 23.1.4\n";
         assert_eq!(llvm_major(vv).as_deref(), Some("23"));
         assert_eq!(llvm_major("rustc 1.0"), None);

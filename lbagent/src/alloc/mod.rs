@@ -103,7 +103,8 @@ impl Allocations {
             taken.insert(a.inner);
             taken.insert(a.outer);
         }
-        let mut free = (LINKLOCAL_FIRST..=u16::MAX).filter(|i| usable(*i)).map(linklocal).filter(|a| !taken.contains(a));
+        let mut free =
+            (LINKLOCAL_FIRST..=u16::MAX).filter(|i| usable(*i)).map(linklocal).filter(|a| !taken.contains(a));
         let inner = free.next().ok_or(AllocError::AddressesExhausted)?;
         let outer = free.next().ok_or(AllocError::AddressesExhausted)?;
         self.lbs.insert(id.to_string(), LbAlloc { inner, outer, ports: BTreeMap::new() });
@@ -126,7 +127,9 @@ impl Allocations {
             if a.ports.contains_key(b) {
                 continue;
             }
-            let p = (MAPPED_PORT_FIRST..=u16::MAX).find(|p| !used.contains(p)).ok_or_else(|| AllocError::PortsExhausted(id.into()))?;
+            let p = (MAPPED_PORT_FIRST..=u16::MAX)
+                .find(|p| !used.contains(p))
+                .ok_or_else(|| AllocError::PortsExhausted(id.into()))?;
             used.insert(p);
             a.ports.insert(b.to_string(), p);
             added.push(b.to_string());

@@ -48,7 +48,9 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             let mut arr = Vec::new();
             for (k, b) in t.backends()? {
                 text += &format!("rule {:<6} #{:<3} {}:{}\n", k.rule_id, k.index, ip(b.addr), b.port);
-                arr.push(json!({"rule_id": k.rule_id, "index": k.index, "addr": ip(b.addr).to_string(), "port": b.port}));
+                arr.push(
+                    json!({"rule_id": k.rule_id, "index": k.index, "addr": ip(b.addr).to_string(), "port": b.port}),
+                );
             }
             Value::Array(arr)
         }
@@ -56,8 +58,10 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             let rules = t.dnat_rules()?;
             let mut arr = Vec::new();
             for (k, r, bs) in &rules {
-                let backends: Vec<String> =
-                    bs.iter().map(|b| format!("{}:{}", ip(b.addr), if b.port == 0 { "*".into() } else { b.port.to_string() })).collect();
+                let backends: Vec<String> = bs
+                    .iter()
+                    .map(|b| format!("{}:{}", ip(b.addr), if b.port == 0 { "*".into() } else { b.port.to_string() }))
+                    .collect();
                 let port = if k.port == 0 { "*".to_string() } else { k.port.to_string() };
                 text += &format!(
                     "zone {:<3} {} {}:{} rule {} -> [{}]\n",

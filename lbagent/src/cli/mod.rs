@@ -107,7 +107,11 @@ pub fn main() -> Result<()> {
                 api_socket: common.api_socket,
                 repair_interval: Duration::from_secs(repair_interval.max(1)),
             };
-            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(daemon::run(opts))
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?
+                .block_on(daemon::run(opts))
         }
         Command::Validate { file } => match crate::state::load_file(&file) {
             Ok(s) => {

@@ -76,7 +76,12 @@ pub fn render(doc: &Value) -> String {
         out += &format!("NAT gateway {} zone {} netns {}\n", s(&gw["name"]), s(&gw["zone"]), s(&gw["netns"]));
         for e in gw["eips"].as_array().into_iter().flatten() {
             let used: Vec<String> = e["used_by"].as_array().into_iter().flatten().map(s).collect();
-            out += &format!("  eip {:<8} {:<15} {}\n", s(&e["name"]), s(&e["ip"]), if used.is_empty() { "unused".into() } else { used.join("; ") });
+            out += &format!(
+                "  eip {:<8} {:<15} {}\n",
+                s(&e["name"]),
+                s(&e["ip"]),
+                if used.is_empty() { "unused".into() } else { used.join("; ") }
+            );
         }
     }
     out

@@ -54,8 +54,9 @@ pub async fn serve(listener: UnixListener, status: Arc<Mutex<Status>>) {
 
 /// Client side: one request, one JSON answer.
 pub fn request(path: &Path, req: &str) -> Result<serde_json::Value> {
-    let mut s = UnixStream::connect(path)
-        .with_context(|| format!("connecting to the daemon at {} (is `lbagent run` running? see --api-socket)", path.display()))?;
+    let mut s = UnixStream::connect(path).with_context(|| {
+        format!("connecting to the daemon at {} (is `lbagent run` running? see --api-socket)", path.display())
+    })?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     s.write_all(format!("{req}\n").as_bytes())?;
     let mut line = String::new();

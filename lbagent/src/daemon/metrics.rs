@@ -27,7 +27,11 @@ pub fn render(bpffs: &PathBuf, status: &Status) -> String {
     let ok = doc["last_apply"]["ok"].as_bool().map(|b| b as u8).unwrap_or(0);
     let _ = writeln!(out, "# TYPE lbagent_applies_total counter\nlbagent_applies_total {}", status.applies);
     let _ = writeln!(out, "# TYPE lbagent_last_apply_success gauge\nlbagent_last_apply_success {ok}");
-    let _ = writeln!(out, "# TYPE lbagent_state_rejected gauge\nlbagent_state_rejected {}", status.rejected.is_some() as u8);
+    let _ = writeln!(
+        out,
+        "# TYPE lbagent_state_rejected gauge\nlbagent_state_rejected {}",
+        status.rejected.is_some() as u8
+    );
     let n = |k: &str| doc[k].as_array().map(|a| a.len()).unwrap_or(0);
     let _ = writeln!(out, "# TYPE lbagent_load_balancers gauge\nlbagent_load_balancers {}", n("load_balancers"));
     let _ = writeln!(out, "# TYPE lbagent_nat_gateways gauge\nlbagent_nat_gateways {}", n("nat_gateways"));

@@ -20,7 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     dataplane::{attach::AttachMode, loader::ZoneProgram},
-    reconcile::{Desired, Reconciler, Realizer, host::Host},
+    reconcile::{Desired, Realizer, Reconciler, host::Host},
     state::{self, StateFile},
 };
 use status::Status;
@@ -89,7 +89,7 @@ pub async fn run(opts: Options) -> Result<()> {
     // Load the object once up front: it creates or reuses (after checking)
     // the pinned maps, and fails fast on a verifier or pin problem.
     ZoneProgram::load(&opts.bpffs, 0).context("preparing the dataplane")?;
-    let reconciler = Reconciler::open(Host::new(opts.bpffs.clone(), opts.attach), &opts.state_dir)?;
+    let reconciler = Reconciler::open(Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir), &opts.state_dir)?;
     let status = Arc::new(Mutex::new(Status { state_file: opts.state.display().to_string(), ..Default::default() }));
     status.lock().unwrap().refresh(&reconciler.applied, &reconciler.alloc);
 
@@ -143,7 +143,7 @@ pub fn teardown(state_dir: &Path, bpffs: &Path, api_socket: &Path) -> Result<()>
     if std::os::unix::net::UnixStream::connect(api_socket).is_ok() {
         anyhow::bail!("a daemon is running on {}; stop it first", api_socket.display());
     }
-    let mut r = Reconciler::open(Host::new(bpffs_buf, AttachMode::Auto), state_dir)?;
+    let mut r = Reconciler::open(Host::new(bpffs_buf, AttachMode::Auto, state_dir), state_dir)?;
     let report = r.teardown();
     for c in &report.changes {
         println!("{c}");

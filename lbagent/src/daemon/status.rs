@@ -67,11 +67,19 @@ impl Status {
                     .iter()
                     .map(|e| {
                         let mut used_by = Vec::new();
-                        used_by.extend(g.fips.iter().filter(|f| f.eip == e.name).map(|f| format!("fip -> {}", f.internal_ip)));
+                        used_by.extend(
+                            g.fips.iter().filter(|f| f.eip == e.name).map(|f| format!("fip -> {}", f.internal_ip)),
+                        );
                         used_by.extend(g.dnats.iter().filter(|d| d.eip == e.name).map(|d| {
-                            format!("dnat {:?} {} -> {}:{}", d.protocol, d.external_port, d.internal_ip, d.internal_port).to_lowercase()
+                            format!(
+                                "dnat {:?} {} -> {}:{}",
+                                d.protocol, d.external_port, d.internal_ip, d.internal_port
+                            )
+                            .to_lowercase()
                         }));
-                        used_by.extend(g.snats.iter().filter(|s| s.eip == e.name).map(|s| format!("snat {}", s.internal_cidr)));
+                        used_by.extend(
+                            g.snats.iter().filter(|s| s.eip == e.name).map(|s| format!("snat {}", s.internal_cidr)),
+                        );
                         json!({"name": e.name, "ip": e.ip, "qos_policy": e.qos_policy, "used_by": used_by})
                     })
                     .collect();

@@ -36,7 +36,9 @@ pub enum AttachMode {
 impl AttachMode {
     pub fn resolve(self) -> AttachMode {
         match self {
-            AttachMode::Auto if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) => AttachMode::Tcx,
+            AttachMode::Auto if KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0)) => {
+                AttachMode::Tcx
+            }
             AttachMode::Auto => AttachMode::Netlink,
             m => m,
         }
@@ -113,7 +115,10 @@ fn attach_netlink(prog: &mut SchedClassifier, ifindex: u32) -> Result<()> {
         Ok(id) => id,
         Err(_) => prog.attach(
             ifindex,
-            TcAttach::Netlink { parent, options: NlOptions { priority: NL_PRIORITY, handle: NL_HANDLE, classid: None } },
+            TcAttach::Netlink {
+                parent,
+                options: NlOptions { priority: NL_PRIORITY, handle: NL_HANDLE, classid: None },
+            },
         )?,
     };
     // The filter belongs to the kernel now; dropping the link would delete it.

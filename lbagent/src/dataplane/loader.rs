@@ -31,10 +31,8 @@ impl ZoneProgram {
             .load(OBJECT)
             .map_err(|e| explain(e, &dir))?;
         pins::write_meta(root)?;
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(PROGRAM)
-            .context("program missing from object")?
-            .try_into()?;
+        let prog: &mut SchedClassifier =
+            ebpf.program_mut(PROGRAM).context("program missing from object")?.try_into()?;
         prog.load().context("loading the NAT program (verifier)")?;
         Ok(Self { zone, ebpf })
     }

@@ -8,6 +8,7 @@ pub mod attach;
 pub mod engine;
 pub mod loader;
 pub mod pins;
+pub mod sync;
 pub mod tables;
 
 /// The eBPF object, embedded at build time.

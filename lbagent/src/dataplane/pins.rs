@@ -27,7 +27,10 @@ pub fn ensure_bpffs(root: &Path) -> Result<()> {
     if !is_bpffs(probe)? {
         let mnt = Path::new("/sys/fs/bpf");
         if !root.starts_with(mnt) {
-            bail!("--bpffs {}: not on a bpf filesystem (mount one there or use a path under /sys/fs/bpf)", root.display());
+            bail!(
+                "--bpffs {}: not on a bpf filesystem (mount one there or use a path under /sys/fs/bpf)",
+                root.display()
+            );
         }
         if !is_bpffs(mnt)? {
             fs::create_dir_all(mnt)?;

@@ -252,10 +252,7 @@ impl Tables {
     /// Counters summed over CPUs.
     pub fn counters(&self) -> Result<Vec<(Counter, u64)>> {
         let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(self.data(MAP_COUNTERS)?))?;
-        Counter::ALL
-            .iter()
-            .map(|c| Ok((*c, arr.get(&(*c as u32), 0)?.iter().sum())))
-            .collect()
+        Counter::ALL.iter().map(|c| Ok((*c, arr.get(&(*c as u32), 0)?.iter().sum()))).collect()
     }
 
     pub fn counter(&self, c: Counter) -> Result<u64> {

@@ -98,11 +98,8 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
     let lan_mac = parse_mac(&gw.lan.mac).map_err(anyhow::Error::msg)?;
     let ext_gw = parse_ip(&gw.external.gateway).map_err(anyhow::Error::msg)?;
     let eips: BTreeSet<Ipv4Addr> = gw.eips.iter().filter_map(|e| parse_ip(&e.ip).ok()).collect();
-    let routes: Vec<((Ipv4Addr, u8), Ipv4Addr)> = gw
-        .routes
-        .iter()
-        .filter_map(|r| Some((parse_cidr(&r.cidr).ok()?, parse_ip(&r.via).ok()?)))
-        .collect();
+    let routes: Vec<((Ipv4Addr, u8), Ipv4Addr)> =
+        gw.routes.iter().filter_map(|r| Some((parse_cidr(&r.cidr).ok()?, parse_ip(&r.via).ok()?))).collect();
     let ext_len = gw.external.prefix_len;
     let lan_len = gw.lan.prefix_len;
     let inner = netns::run_in(Some(&ns), || {
@@ -145,14 +142,22 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
         sysctl::router(&[LAN_IF, EXT_IF])?;
         // Routes: default via the external gateway (onlink), VPC routes via eth0.
         let mut want = vec![Route4 { dst: Ipv4Addr::UNSPECIFIED, len: 0, via: Some(ext_gw), oif: ext, onlink: true }];
-        want.extend(routes.iter().map(|((dst, len), via)| Route4 { dst: *dst, len: *len, via: Some(*via), oif: lan, onlink: false }));
+        want.extend(routes.iter().map(|((dst, len), via)| Route4 {
+            dst: *dst,
+            len: *len,
+            via: Some(*via),
+            oif: lan,
+            onlink: false,
+        }));
         for r in &want {
             if nl.ensure_route(r)? {
                 ch.push(format!("route {}/{} via {}", r.dst, r.len, r.via.unwrap()));
             }
         }
         for (r, m) in nl.routes()? {
-            if r.via.is_some() && !want.iter().any(|w| w.dst == r.dst && w.len == r.len && w.via == r.via && w.oif == r.oif) {
+            if r.via.is_some()
+                && !want.iter().any(|w| w.dst == r.dst && w.len == r.len && w.via == r.via && w.oif == r.oif)
+            {
                 nl.del_route(m)?;
                 ch.push(format!("removed route {}/{} via {}", r.dst, r.len, r.via.unwrap()));
             }

@@ -100,13 +100,37 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
     let fips = fips(gw);
     for (eip, internal) in &fips {
         let rule_id = id(fip_key(&gw.name, *eip), &mut r);
-        r.dnats.push(DnatSpec { zone, addr: *eip, proto: 0, port: 0, rule_id, backends: vec![(*internal, 0)], snat: Some(RuleSnat::hairpin(ifs.lan)) });
+        r.dnats.push(DnatSpec {
+            zone,
+            addr: *eip,
+            proto: 0,
+            port: 0,
+            rule_id,
+            backends: vec![(*internal, 0)],
+            snat: Some(RuleSnat::hairpin(ifs.lan)),
+        });
         let rule_id = id(fip_snat_key(&gw.name, *internal), &mut r);
-        r.snats.push(SnatSpec { zone, ifindex: ifs.lan, cidr: (*internal, 32), to: *eip, ports: (1, 65535), random: false, rule_id });
+        r.snats.push(SnatSpec {
+            zone,
+            ifindex: ifs.lan,
+            cidr: (*internal, 32),
+            to: *eip,
+            ports: (1, 65535),
+            random: false,
+            rule_id,
+        });
     }
     for ((eip, p, port), (backends, _)) in identities(gw) {
         let rule_id = id(dnat_key(&gw.name, eip, p, port), &mut r);
-        r.dnats.push(DnatSpec { zone, addr: eip, proto: proto(p), port: port as u16, rule_id, backends, snat: Some(RuleSnat::hairpin(ifs.lan)) });
+        r.dnats.push(DnatSpec {
+            zone,
+            addr: eip,
+            proto: proto(p),
+            port: port as u16,
+            rule_id,
+            backends,
+            snat: Some(RuleSnat::hairpin(ifs.lan)),
+        });
     }
     for s in &gw.snats {
         let (Some(eip), Ok(cidr)) = (eip_ip(gw, &s.eip), parse_cidr(&s.internal_cidr)) else { continue };

@@ -32,7 +32,14 @@ pub fn announce(ifindex: u32, mac: [u8; 6], ip: Ipv4Addr) -> Result<()> {
         sa.sll_ifindex = ifindex as i32;
         sa.sll_halen = 6;
         sa.sll_addr[..6].copy_from_slice(&[0xff; 6]);
-        let n = libc::sendto(fd, f.as_ptr().cast(), f.len(), 0, (&sa as *const libc::sockaddr_ll).cast(), mem::size_of::<libc::sockaddr_ll>() as u32);
+        let n = libc::sendto(
+            fd,
+            f.as_ptr().cast(),
+            f.len(),
+            0,
+            (&sa as *const libc::sockaddr_ll).cast(),
+            mem::size_of::<libc::sockaddr_ll>() as u32,
+        );
         let err = std::io::Error::last_os_error();
         libc::close(fd);
         if n < 0 {

@@ -62,11 +62,38 @@ impl Nl {
         self.index(name)?.ok_or_else(|| anyhow!("link {name} not found"))
     }
 
+    /// Names of every link in the namespace.
+    pub fn link_names(&self) -> Result<Vec<String>> {
+        self.rt.block_on(async {
+            let mut s = self.h.link().get().execute();
+            let mut out = Vec::new();
+            while let Some(m) = s.try_next().await? {
+                for a in &m.attributes {
+                    if let LinkAttribute::IfName(n) = a {
+                        out.push(n.clone());
+                    }
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Whether the link is up, and its MAC.
     pub fn link_info(&self, index: u32) -> Result<(bool, Vec<u8>)> {
         self.rt.block_on(async {
-            let m = self.h.link().get().match_index(index).execute().try_next().await?.ok_or_else(|| anyhow!("link {index} vanished"))?;
-            let mac = m.attributes.iter().find_map(|a| if let LinkAttribute::Address(a) = a { Some(a.clone()) } else { None });
+            let m = self
+                .h
+                .link()
+                .get()
+                .match_index(index)
+                .execute()
+                .try_next()
+                .await?
+                .ok_or_else(|| anyhow!("link {index} vanished"))?;
+            let mac = m
+                .attributes
+                .iter()
+                .find_map(|a| if let LinkAttribute::Address(a) = a { Some(a.clone()) } else { None });
             Ok((m.header.flags.contains(LinkFlags::Up), mac.unwrap_or_default()))
         })
     }
@@ -76,7 +103,9 @@ impl Nl {
         if self.index(name)?.is_some() {
             return Ok(false);
         }
-        self.rt.block_on(self.h.link().add(LinkVeth::new(name, peer).build()).execute()).with_context(|| format!("creating veth {name}/{peer}"))?;
+        self.rt
+            .block_on(self.h.link().add(LinkVeth::new(name, peer).build()).execute())
+            .with_context(|| format!("creating veth {name}/{peer}"))?;
         Ok(true)
     }
 
@@ -95,19 +124,27 @@ impl Nl {
     }
 
     pub fn rename(&self, index: u32, name: &str) -> Result<()> {
-        self.rt.block_on(self.h.link().set(LinkUnspec::new_with_index(index).name(name).build()).execute()).with_context(|| format!("renaming to {name}"))
+        self.rt
+            .block_on(self.h.link().set(LinkUnspec::new_with_index(index).name(name).build()).execute())
+            .with_context(|| format!("renaming to {name}"))
     }
 
     pub fn set_mac(&self, index: u32, mac: [u8; 6]) -> Result<()> {
-        self.rt.block_on(self.h.link().set(LinkUnspec::new_with_index(index).address(mac.to_vec()).build()).execute()).context("setting MAC")
+        self.rt
+            .block_on(self.h.link().set(LinkUnspec::new_with_index(index).address(mac.to_vec()).build()).execute())
+            .context("setting MAC")
     }
 
     pub fn set_up(&self, index: u32) -> Result<()> {
-        self.rt.block_on(self.h.link().set(LinkUnspec::new_with_index(index).up().build()).execute()).context("setting link up")
+        self.rt
+            .block_on(self.h.link().set(LinkUnspec::new_with_index(index).up().build()).execute())
+            .context("setting link up")
     }
 
     pub fn set_master(&self, index: u32, master: u32) -> Result<()> {
-        self.rt.block_on(self.h.link().set(LinkUnspec::new_with_index(index).controller(master).build()).execute()).context("enslaving to bridge")
+        self.rt
+            .block_on(self.h.link().set(LinkUnspec::new_with_index(index).controller(master).build()).execute())
+            .context("enslaving to bridge")
     }
 
     /// IPv4 addresses on a link, with prefix lengths.
@@ -142,7 +179,8 @@ impl Nl {
 
     pub fn del_addr(&self, index: u32, ip: Ipv4Addr, len: u8) -> Result<bool> {
         self.rt.block_on(async {
-            let mut s = self.h.address().get().set_link_index_filter(index).set_address_filter(IpAddr::V4(ip)).execute();
+            let mut s =
+                self.h.address().get().set_link_index_filter(index).set_address_filter(IpAddr::V4(ip)).execute();
             while let Some(m) = s.try_next().await? {
                 if m.header.prefix_len == len {
                     self.h.address().del(m).execute().await?;
@@ -203,7 +241,9 @@ impl Nl {
         if r.onlink {
             b = b.onlink();
         }
-        self.rt.block_on(self.h.route().add(b.build()).execute()).with_context(|| format!("adding route {}/{} via {:?}", r.dst, r.len, r.via))?;
+        self.rt
+            .block_on(self.h.route().add(b.build()).execute())
+            .with_context(|| format!("adding route {}/{} via {:?}", r.dst, r.len, r.via))?;
         Ok(true)
     }
 

@@ -7,7 +7,11 @@ use anyhow::{Context, Result, bail};
 pub const TIMEOUT: &str = "--timeout=10";
 
 pub fn vsctl(args: &[&str]) -> Result<String> {
-    let out = Command::new("ovs-vsctl").arg(TIMEOUT).args(args).output().context("running ovs-vsctl (is openvswitch-switch installed?)")?;
+    let out = Command::new("ovs-vsctl")
+        .arg(TIMEOUT)
+        .args(args)
+        .output()
+        .context("running ovs-vsctl (is openvswitch-switch installed?)")?;
     if !out.status.success() {
         bail!("ovs-vsctl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }

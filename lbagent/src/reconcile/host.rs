@@ -2,78 +2,78 @@
 //! runtime facts of load balancers (zone, link-local addresses, mapped ports;
 //! their plumbing plugs in here).
 
-use std::{collections::HashSet, net::Ipv4Addr, path::PathBuf};
+use std::{
+    collections::HashSet,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
 
 use anyhow::Result;
 
-use super::Realizer;
+use super::{Applied, Realizer};
 use crate::{
     alloc::Allocations,
     dataplane::{attach::AttachMode, engine::Engine},
-    naming, natgw,
-    state::model::{AgentConfig, LoadBalancer, NatGateway},
+    lb::{self, haproxy::Haproxy},
+    natgw,
+    state::model::{AgentConfig, ListenerMode, LoadBalancer, NatGateway},
 };
 
 pub struct Host {
     pub engine: Engine,
     /// The OVS integration bridge (from the state file's `agent` section).
     pub bridge: String,
+    pub haproxy: Haproxy,
 }
 
 impl Host {
-    pub fn new(bpffs: PathBuf, mode: AttachMode) -> Self {
-        Host { engine: Engine::new(bpffs, mode), bridge: AgentConfig::default().integration_bridge }
+    /// `state_dir` holds haproxy's files (`<state_dir>/haproxy/`).
+    pub fn new(bpffs: PathBuf, mode: AttachMode, state_dir: &Path) -> Self {
+        Host {
+            engine: Engine::new(bpffs, mode),
+            bridge: AgentConfig::default().integration_bridge,
+            haproxy: Haproxy::new(state_dir.join("haproxy")),
+        }
     }
 }
 
 /// IPv4 addresses configured on the host (the agent's namespace).
 pub fn host_addresses() -> HashSet<Ipv4Addr> {
     nix::ifaddrs::getifaddrs()
-        .map(|it| {
-            it.filter_map(|ifa| ifa.address.and_then(|a| a.as_sockaddr_in().map(|s| s.ip()))).collect()
-        })
+        .map(|it| it.filter_map(|ifa| ifa.address.and_then(|a| a.as_sockaddr_in().map(|s| s.ip()))).collect())
         .unwrap_or_default()
 }
 
 impl Realizer for Host {
-    fn ensure_lb(&mut self, lb: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>> {
-        let mut changes = Vec::new();
-        let zone_key = naming::lb_zone_key(&lb.id);
-        if !alloc.zones.contains_key(&zone_key) {
-            changes.push(format!("zone {}", alloc.zone(&zone_key)?));
-        }
-        if !alloc.lbs.contains_key(&lb.id) {
-            let (inner, outer) = alloc.lb_addresses(&lb.id, &host_addresses())?;
-            changes.push(format!("allocated inner {inner}, outer {outer}"));
-        }
-        let backends: Vec<&str> =
-            lb.backend_groups.iter().flat_map(|g| g.backends.iter().map(|b| b.id.as_str())).collect();
-        let (added, released) = alloc.lb_ports(&lb.id, &backends)?;
-        for b in added {
-            changes.push(format!("backend {b}: mapped port {}", alloc.lbs[&lb.id].ports[&b]));
-        }
-        for b in released {
-            changes.push(format!("backend {b}: mapped port released"));
-        }
-        Ok(changes)
+    fn ensure_lb(&mut self, l: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>> {
+        lb::ensure(&mut self.engine, &self.bridge, l, alloc)
     }
 
     fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>> {
-        let mut changes = Vec::new();
-        if let Some(a) = alloc.release_lb(id) {
-            changes.push(format!("released inner {}, outer {}, {} mapped ports", a.inner, a.outer, a.ports.len()));
+        lb::remove(&mut self.engine, id, alloc)
+    }
+
+    /// haproxy serves the proxy-mode listeners of every applied load balancer.
+    fn finish(&mut self, applied: &Applied, alloc: &Allocations) -> Result<Vec<String>> {
+        let lbs: Vec<_> = applied.lbs.values().filter_map(|l| Some((l, alloc.lbs.get(&l.id)?))).collect();
+        let any_proxy = lbs.iter().any(|(l, _)| l.listeners.iter().any(|x| x.effective_mode() == ListenerMode::Proxy));
+        if !any_proxy {
+            return Ok(if self.haproxy.stop()? { vec!["stopped haproxy (no proxy listeners)".into()] } else { vec![] });
         }
-        if let Some(z) = alloc.release_zone(&naming::lb_zone_key(id)) {
-            changes.push(format!("released zone {z}"));
-        }
-        Ok(changes)
+        let config = lb::haproxy::render(&self.haproxy.dir, &lbs);
+        Ok(self.haproxy.apply(&config)?.map(|s| s.to_string()).into_iter().collect())
     }
 
     fn configure(&mut self, agent: &AgentConfig) {
         self.bridge = agent.integration_bridge.clone();
     }
 
-    fn ensure_gw(&mut self, gw: &NatGateway, prev: Option<&NatGateway>, alloc: &mut Allocations) -> Result<Vec<String>> {
+    fn ensure_gw(
+        &mut self,
+        gw: &NatGateway,
+        prev: Option<&NatGateway>,
+        alloc: &mut Allocations,
+    ) -> Result<Vec<String>> {
         natgw::ensure(&mut self.engine, &self.bridge, gw, prev, alloc)
     }
 

@@ -3,8 +3,8 @@
 //! `plan` is pure; `Reconciler` executes a plan through a `Realizer` (the part
 //! that touches the host) and persists progress after every step.
 
-pub mod plan;
 pub mod host;
+pub mod plan;
 pub mod reconciler;
 
 pub use plan::{Applied, Desired, Kind, Reason, Step, plan};

@@ -70,7 +70,13 @@ pub fn plan(desired: &Desired, applied: &Applied, repair: bool) -> Vec<Step> {
     steps
 }
 
-fn diff<T: PartialEq>(kind: Kind, want: &BTreeMap<String, T>, have: &BTreeMap<String, T>, repair: bool, out: &mut Vec<Step>) {
+fn diff<T: PartialEq>(
+    kind: Kind,
+    want: &BTreeMap<String, T>,
+    have: &BTreeMap<String, T>,
+    repair: bool,
+    out: &mut Vec<Step>,
+) {
     for key in have.keys().filter(|k| !want.contains_key(*k)) {
         out.push(Step::Remove { kind, key: key.clone() });
     }

@@ -18,10 +18,16 @@ use crate::{
 pub trait Realizer {
     /// Agent-wide settings of the state file, before each apply.
     fn configure(&mut self, _agent: &AgentConfig) {}
+    /// After every apply: host-wide pieces derived from all applied objects
+    /// (the proxy configuration).
+    fn finish(&mut self, _applied: &Applied, _alloc: &Allocations) -> Result<Vec<String>> {
+        Ok(vec![])
+    }
     fn ensure_lb(&mut self, lb: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>>;
     fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
     /// `prev` is the spec applied before (for deciding which flows to flush).
-    fn ensure_gw(&mut self, gw: &NatGateway, prev: Option<&NatGateway>, alloc: &mut Allocations) -> Result<Vec<String>>;
+    fn ensure_gw(&mut self, gw: &NatGateway, prev: Option<&NatGateway>, alloc: &mut Allocations)
+    -> Result<Vec<String>>;
     fn remove_gw(&mut self, prev: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>>;
 }
 
@@ -82,6 +88,18 @@ impl<R: Realizer> Reconciler<R> {
             if let Err(e) = self.persist() {
                 error!("persisting state: {e:#}");
                 report.errors.push(("state-dir".into(), format!("{e:#}")));
+            }
+        }
+        match self.realizer.finish(&self.applied, &self.alloc) {
+            Ok(changes) => {
+                for c in &changes {
+                    info!(object = "proxy", "{c}");
+                }
+                report.changes.extend(changes.into_iter().map(|c| format!("proxy: {c}")));
+            }
+            Err(e) => {
+                error!(object = "proxy", "{e:#}");
+                report.errors.push(("proxy".into(), format!("{e:#}")));
             }
         }
         report

@@ -33,7 +33,10 @@ impl Decimal {
         }
         let i: u64 = int.parse().map_err(|_| bad())?;
         let f: u64 = if frac.is_empty() { 0 } else { format!("{frac:0<6}").parse().map_err(|_| bad())? };
-        i.checked_mul(SCALE).and_then(|v| v.checked_add(f)).map(|micros| Decimal { micros }).ok_or_else(|| format!("{s:?} is too large"))
+        i.checked_mul(SCALE)
+            .and_then(|v| v.checked_add(f))
+            .map(|micros| Decimal { micros })
+            .ok_or_else(|| format!("{s:?} is too large"))
     }
 
     pub fn from_f64(v: f64) -> Result<Decimal, String> {
@@ -66,11 +69,7 @@ impl Decimal {
 impl fmt::Display for Decimal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (i, frac) = (self.micros / SCALE, self.micros % SCALE);
-        if frac == 0 {
-            write!(f, "{i}")
-        } else {
-            write!(f, "{i}.{}", format!("{frac:06}").trim_end_matches('0'))
-        }
+        if frac == 0 { write!(f, "{i}") } else { write!(f, "{i}.{}", format!("{frac:06}").trim_end_matches('0')) }
     }
 }
 
@@ -118,7 +117,22 @@ mod tests {
         assert_eq!(Decimal::parse("0.5").unwrap().micros(), 500_000);
         assert_eq!(Decimal::parse("2.5").unwrap().to_string(), "2.5");
         assert_eq!(Decimal::parse("0").unwrap().to_string(), "0");
-        for bad in ["100Mbit", "-1", ".5", "5.", "", " 5", "1e3", "0x64", "1.2.3", "+1", "1,5", "0.1234567", "$(reboot)", "100;rm -rf /"] {
+        for bad in [
+            "100Mbit",
+            "-1",
+            ".5",
+            "5.",
+            "",
+            " 5",
+            "1e3",
+            "0x64",
+            "1.2.3",
+            "+1",
+            "1,5",
+            "0.1234567",
+            "$(reboot)",
+            "100;rm -rf /",
+        ] {
             assert!(Decimal::parse(bad).is_err(), "{bad} accepted");
         }
     }

@@ -46,7 +46,10 @@ pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
     };
     let ip = parse_ip(addr).map_err(|_| format!("{s:?} is not an IPv4 CIDR"))?;
     if u32::from(ip) & !mask(len) != 0 {
-        return Err(format!("{s:?} has host bits set (did you mean {}/{len}?)", Ipv4Addr::from(u32::from(ip) & mask(len))));
+        return Err(format!(
+            "{s:?} has host bits set (did you mean {}/{len}?)",
+            Ipv4Addr::from(u32::from(ip) & mask(len))
+        ));
     }
     Ok((ip, len))
 }

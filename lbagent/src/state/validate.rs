@@ -39,7 +39,13 @@ impl Check {
     }
 
     /// Records `key` for uniqueness; reports a duplicate.
-    fn unique<K: std::hash::Hash + Eq>(&mut self, seen: &mut HashSet<K>, key: K, path: &str, what: impl FnOnce() -> String) {
+    fn unique<K: std::hash::Hash + Eq>(
+        &mut self,
+        seen: &mut HashSet<K>,
+        key: K,
+        path: &str,
+        what: impl FnOnce() -> String,
+    ) {
         if !seen.insert(key) {
             self.err(path, format!("duplicate {}", what()));
         }
@@ -99,7 +105,9 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
         for (k, b) in g.backends.iter().enumerate() {
             let bp = format!("{gp}.backends[{k}]");
             c.ok(&format!("{bp}.id"), check_id(&b.id, 1, 64));
-            c.unique(&mut backend_ids, b.id.clone(), &format!("{bp}.id"), || format!("backend id {:?} in this load balancer", b.id));
+            c.unique(&mut backend_ids, b.id.clone(), &format!("{bp}.id"), || {
+                format!("backend id {:?} in this load balancer", b.id)
+            });
             c.ok(&format!("{bp}.address"), parse_ip(&b.address));
             c.port(&format!("{bp}.port"), b.port);
             if b.weight > 256 {
@@ -114,12 +122,19 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
         c.ok(&format!("{lp}.id"), check_id(&l.id, 1, 64));
         c.unique(&mut ids, l.id.clone(), &format!("{lp}.id"), || format!("listener id {:?}", l.id));
         c.port(&format!("{lp}.port"), l.port);
-        c.unique(&mut ports, (l.kind.l4(), l.port), &format!("{lp}.port"), || format!("{} port {}", l.kind.l4(), l.port));
+        c.unique(&mut ports, (l.kind.l4(), l.port), &format!("{lp}.port"), || {
+            format!("{} port {}", l.kind.l4(), l.port)
+        });
         if !groups.contains(&l.backend_group) {
-            c.err(format!("{lp}.backend_group"), format!("no backend group {:?} in this load balancer", l.backend_group));
+            c.err(
+                format!("{lp}.backend_group"),
+                format!("no backend group {:?} in this load balancer", l.backend_group),
+            );
         }
         match (l.kind, l.effective_mode()) {
-            (ListenerType::Udp, ListenerMode::Proxy) => c.err(format!("{lp}.mode"), "udp listeners cannot use proxy mode"),
+            (ListenerType::Udp, ListenerMode::Proxy) => {
+                c.err(format!("{lp}.mode"), "udp listeners cannot use proxy mode")
+            }
             (ListenerType::Http | ListenerType::Https, ListenerMode::Direct) => {
                 c.err(format!("{lp}.mode"), "http/https listeners are served in proxy mode")
             }
@@ -137,7 +152,9 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
 }
 
 fn health_check(c: &mut Check, p: &str, h: &HealthCheck) {
-    for (name, v, max) in [("interval", h.interval, 3600), ("rise", h.rise, 100), ("fall", h.fall, 100), ("timeout", h.timeout, 3600)] {
+    for (name, v, max) in
+        [("interval", h.interval, 3600), ("rise", h.rise, 100), ("fall", h.fall, 100), ("timeout", h.timeout, 3600)]
+    {
         if let Some(v) = v {
             if v == 0 || v > max {
                 c.err(format!("{p}.{name}"), format!("{v} is out of range (1-{max})"));
@@ -187,7 +204,10 @@ fn qos_policies<'a>(c: &mut Check, qs: &'a [QosPolicy]) -> HashMap<&'a str, &'a 
             }
             if q.binding == QosBinding::Eip {
                 if r.matches.is_some() {
-                    c.err(format!("{rp}.match"), "eip policies apply to the EIP's traffic; match is for natgw policies");
+                    c.err(
+                        format!("{rp}.match"),
+                        "eip policies apply to the EIP's traffic; match is for natgw policies",
+                    );
                 }
                 if r.interface.is_some() {
                     c.err(format!("{rp}.interface"), "eip policies always act on the external interface");
@@ -225,9 +245,10 @@ fn nat_gateway<'a>(
     if let Some(q) = &gw.qos_policy {
         match policies.get(q.as_str()) {
             None => c.err(format!("{p}.qos_policy"), format!("no QoS policy {q:?}")),
-            Some(pol) if pol.binding != QosBinding::Natgw => {
-                c.err(format!("{p}.qos_policy"), format!("policy {q:?} has binding eip; a gateway needs a natgw policy"))
-            }
+            Some(pol) if pol.binding != QosBinding::Natgw => c.err(
+                format!("{p}.qos_policy"),
+                format!("policy {q:?} has binding eip; a gateway needs a natgw policy"),
+            ),
             _ => {}
         }
     }
@@ -245,9 +266,10 @@ fn nat_gateway<'a>(
         if let Some(q) = &e.qos_policy {
             match policies.get(q.as_str()) {
                 None => c.err(format!("{ep}.qos_policy"), format!("no QoS policy {q:?}")),
-                Some(pol) if pol.binding != QosBinding::Eip => {
-                    c.err(format!("{ep}.qos_policy"), format!("policy {q:?} has binding natgw; an EIP needs an eip policy"))
-                }
+                Some(pol) if pol.binding != QosBinding::Eip => c.err(
+                    format!("{ep}.qos_policy"),
+                    format!("policy {q:?} has binding natgw; an EIP needs an eip policy"),
+                ),
                 Some(pol) => {
                     if !pol.shared {
                         *unshared_uses.entry(pol.name.as_str()).or_default() += 1;
@@ -265,7 +287,9 @@ fn nat_gateway<'a>(
     for (i, f) in gw.fips.iter().enumerate() {
         let fp = format!("{p}.fips[{i}]");
         resolve(c, format!("{fp}.eip"), &f.eip);
-        c.unique(&mut fip_eips, f.eip.as_str(), &format!("{fp}.eip"), || format!("floating IP on EIP {:?} (one per EIP)", f.eip));
+        c.unique(&mut fip_eips, f.eip.as_str(), &format!("{fp}.eip"), || {
+            format!("floating IP on EIP {:?} (one per EIP)", f.eip)
+        });
         c.ok(&format!("{fp}.internal_ip"), parse_ip(&f.internal_ip));
     }
     let mut identities: HashMap<(&str, Protocol, u32), Vec<DnatMode>> = HashMap::new();
@@ -273,7 +297,10 @@ fn nat_gateway<'a>(
         let dp = format!("{p}.dnats[{i}]");
         resolve(c, format!("{dp}.eip"), &d.eip);
         if fip_eips.contains(d.eip.as_str()) {
-            c.err(format!("{dp}.eip"), format!("EIP {:?} carries a floating IP; a FIP and a DNAT never share an EIP", d.eip));
+            c.err(
+                format!("{dp}.eip"),
+                format!("EIP {:?} carries a floating IP; a FIP and a DNAT never share an EIP", d.eip),
+            );
         }
         c.port(&format!("{dp}.external_port"), d.external_port);
         c.port(&format!("{dp}.internal_port"), d.internal_port);

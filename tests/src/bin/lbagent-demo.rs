@@ -21,7 +21,9 @@ fn main() -> Result<()> {
         "   client {} | nat {} (attached with {}) on {} and {} | server {}",
         t.client.name, t.nat.name, t.mode, t.ifaces[0], t.ifaces[1], t.server.name
     );
-    println!("   rules: VIP {VIP} tcp/80 → 10.0.2.2:8080, udp/53 → :5353, icmp → 10.0.2.2; SNAT 10.0.1.0/24 → 10.0.2.1");
+    println!(
+        "   rules: VIP {VIP} tcp/80 → 10.0.2.2:8080, udp/53 → :5353, icmp → 10.0.2.2; SNAT 10.0.1.0/24 → 10.0.2.1"
+    );
 
     println!("\n== TCP: 1 MiB echoed through {VIP}:80");
     let server = tcp_echo_server(&t.server.name, 8080, 1)?;

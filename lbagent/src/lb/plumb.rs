@@ -1,0 +1,145 @@
+//! A load balancer's namespace and links, as cloudpods' `ovn.go` builds
+//! them: `o…0`/`o…1` toward OVN (`o…1` on the integration bridge with
+//! `iface-id=iface/lb/<id>`), `h…0`/`h…1` toward the host's proxy, the VIP
+//! and default route on `o…0`, `inner/16` on `h…0`, `outer/16` noprefixroute
+//! on `h…1` with the host route `inner/32 dev h…1`. Everything via
+//! rtnetlink except the OVS port.
+
+use std::net::Ipv4Addr;
+
+use anyhow::Result;
+
+use crate::{
+    alloc::LbAlloc,
+    naming, netns,
+    plumbing::{
+        nl::{Nl, Route4},
+        ovs, sysctl,
+    },
+    state::{
+        model::LoadBalancer,
+        names::{parse_ip, parse_mac},
+    },
+};
+
+pub const LINKLOCAL_LEN: u8 = 16;
+
+/// Ensures the pair `host`/`inside` with `inside` in `ns`. A missing inside
+/// end with a present host end is repaired by recreating the pair.
+fn ensure_pair(ns: &str, host: &str, inside: &str, changes: &mut Vec<String>) -> Result<()> {
+    if netns::run_in(Some(ns), || Ok(Nl::new()?.index(inside)?.is_some()))? {
+        return Ok(());
+    }
+    let ns_file = netns::open(ns)?;
+    netns::run_in(None, || {
+        let nl = Nl::new()?;
+        nl.delete(host)?;
+        nl.ensure_veth(host, inside)?;
+        nl.move_to(inside, &ns_file)
+    })?;
+    changes.push(format!("created veth {host} <-> {ns}/{inside}"));
+    Ok(())
+}
+
+/// Returns (ifindex of `o…0`, ifindex of `h…0`) in the namespace.
+pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<String>) -> Result<(u32, u32)> {
+    let ns = naming::lb_netns(&lb.id);
+    if netns::create(&ns)? {
+        changes.push(format!("created namespace {ns}"));
+    }
+    let (o0, o1) = naming::lb_ovn_veth(&lb.id);
+    let (h0, h1) = naming::lb_host_veth(&lb.id);
+    ensure_pair(&ns, &o1, &o0, changes)?;
+    ensure_pair(&ns, &h1, &h0, changes)?;
+    if ovs::ensure_port(bridge, &o1, &naming::lb_iface_id(&lb.id))? {
+        changes.push(format!("{o1} on OVS bridge {bridge} as {}", naming::lb_iface_id(&lb.id)));
+    }
+    // Host side: h…1 carries outer/16 without a prefix route, plus inner/32.
+    let (inner, outer) = (a.inner, a.outer);
+    let host_changes = netns::run_in(None, || {
+        let mut ch = Vec::new();
+        let nl = Nl::new()?;
+        let o1i = nl.must_index(&o1)?;
+        let h1i = nl.must_index(&h1)?;
+        nl.set_up(o1i)?;
+        nl.set_up(h1i)?;
+        if nl.ensure_addr(h1i, outer, LINKLOCAL_LEN, true)? {
+            ch.push(format!("{h1} address {outer}/{LINKLOCAL_LEN} noprefixroute"));
+        }
+        for (ip, len) in nl.addresses(h1i)? {
+            if (ip, len) != (outer, LINKLOCAL_LEN) && nl.del_addr(h1i, ip, len)? {
+                ch.push(format!("{h1} removed stray address {ip}/{len}"));
+            }
+        }
+        if nl.ensure_route(&Route4 { dst: inner, len: 32, via: None, oif: h1i, onlink: false })? {
+            ch.push(format!("route {inner}/32 dev {h1}"));
+        }
+        Ok(ch)
+    })?;
+    changes.extend(host_changes);
+
+    let vip = parse_ip(&lb.network.ip).map_err(anyhow::Error::msg)?;
+    let gw = parse_ip(&lb.network.gateway).map_err(anyhow::Error::msg)?;
+    let mac = parse_mac(&lb.network.mac).map_err(anyhow::Error::msg)?;
+    let plen = lb.network.prefix_len;
+    let inside = netns::run_in(Some(&ns), || {
+        let mut ch = Vec::new();
+        let nl = Nl::new()?;
+        nl.set_up(nl.must_index("lo")?)?;
+        let oi = nl.must_index(&o0)?;
+        let hi = nl.must_index(&h0)?;
+        if nl.link_info(oi)?.1 != mac {
+            nl.set_mac(oi, mac)?;
+            ch.push(format!("{o0} mac {}", lb.network.mac));
+        }
+        nl.set_up(oi)?;
+        nl.set_up(hi)?;
+        for (i, name, want) in [(oi, &o0, (vip, plen)), (hi, &h0, (inner, LINKLOCAL_LEN))] {
+            if nl.ensure_addr(i, want.0, want.1, false)? {
+                ch.push(format!("{name} address {}/{}", want.0, want.1));
+            }
+            for (ip, len) in nl.addresses(i)? {
+                if (ip, len) != want && nl.del_addr(i, ip, len)? {
+                    ch.push(format!("{name} removed stray address {ip}/{len}"));
+                }
+            }
+        }
+        if nl.ensure_route(&Route4 { dst: Ipv4Addr::UNSPECIFIED, len: 0, via: Some(gw), oif: oi, onlink: false })? {
+            ch.push(format!("default route via {gw}"));
+        }
+        // Links nobody asked for go.
+        for name in nl.link_names()? {
+            if name != "lo" && name != o0 && name != h0 && nl.delete(&name)? {
+                ch.push(format!("removed stray link {name}"));
+            }
+        }
+        sysctl::router(&[&o0, &h0])?;
+        Ok((ch, oi, hi))
+    })?;
+    changes.extend(inside.0);
+    Ok((inside.1, inside.2))
+}
+
+/// Removes the namespace (its veths and their host ends go with it) and the
+/// OVS port. Safe to repeat.
+pub fn remove(id: &str, changes: &mut Vec<String>) -> Result<()> {
+    let ns = naming::lb_netns(id);
+    if netns::delete(&ns)? {
+        changes.push(format!("deleted namespace {ns}"));
+    }
+    let (_, o1) = naming::lb_ovn_veth(id);
+    let (_, h1) = naming::lb_host_veth(id);
+    let deleted = netns::run_in(None, || {
+        let nl = Nl::new()?;
+        let mut d = Vec::new();
+        for h in [&o1, &h1] {
+            if nl.delete(h)? {
+                d.push(format!("deleted {h}"));
+            }
+        }
+        Ok(d)
+    })?;
+    changes.extend(deleted);
+    let _ = ovs::del_port(&o1);
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! From a load balancer spec to engine rules (pure). The seed's iptables
+//! rules, one for one:
+//!
+//! | seed (in `lb-<id>`)                                         | engine |
+//! |-------------------------------------------------------------|--------|
+//! | `-i o…0 -d VIP --dport L -j DNAT --to outer:L` (+ `-o h…0 SNAT inner`) | `dnat {VIP, L}` → `outer:L`, rule SNAT on `o…0` to `inner` |
+//! | `-i h…0 -d inner --dport M -j DNAT --to addr:port` (+ `-o o…0 SNAT VIP`) | `dnat {inner, M}` (tcp and udp) → `addr:port`, rule SNAT on `h…0` to the VIP |
+//!
+//! Direct-mode listeners skip the proxy: `dnat {VIP, L}` → the group's
+//! backends (each repeated `weight` times; `rr` ignores weights), SNAT to the
+//! VIP so the backend sees the VIP and replies come back through us.
+
+use std::{collections::BTreeSet, net::Ipv4Addr};
+
+use lbagent_common::{PROTO_TCP, PROTO_UDP};
+
+use crate::{
+    alloc::{Allocations, LbAlloc},
+    dataplane::tables::{DnatSpec, RuleSnat},
+    state::{
+        model::{ListenerMode, ListenerType, LoadBalancer, Scheduler},
+        names::parse_ip,
+    },
+};
+
+/// Most slots one backend takes in a direct listener's table.
+pub const MAX_WEIGHT_SLOTS: u32 = 16;
+
+#[derive(Clone, Copy, Debug)]
+pub struct LbIfaces {
+    /// `o…0`, toward the VPC.
+    pub ovn: u32,
+    /// `h…0`, toward the host and its proxy.
+    pub proxy: u32,
+}
+
+pub fn prefix(id: &str) -> String {
+    format!("lb/{id}/")
+}
+
+pub fn rules(
+    lb: &LoadBalancer,
+    a: &LbAlloc,
+    zone: u16,
+    ifs: LbIfaces,
+    alloc: &mut Allocations,
+) -> (Vec<DnatSpec>, BTreeSet<String>) {
+    let mut out = Vec::new();
+    let mut keys = BTreeSet::new();
+    let Ok(vip) = parse_ip(&lb.network.ip) else { return (out, keys) };
+    let mut id = |key: String| {
+        let id = alloc.rule_id(&key);
+        keys.insert(key);
+        id
+    };
+    for l in &lb.listeners {
+        let proto = if l.kind == ListenerType::Udp { PROTO_UDP } else { PROTO_TCP };
+        let rule_id = id(format!("lb/{}/listener/{}", lb.id, l.id));
+        let (backends, snat_to) = match l.effective_mode() {
+            ListenerMode::Proxy => (vec![(a.outer, l.port as u16)], a.inner),
+            ListenerMode::Direct => {
+                let group = lb.backend_groups.iter().find(|g| g.id == l.backend_group);
+                let mut bs = Vec::new();
+                for b in group.map(|g| g.backends.as_slice()).unwrap_or_default() {
+                    let Ok(addr) = parse_ip(&b.address) else { continue };
+                    let slots = if l.scheduler == Some(Scheduler::Rr) { 1 } else { b.weight.min(MAX_WEIGHT_SLOTS) };
+                    bs.extend(std::iter::repeat_n((addr, b.port as u16), slots as usize));
+                }
+                (bs, vip)
+            }
+        };
+        out.push(DnatSpec {
+            zone,
+            addr: vip,
+            proto,
+            port: l.port as u16,
+            rule_id,
+            backends,
+            snat: Some(RuleSnat { ifindex: ifs.ovn, to: Some(snat_to), random: false }),
+        });
+    }
+    for g in &lb.backend_groups {
+        for b in &g.backends {
+            let (Some(port), Ok(addr)) = (a.ports.get(&b.id), parse_ip(&b.address)) else { continue };
+            for (proto, name) in [(PROTO_TCP, "tcp"), (PROTO_UDP, "udp")] {
+                let rule_id = id(format!("lb/{}/backend/{}/{name}", lb.id, b.id));
+                out.push(DnatSpec {
+                    zone,
+                    addr: a.inner,
+                    proto,
+                    port: *port,
+                    rule_id,
+                    backends: vec![(addr, b.port as u16)],
+                    snat: Some(RuleSnat { ifindex: ifs.proxy, to: Some(vip), random: false }),
+                });
+            }
+        }
+    }
+    (out, keys)
+}
+
+/// The VIP of a load balancer, if it parses.
+pub fn vip(lb: &LoadBalancer) -> Option<Ipv4Addr> {
+    parse_ip(&lb.network.ip).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Format, load_str};
+
+    #[test]
+    fn seed_rules_and_direct_listeners() {
+        let s = load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap();
+        let lb = &s.load_balancers[0];
+        let mut a = Allocations::default();
+        a.lb_addresses(&lb.id, &Default::default()).unwrap();
+        a.lb_ports(&lb.id, &["b1", "b2", "d1"]).unwrap();
+        let la = a.lbs[&lb.id].clone();
+        let (r, keys) = rules(lb, &la, 9, LbIfaces { ovn: 2, proxy: 3 }, &mut a);
+        // 4 listeners + 3 backends × 2 protocols.
+        assert_eq!(r.len(), 10);
+        assert_eq!(keys.len(), 10);
+        let http = r.iter().find(|d| d.port == 80).unwrap();
+        assert_eq!(http.backends, vec![(la.outer, 80)]);
+        assert_eq!(http.snat, Some(RuleSnat { ifindex: 2, to: Some(la.inner), random: false }));
+        let direct = r.iter().find(|d| d.port == 5000).unwrap();
+        assert_eq!(direct.backends.len(), 3, "b1 weight 1 + b2 weight 2");
+        assert_eq!(direct.snat.unwrap().to, Some(Ipv4Addr::new(10, 10, 0, 5)));
+        let mapped = r.iter().filter(|d| d.addr == la.inner).count();
+        assert_eq!(mapped, 6);
+        assert!(r.iter().filter(|d| d.addr == la.inner).all(|d| d.snat.unwrap().ifindex == 3));
+    }
+}

@@ -7,17 +7,10 @@
 //!  vpc hosts 10.10.0.x ── OVS brvpc ── eth0 [natgw-<gw>] net1 ── Linux br ── internet 198.51.100.1
 //! ```
 
-use std::path::PathBuf;
-
 use anyhow::Result;
-use lbagent::{
-    dataplane::attach::AttachMode,
-    reconcile::{Desired, Reconciler, host::Host},
-    state::{Format, load_str},
-};
 
 use crate::{
-    engine::TestPins,
+    bed::Bed,
     hosts::TestHost,
     net::sh,
     ovs::{LinuxBridge, OvsBridge},
@@ -30,13 +23,11 @@ pub const INTERNET_IP: &str = "198.51.100.1";
 /// The gateway under test and its surroundings.
 pub struct GwBed {
     pub gw: String,
-    pub reconciler: Reconciler<Host>,
+    pub bed: Bed,
     pub internet: TestHost,
     pub vpc: Vec<TestHost>,
     pub lan_bridge: OvsBridge,
     pub ext_bridge: LinuxBridge,
-    pub pins: TestPins,
-    pub state_dir: PathBuf,
 }
 
 impl GwBed {
@@ -51,10 +42,7 @@ impl GwBed {
         for ip in vpc_ips {
             vpc.push(TestHost::on(|p| lan_bridge.add_port(p), ip, 24, LAN_GW_IP)?);
         }
-        let pins = TestPins::new();
-        let state_dir = std::env::temp_dir().join(unique("lbgwsd"));
-        let reconciler = Reconciler::open(Host::new(pins.root.clone(), AttachMode::Auto, &state_dir), &state_dir)?;
-        Ok(GwBed { gw: unique("gw"), reconciler, internet, vpc, lan_bridge, ext_bridge, pins, state_dir })
+        Ok(GwBed { gw: unique("gw"), bed: Bed::new()?, internet, vpc, lan_bridge, ext_bridge })
     }
 
     /// A state file with this bed's bridges and the given gateway sections
@@ -66,11 +54,8 @@ impl GwBed {
         )
     }
 
-    /// Validates and applies a state; panics with every error on failure.
     pub fn apply(&mut self, yaml: &str) {
-        let s = load_str(yaml, Format::Yaml).unwrap_or_else(|e| panic!("invalid test state: {e}\n{yaml}"));
-        let report = self.reconciler.apply(&Desired::from_state(&s), false);
-        assert!(report.ok(), "apply failed: {:?}", report.errors);
+        self.bed.apply(yaml)
     }
 
     pub fn netns(&self) -> String {
@@ -78,16 +63,6 @@ impl GwBed {
     }
 
     pub fn zone(&self) -> u16 {
-        self.reconciler.alloc.zones[&lbagent::naming::gw_zone_key(&self.gw)]
-    }
-}
-
-impl Drop for GwBed {
-    fn drop(&mut self) {
-        let report = self.reconciler.teardown();
-        if !report.ok() {
-            eprintln!("gateway teardown: {:?}", report.errors);
-        }
-        let _ = std::fs::remove_dir_all(&self.state_dir);
+        self.bed.reconciler.alloc.zones[&lbagent::naming::gw_zone_key(&self.gw)]
     }
 }

@@ -3,6 +3,7 @@
 //! independently computed checksums, and an engine harness for
 //! `BPF_PROG_TEST_RUN`.
 
+pub mod bed;
 pub mod engine;
 pub mod gateway;
 pub mod hosts;
@@ -20,6 +21,14 @@ pub fn unique(prefix: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}{:04x}{:x}", std::process::id() & 0xffff, n % 256)
+}
+
+/// The `lbagent` binary of this workspace (built with the tests).
+pub fn lbagent_bin() -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("debug/lbagent")
 }
 
 /// Skips (with a message) when not root; root tests need CAP_NET_ADMIN and CAP_BPF.

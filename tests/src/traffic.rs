@@ -241,3 +241,51 @@ pub fn udp_echo_forever(ns: &str, port: u16) -> Result<()> {
     rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
     Ok(())
 }
+
+/// Minimal HTTP/1.1 server: every request gets `<tag> <peer>` as its body.
+pub fn http_server(ns: &str, port: u16, tag: &str) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tag = tag.to_string();
+    spawn_in(ns, move || {
+        let l = TcpListener::bind(("0.0.0.0", port))?;
+        tx.send(()).ok();
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let tag = tag.clone();
+            std::thread::spawn(move || {
+                let peer = s.peer_addr().map(|p| p.to_string()).unwrap_or_default();
+                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+                loop {
+                    let mut line = String::new();
+                    match std::io::BufRead::read_line(&mut r, &mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) if line == "\r\n" => break,
+                        Ok(_) => {}
+                    }
+                }
+                let body = format!("{tag} {peer}");
+                let _ = s.write_all(
+                    format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).as_bytes(),
+                );
+            });
+        }
+        Ok(())
+    });
+    rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
+    Ok(())
+}
+
+/// `GET /` from `ns`; returns the body.
+pub fn http_get(ns: &str, to: SocketAddr) -> Result<String> {
+    spawn_in(ns, move || {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(format!("GET / HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n\r\n").as_bytes())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        ensure!(out.starts_with("HTTP/1.1 200"), "unexpected answer: {out:?}");
+        Ok(out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))?
+}

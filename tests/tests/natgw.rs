@@ -89,7 +89,7 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     // ICMP: ping through the FIP reaches the internal host; errors translate both ways.
     let out = b.internet.ns.exec(&["ping", "-c", "2", "-W", "2", "198.51.100.10"]).unwrap();
     assert!(out.contains("from 198.51.100.10"), "{out}");
-    let t = b.reconciler.realizer.engine.tables().unwrap();
+    let t = b.bed.reconciler.realizer.engine.tables().unwrap();
     let zone = b.zone();
     assert!(
         t.conntrack()
@@ -103,7 +103,7 @@ fn fip_dnat_snat_hairpin_and_icmp() {
 
     // Status: each EIP and what uses it.
     let mut st = Status::default();
-    st.refresh(&b.reconciler.applied, &b.reconciler.alloc);
+    st.refresh(&b.bed.reconciler.applied, &b.bed.reconciler.alloc);
     let eips = &st.document["nat_gateways"][0]["eips"];
     assert_eq!(eips[0]["used_by"][0], "fip -> 10.10.0.21");
     assert_eq!(eips[1]["used_by"][0], "dnat tcp 2222 -> 10.10.0.22:8022");
@@ -122,7 +122,7 @@ fn updates_flushes_and_draining() {
     let no_fip = b.state(&format!("{EIPS}{}", RULES.replace("    fips: [{eip: eip1, internal_ip: 10.10.0.21}]\n", "")));
     b.apply(&no_fip);
     let zone = b.zone();
-    let t = b.reconciler.realizer.engine.tables().unwrap();
+    let t = b.bed.reconciler.realizer.engine.tables().unwrap();
     assert!(
         !t.conntrack()
             .unwrap()

@@ -131,9 +131,14 @@ fn attach_netlink(prog: &mut SchedClassifier, ifindex: u32) -> Result<()> {
 fn attach_tcx(prog: &mut SchedClassifier, ifindex: u32, pin: &Path) -> Result<Option<FdLink>> {
     if pin.exists() {
         let link: FdLink = PinnedLink::from_pin(pin)?.into();
-        let id = prog.attach_to_link(SchedClassifierLink::try_from(link)?)?;
-        drop(prog.take_link(id)?); // closes our fd; the pin keeps the link
-        return Ok(None);
+        match prog.attach_to_link(SchedClassifierLink::try_from(link)?) {
+            Ok(id) => {
+                drop(prog.take_link(id)?); // closes our fd; the pin keeps the link
+                return Ok(None);
+            }
+            // The interface went away under the link (ENOLINK): start over.
+            Err(_) => std::fs::remove_file(pin).with_context(|| format!("removing severed link {}", pin.display()))?,
+        }
     }
     let id = prog.attach(ifindex, TcAttach::Tcx { attach_type: TcAttachType::Ingress, order: LinkOrder::default() })?;
     Ok(Some(prog.take_link(id)?.try_into()?))

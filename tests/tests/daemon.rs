@@ -4,22 +4,31 @@
 //! tear down.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
-const FULL_EXAMPLE: &str = include_str!("../../examples/state.yaml");
+use lbagent_tests::{
+    bed::{HostLock, lb_id},
+    lbagent_bin,
+    ovs::OvsBridge,
+    unique,
+};
 
-/// The example without its NAT gateway (gateways have their own tests and
-/// need bridges): load balancers and QoS policies only.
-fn example() -> String {
+const FULL_EXAMPLE: &str = include_str!("../../examples/state.yaml");
+const EXAMPLE_LB: &str = "3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60";
+
+/// The example without its NAT gateway (gateways have their own tests),
+/// on this test's bridge, with a load balancer id of its own.
+fn example(bridge: &str, id: &str) -> String {
     let start = FULL_EXAMPLE.find("nat_gateways:").unwrap();
     let end = FULL_EXAMPLE.find("qos_policies:").unwrap();
     format!("{}{}", &FULL_EXAMPLE[..start], &FULL_EXAMPLE[end..])
+        .replace("integration_bridge: brvpc", &format!("integration_bridge: {bridge}"))
+        .replace(EXAMPLE_LB, id)
 }
 
 struct Env {
@@ -48,26 +57,51 @@ impl Env {
             self.dir.join("api.sock").display().to_string(),
         ]
     }
-    fn start(&self) -> Child {
-        let child = Command::new(BIN)
+    fn start(&self) -> Daemon {
+        let child = Command::new(lbagent_bin())
             .arg("run")
             .args(["--state", self.state().to_str().unwrap(), "--metrics", "127.0.0.1:0", "--repair-interval", "2"])
             .args(self.common())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
+        let d = Daemon(child);
         wait(|| self.status().is_some_and(|s| !s["last_apply"].is_null()), "daemon up and applied");
-        child
+        d
     }
     fn status(&self) -> Option<Value> {
-        let out = Command::new(BIN).args(["status", "--json"]).args(self.common()).output().ok()?;
+        let out = Command::new(lbagent_bin()).args(["status", "--json"]).args(self.common()).output().ok()?;
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+}
+
+/// A running `lbagent run`; killed on drop if a failed test left it running.
+struct Daemon(Child);
+
+impl Daemon {
+    fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.0.id() as i32, sig) };
+    }
+
+    /// SIGTERM and wait: true when it exited cleanly.
+    fn stop(&mut self) -> bool {
+        self.signal(libc::SIGTERM);
+        self.0.wait().map(|s| s.success()).unwrap_or(false)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
-        let _ = Command::new(BIN).arg("teardown").args(self.common()).output();
+        let _ = Command::new(lbagent_bin()).arg("teardown").args(self.common()).output();
         let _ = std::fs::remove_dir_all(&self.bpffs);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -79,10 +113,6 @@ fn wait(mut f: impl FnMut() -> bool, what: &str) {
         assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn signal(child: &Child, sig: i32) {
-    unsafe { libc::kill(child.id() as i32, sig) };
 }
 
 /// The parts of the status that describe what runs (not timestamps).
@@ -103,10 +133,13 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     if !root() {
         return;
     }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brd")).unwrap();
+    let id = lb_id();
     let env = Env::new();
-    let example = example();
+    let example = example(&bridge.name, &id);
     std::fs::write(env.state(), &example).unwrap();
-    let mut child = env.start();
+    let mut daemon = env.start();
     let before = env.status().unwrap();
     assert_eq!(before["load_balancers"].as_array().unwrap().len(), 1);
     assert_eq!(port_of(&before, "b2"), Some(1026));
@@ -114,10 +147,10 @@ fn invalid_state_changes_nothing_and_reloads_work() {
 
     // An invalid file (duplicate port, hostile id) is refused; nothing changes.
     let invalid =
-        example.replacen("port: 5000", "port: 80", 1).replacen("3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60", "x;rm -rf /", 1);
+        example.replacen("port: 5000", "port: 80", 1).replacen(&id, "x;rm -rf /", 1);
     std::fs::write(env.state(), &invalid).unwrap();
     wait(|| env.status().is_some_and(|s| s["rejected_state"].is_array()), "refusal");
-    signal(&child, libc::SIGHUP);
+    daemon.signal(libc::SIGHUP);
     std::thread::sleep(Duration::from_millis(2500)); // a repair pass runs too
     let after = env.status().unwrap();
     let problems: Vec<String> =
@@ -142,12 +175,11 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     assert_eq!(port_of(&s, "b1"), port_of(&before, "b1"));
 
     // SIGTERM: clean exit, the dataplane (pins) stays.
-    signal(&child, libc::SIGTERM);
-    assert!(child.wait().unwrap().success());
+    assert!(daemon.stop(), "clean exit on SIGTERM");
     assert!(env.bpffs.join("v1/ct").exists(), "pins survive a clean stop");
 
     // Restart: allocations are stable.
-    let mut child = env.start();
+    let mut daemon = env.start();
     let again = env.status().unwrap();
     assert_eq!(again["load_balancers"][0]["inner"], s["load_balancers"][0]["inner"]);
     assert_eq!(again["load_balancers"][0]["outer"], s["load_balancers"][0]["outer"]);
@@ -155,11 +187,10 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     assert_eq!(again["load_balancers"][0]["zone"], s["load_balancers"][0]["zone"]);
 
     // Teardown is refused while running, then removes everything.
-    let out = Command::new(BIN).arg("teardown").args(env.common()).output().unwrap();
+    let out = Command::new(lbagent_bin()).arg("teardown").args(env.common()).output().unwrap();
     assert!(!out.status.success());
-    signal(&child, libc::SIGTERM);
-    assert!(child.wait().unwrap().success());
-    let out = Command::new(BIN).arg("teardown").args(env.common()).output().unwrap();
+    assert!(daemon.stop(), "clean exit on SIGTERM");
+    let out = Command::new(lbagent_bin()).arg("teardown").args(env.common()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!env.bpffs.exists());
     assert!(!env.dir.join("sd/allocations.json").exists());
@@ -171,7 +202,7 @@ fn validate_command_exit_codes_and_paths() {
     std::fs::create_dir_all(&dir).unwrap();
     let good = dir.join("good.yaml");
     std::fs::write(&good, FULL_EXAMPLE).unwrap();
-    let out = Command::new(BIN).args(["validate", good.to_str().unwrap()]).output().unwrap();
+    let out = Command::new(lbagent_bin()).args(["validate", good.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success());
     let bad = dir.join("bad.json");
     let v: Value = serde_yaml::from_str(&FULL_EXAMPLE.replacen("port: 5000", "port: 80", 1).replacen(
@@ -181,7 +212,7 @@ fn validate_command_exit_codes_and_paths() {
     ))
     .unwrap();
     std::fs::write(&bad, v.to_string()).unwrap();
-    let out = Command::new(BIN).args(["validate", bad.to_str().unwrap()]).output().unwrap();
+    let out = Command::new(lbagent_bin()).args(["validate", bad.to_str().unwrap()]).output().unwrap();
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();
@@ -192,5 +223,5 @@ fn validate_command_exit_codes_and_paths() {
     );
     assert!(lines.iter().any(|l| l.starts_with("load_balancers[0].backend_groups[0].backends[1].weight")), "{text}");
     let _ = std::fs::remove_dir_all(dir);
-    assert!(Path::new(BIN).exists());
+    assert!(lbagent_bin().exists());
 }

@@ -1,0 +1,66 @@
+//! What every reconciler-driven testbed shares: its own pins and state dir,
+//! an in-process reconciler over the real host, teardown on drop, and a
+//! host-wide lock for tests that allocate host addresses.
+
+use std::{fs::File, os::fd::AsRawFd, path::PathBuf};
+
+use anyhow::Result;
+use lbagent::{
+    dataplane::attach::AttachMode,
+    reconcile::{Desired, Reconciler, host::Host},
+    state::{Format, load_str},
+};
+
+use crate::{engine::TestPins, unique};
+
+pub struct Bed {
+    pub reconciler: Reconciler<Host>,
+    pub pins: TestPins,
+    pub state_dir: PathBuf,
+}
+
+impl Bed {
+    pub fn new() -> Result<Self> {
+        let pins = TestPins::new();
+        let state_dir = std::env::temp_dir().join(unique("lbsd"));
+        let reconciler = Reconciler::open(Host::new(pins.root.clone(), AttachMode::Auto, &state_dir), &state_dir)?;
+        Ok(Bed { reconciler, pins, state_dir })
+    }
+
+    /// Validates and applies a state; panics with every error on failure.
+    pub fn apply(&mut self, yaml: &str) {
+        let s = load_str(yaml, Format::Yaml).unwrap_or_else(|e| panic!("invalid test state: {e}\n{yaml}"));
+        let report = self.reconciler.apply(&Desired::from_state(&s), false);
+        assert!(report.ok(), "apply failed: {:?}", report.errors);
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let report = self.reconciler.teardown();
+        if !report.ok() {
+            eprintln!("teardown: {:?}", report.errors);
+        }
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// Serialises tests that put link-local addresses in the host namespace
+/// (two agents would otherwise allocate the same outer address).
+pub struct HostLock {
+    _file: File,
+}
+
+impl HostLock {
+    pub fn take() -> Result<Self> {
+        let f = File::create("/run/lbagent-tests-host.lock")?;
+        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        Ok(HostLock { _file: f })
+    }
+}
+
+/// A load balancer id unique to this test run (its first 13 characters,
+/// which name the links, too).
+pub fn lb_id() -> String {
+    format!("{:0>13}-test", unique(""))
+}

@@ -1,0 +1,196 @@
+//! The VPC load balancer host with real traffic: client and backends on an
+//! OVS integration bridge (userspace datapath); proxy-mode listeners through
+//! the agent's haproxy, direct-mode listeners through the engine alone.
+
+use std::{collections::HashSet, net::SocketAddr};
+
+use lbagent::{daemon::status::Status, naming};
+use lbagent_tests::{
+    bed::{Bed, HostLock, lb_id},
+    hosts::TestHost,
+    net::sh,
+    ovs::OvsBridge,
+    require_root, unique,
+    traffic::*,
+};
+
+fn at(ip: &str, port: u16) -> SocketAddr {
+    format!("{ip}:{port}").parse().unwrap()
+}
+
+fn tag_and_ip(answer: &str) -> (String, String) {
+    let (tag, peer) = answer.split_once(' ').unwrap();
+    (tag.to_string(), peer.rsplit_once(':').unwrap().0.to_string())
+}
+
+struct LbBed {
+    bed: Bed,
+    client: TestHost,
+    backends: Vec<TestHost>,
+    bridge: OvsBridge,
+    ids: [String; 2],
+    _lock: HostLock,
+}
+
+/// `.21`, `.22`, `.23` serve HTTP on 8080 (tags h21…) and lines on 9000;
+/// `.23` also answers UDP on 5353.
+fn lb_bed() -> Option<LbBed> {
+    if !require_root() {
+        return None;
+    }
+    let lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brl")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.30.0.10", 24, "").unwrap();
+    let mut backends = Vec::new();
+    for last in [21, 22, 23] {
+        let h = TestHost::on(|p| bridge.add_port(p), &format!("10.30.0.{last}"), 24, "").unwrap();
+        http_server(&h.ns.name, 8080, &format!("h{last}")).unwrap();
+        line_echo_server(&h.ns.name, 9000, &format!("h{last}")).unwrap();
+        backends.push(h);
+    }
+    udp_echo_forever(&backends[2].ns.name, 5353).unwrap();
+    Some(LbBed { bed: Bed::new().unwrap(), client, backends, bridge, ids: [lb_id(), lb_id()], _lock: lock })
+}
+
+impl LbBed {
+    /// LB1 (VIP .5): http/80 (proxy) and tcp/9000 (direct) over `g1`, udp/53
+    /// (direct) to `.23:5353`. LB2 (VIP .6): http/80 to `.23` only.
+    fn state(&self, g1: &str, with_lb1: bool) -> String {
+        self.state3(g1, G3, with_lb1)
+    }
+
+    /// Like `state`, with the direct tcp/9000 listener's backends given too.
+    fn state3(&self, g1: &str, g3: &str, with_lb1: bool) -> String {
+        let lb1 = format!(
+            "  - id: {}
+    network: {{ip: 10.30.0.5, mac: \"02:00:0a:1e:00:05\", prefix_len: 24, gateway: 10.30.0.1}}
+    listeners:
+      - {{id: web, type: http, port: 80, backend_group: g1}}
+      - {{id: raw, type: tcp, port: 9000, backend_group: g3}}
+      - {{id: dns, type: udp, port: 53, backend_group: g2}}
+    backend_groups:
+      - id: g1
+        backends:
+{g1}      - id: g2
+        backends: [{{id: d1, address: 10.30.0.23, port: 5353}}]
+      - id: g3
+        backends:
+{g3}",
+            self.ids[0]
+        );
+        let lb2 = format!(
+            "  - id: {}
+    network: {{ip: 10.30.0.6, mac: \"02:00:0a:1e:00:06\", prefix_len: 24, gateway: 10.30.0.1}}
+    listeners: [{{id: web, type: http, port: 80, backend_group: g}}]
+    backend_groups: [{{id: g, backends: [{{id: x, address: 10.30.0.23, port: 8080}}]}}]
+",
+            self.ids[1]
+        );
+        format!(
+            "version: 1\nagent: {{integration_bridge: {}}}\nload_balancers:\n{}{lb2}",
+            self.bridge.name,
+            if with_lb1 { lb1 } else { String::new() }
+        )
+    }
+}
+
+const G1: &str = "          - {id: b1, address: 10.30.0.21, port: 8080}
+          - {id: b2, address: 10.30.0.22, port: 8080}
+";
+
+const G3: &str = "          - {id: r1, address: 10.30.0.21, port: 9000}
+          - {id: r2, address: 10.30.0.22, port: 9000}
+";
+
+#[test]
+fn load_balancer_seed_parity_and_lifecycle() {
+    let Some(mut b) = lb_bed() else { return };
+    b.bed.apply(&b.state(G1, true));
+    let client = b.client.ns.name.clone();
+
+    // HTTP (proxy mode, haproxy) reaches every backend; each sees the VIP.
+    let mut tags = HashSet::new();
+    for _ in 0..8 {
+        let (tag, ip) = tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap());
+        assert_eq!(ip, "10.30.0.5", "the backend sees the VIP as source");
+        tags.insert(tag);
+    }
+    assert_eq!(tags, HashSet::from(["h21".to_string(), "h22".to_string()]));
+
+    // UDP direct: the backend sees the VIP; the answer comes from the VIP.
+    let (seen, from) = udp_ask(&client, at("10.30.0.5", 53)).unwrap();
+    assert!(seen.starts_with("10.30.0.5:"), "{seen}");
+    assert_eq!(from, at("10.30.0.5", 53));
+
+    // Second load balancer, side by side and isolated.
+    for _ in 0..4 {
+        assert_eq!(tag_and_ip(&http_get(&client, at("10.30.0.6", 80)).unwrap()), ("h23".into(), "10.30.0.6".into()));
+    }
+
+    // Status shows what a proxy config generator needs.
+    let mut st = Status::default();
+    st.refresh(&b.bed.reconciler.applied, &b.bed.reconciler.alloc);
+    let lbs = st.document["load_balancers"].as_array().unwrap().clone();
+    let lb1 = lbs.iter().find(|l| l["id"] == b.ids[0].as_str()).unwrap();
+    assert_eq!(lb1["netns"], naming::lb_netns(&b.ids[0]));
+    assert!(lb1["inner"].as_str().unwrap().starts_with("169.254."));
+    assert!(lb1["backends"].as_array().unwrap().iter().all(|x| x["mapped_port"].as_u64().unwrap() >= 1025));
+
+    // Adding a backend takes effect without breaking existing flows; the
+    // direct listener's open connection and the proxy path both survive.
+    let conn_direct = OpenConn::open(&client, at("10.30.0.5", 9000)).unwrap();
+    let first = tag_and_ip(&conn_direct.ping("1").unwrap());
+    assert_eq!(first.1, "10.30.0.5");
+    let g1_3 = format!("{G1}          - {{id: b3, address: 10.30.0.23, port: 8080}}\n");
+    let g3_3 = format!("{G3}          - {{id: r3, address: 10.30.0.23, port: 9000}}\n");
+    b.bed.apply(&b.state3(&g1_3, &g3_3, true));
+    assert_eq!(tag_and_ip(&conn_direct.ping("2").unwrap()), first, "flow kept across the change");
+    let tags: HashSet<String> = (0..12).map(|_| tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap()).0).collect();
+    assert!(tags.contains("h23"), "the new backend serves: {tags:?}");
+
+    // Removing a backend: it gets no new requests; other flows continue.
+    let g1_minus = g1_3.replace("          - {id: b2, address: 10.30.0.22, port: 8080}\n", "");
+    let g3_minus = g3_3.replace(&format!("          - {{id: r{}, address: 10.30.0.{}, port: 9000}}\n", 3 - (first.0 == "h22") as u8, if first.0 == "h22" { 21 } else { 22 }), "");
+    b.bed.apply(&b.state3(&g1_minus, &g3_minus, true));
+    assert_eq!(tag_and_ip(&conn_direct.ping("3").unwrap()), first);
+    for _ in 0..8 {
+        assert_ne!(tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap()).0, "h22");
+    }
+    drop(conn_direct);
+
+    // Deleting LB1 leaves no trace; LB2 keeps working.
+    let zone1 = b.bed.reconciler.alloc.zones[&naming::lb_zone_key(&b.ids[0])];
+    b.bed.apply(&b.state(&g1_minus, false));
+    let (o0, o1) = naming::lb_ovn_veth(&b.ids[0]);
+    let (_, h1) = naming::lb_host_veth(&b.ids[0]);
+    assert!(!sh(&["ip", "netns", "list"]).unwrap().contains(&naming::lb_netns(&b.ids[0])));
+    let links = sh(&["ip", "-br", "link"]).unwrap();
+    assert!(!links.contains(&o1) && !links.contains(&h1) && !links.contains(&o0), "{links}");
+    assert!(!sh(&["ovs-vsctl", "--timeout=10", "show"]).unwrap().contains(&o1));
+    let t = b.bed.reconciler.realizer.engine.tables().unwrap();
+    assert!(t.dnat_rules().unwrap().iter().all(|(k, _, _)| k.zone != zone1));
+    assert!(t.conntrack().unwrap().iter().all(|(k, _)| k.zone != zone1));
+    assert!(!b.bed.reconciler.alloc.lbs.contains_key(&b.ids[0]));
+    assert!(!std::fs::read_to_string(b.bed.reconciler.realizer.haproxy.config_path()).unwrap().contains(&naming::short_hash(&b.ids[0])));
+    assert_eq!(tag_and_ip(&http_get(&client, at("10.30.0.6", 80)).unwrap()).0, "h23");
+    let _ = &b.backends;
+}
+
+#[test]
+fn broken_links_are_repaired() {
+    let Some(mut b) = lb_bed() else { return };
+    b.bed.apply(&b.state(G1, false));
+    // Someone deletes h…0 inside the namespace (its peer h…1 goes too) and
+    // adds a stray link: the repair pass restores the seed's layout.
+    let id = &b.ids[1];
+    let ns = naming::lb_netns(id);
+    let (h0, _) = naming::lb_host_veth(id);
+    sh(&["ip", "-n", &ns, "link", "del", &h0]).unwrap();
+    sh(&["ip", "-n", &ns, "link", "add", "stray0", "type", "veth", "peer", "name", "stray1"]).unwrap();
+    assert!(http_get(&b.client.ns.name, at("10.30.0.6", 80)).is_err());
+    let s = lbagent::state::load_str(&b.state(G1, false), lbagent::state::Format::Yaml).unwrap();
+    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), true);
+    assert!(report.ok(), "{:?}", report.errors);
+    assert!(report.changes.iter().any(|c| c.contains("removed stray link stray")), "{:?}", report.changes);
+    assert_eq!(tag_and_ip(&http_get(&b.client.ns.name, at("10.30.0.6", 80)).unwrap()).0, "h23");
+}

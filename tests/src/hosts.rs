@@ -34,3 +34,9 @@ impl TestHost {
         Ok(TestHost { ns, ip: ip.into(), _link: link })
     }
 }
+
+impl TestHost {
+    pub fn set_mac(&self, mac: &str) -> Result<()> {
+        self.ns.exec(&["ip", "link", "set", "eth0", "address", mac]).map(|_| ())
+    }
+}

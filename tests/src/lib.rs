@@ -8,6 +8,7 @@ pub mod engine;
 pub mod gateway;
 pub mod hosts;
 pub mod net;
+pub mod ovn;
 pub mod ovs;
 pub mod packet;
 pub mod topology;

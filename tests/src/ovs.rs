@@ -15,10 +15,20 @@ fn vsctl_ok() -> bool {
         && Path::new("/var/run/openvswitch/ovs-vswitchd.pid").exists()
 }
 
-/// Starts ovsdb-server and ovs-vswitchd (userspace TSO on) unless running.
-pub fn ensure_running() -> Result<()> {
+/// The machine-wide lock for starting daemons (held until dropped).
+pub fn lock() -> Result<File> {
     let lock = File::create(LOCK)?;
     unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    Ok(lock)
+}
+
+pub fn bridge_exists(name: &str) -> bool {
+    Command::new("ovs-vsctl").args(["--timeout=5", "br-exists", name]).status().is_ok_and(|s| s.success())
+}
+
+/// Starts ovsdb-server and ovs-vswitchd (userspace TSO on) unless running.
+pub fn ensure_running() -> Result<()> {
+    let _lock = lock()?;
     if vsctl_ok() {
         return Ok(());
     }
@@ -101,6 +111,15 @@ impl LinuxBridge {
 impl Drop for LinuxBridge {
     fn drop(&mut self) {
         let _ = sh(&["ip", "link", "del", &self.name]);
+    }
+}
+
+/// A port on a shared bridge (e.g. `br-int`), removed on drop.
+pub struct OvsPort(pub String);
+
+impl Drop for OvsPort {
+    fn drop(&mut self) {
+        let _ = sh(&["ovs-vsctl", "--timeout=10", "--if-exists", "del-port", &self.0]);
     }
 }
 

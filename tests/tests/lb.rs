@@ -122,6 +122,14 @@ fn load_balancer_seed_parity_and_lifecycle() {
     assert!(seen.starts_with("10.30.0.5:"), "{seen}");
     assert_eq!(from, at("10.30.0.5", 53));
 
+    // A configuration haproxy refuses never replaces the running one.
+    let hp = &b.bed.reconciler.realizer.haproxy;
+    let good = std::fs::read_to_string(hp.config_path()).unwrap();
+    let err = hp.apply("frontend broken\n  bind 10.30.0.5:notaport\n").unwrap_err().to_string();
+    assert!(err.contains("rejected"), "{err}");
+    assert_eq!(std::fs::read_to_string(hp.config_path()).unwrap(), good);
+    assert_eq!(tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap()).1, "10.30.0.5");
+
     // Second load balancer, side by side and isolated.
     for _ in 0..4 {
         assert_eq!(tag_and_ip(&http_get(&client, at("10.30.0.6", 80)).unwrap()), ("h23".into(), "10.30.0.6".into()));

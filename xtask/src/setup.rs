@@ -33,6 +33,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("nft", "nftables"),
     ("ping", "iputils-ping"),
     ("nsenter", "util-linux"),
+    ("ovn-northd", "ovn-central"),
+    ("ovn-controller", "ovn-host"),
 ];
 
 pub fn ensure_all() -> Result<()> {

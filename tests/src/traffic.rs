@@ -186,37 +186,38 @@ impl Drop for OpenConn {
     }
 }
 
-/// TCP server answering each line with `<server tag> <peer>`; runs until
-/// the process ends (tests own their namespaces, which go away).
-pub fn line_echo_server(ns: &str, port: u16, tag: &str) -> Result<()> {
+/// TCP server in `ns` running `conn` on a thread per accepted connection;
+/// it runs until the process ends (tests own their namespaces, which go away).
+fn tcp_server(ns: &str, port: u16, conn: impl Fn(TcpStream, String) + Send + Clone + 'static) -> Result<()> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let tag = tag.to_string();
     spawn_in(ns, move || {
         let l = TcpListener::bind(("0.0.0.0", port))?;
         tx.send(()).ok();
         for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let tag = tag.clone();
-            std::thread::spawn(move || {
-                let peer = s.peer_addr().map(|p| p.to_string()).unwrap_or_default();
-                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
-                loop {
-                    let mut line = String::new();
-                    match std::io::BufRead::read_line(&mut r, &mut line) {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) => {
-                            if s.write_all(format!("{tag} {peer}\n").as_bytes()).is_err() {
-                                break;
-                            }
-                        }
-                    }
-                }
-            });
+            let Ok(s) = s else { continue };
+            let peer = s.peer_addr().map(|p| p.to_string()).unwrap_or_default();
+            let conn = conn.clone();
+            std::thread::spawn(move || conn(s, peer));
         }
         Ok(())
     });
     rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
     Ok(())
+}
+
+/// TCP server answering each line with `<tag> <peer>`.
+pub fn line_echo_server(ns: &str, port: u16, tag: &str) -> Result<()> {
+    let tag = tag.to_string();
+    tcp_server(ns, port, move |mut s, peer| {
+        let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        while matches!(std::io::BufRead::read_line(&mut r, &mut line), Ok(n) if n > 0) {
+            if s.write_all(format!("{tag} {peer}\n").as_bytes()).is_err() {
+                break;
+            }
+            line.clear();
+        }
+    })
 }
 
 /// One request on a fresh connection: returns the server's `<tag> <peer>`.
@@ -244,35 +245,22 @@ pub fn udp_echo_forever(ns: &str, port: u16) -> Result<()> {
 
 /// Minimal HTTP/1.1 server: every request gets `<tag> <peer>` as its body.
 pub fn http_server(ns: &str, port: u16, tag: &str) -> Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
     let tag = tag.to_string();
-    spawn_in(ns, move || {
-        let l = TcpListener::bind(("0.0.0.0", port))?;
-        tx.send(()).ok();
-        for s in l.incoming() {
-            let Ok(mut s) = s else { continue };
-            let tag = tag.clone();
-            std::thread::spawn(move || {
-                let peer = s.peer_addr().map(|p| p.to_string()).unwrap_or_default();
-                let mut r = std::io::BufReader::new(s.try_clone().unwrap());
-                loop {
-                    let mut line = String::new();
-                    match std::io::BufRead::read_line(&mut r, &mut line) {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) if line == "\r\n" => break,
-                        Ok(_) => {}
-                    }
-                }
-                let body = format!("{tag} {peer}");
-                let _ = s.write_all(
-                    format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).as_bytes(),
-                );
-            });
+    tcp_server(ns, port, move |mut s, peer| {
+        let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match std::io::BufRead::read_line(&mut r, &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) if line == "\r\n" => break,
+                Ok(_) => {}
+            }
         }
-        Ok(())
-    });
-    rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
-    Ok(())
+        let body = format!("{tag} {peer}");
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+        let _ = s.write_all(format!("{head}{body}").as_bytes());
+    })
 }
 
 /// `GET /` from `ns`; returns the body.

@@ -14,7 +14,7 @@ use crate::{
     naming, netns,
     plumbing::{
         nl::{Nl, Route4},
-        ovs, sysctl,
+        ovs, sysctl, veth,
     },
     state::{
         model::LoadBalancer,
@@ -24,23 +24,6 @@ use crate::{
 
 pub const LINKLOCAL_LEN: u8 = 16;
 
-/// Ensures the pair `host`/`inside` with `inside` in `ns`. A missing inside
-/// end with a present host end is repaired by recreating the pair.
-fn ensure_pair(ns: &str, host: &str, inside: &str, changes: &mut Vec<String>) -> Result<()> {
-    if netns::run_in(Some(ns), || Ok(Nl::new()?.index(inside)?.is_some()))? {
-        return Ok(());
-    }
-    let ns_file = netns::open(ns)?;
-    netns::run_in(None, || {
-        let nl = Nl::new()?;
-        nl.delete(host)?;
-        nl.ensure_veth(host, inside)?;
-        nl.move_to(inside, &ns_file)
-    })?;
-    changes.push(format!("created veth {host} <-> {ns}/{inside}"));
-    Ok(())
-}
-
 /// Returns (ifindex of `o…0`, ifindex of `h…0`) in the namespace.
 pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<String>) -> Result<(u32, u32)> {
     let ns = naming::lb_netns(&lb.id);
@@ -49,8 +32,8 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
     }
     let (o0, o1) = naming::lb_ovn_veth(&lb.id);
     let (h0, h1) = naming::lb_host_veth(&lb.id);
-    ensure_pair(&ns, &o1, &o0, changes)?;
-    ensure_pair(&ns, &h1, &h0, changes)?;
+    veth::ensure_pair(&ns, &o1, &o0, None, changes)?;
+    veth::ensure_pair(&ns, &h1, &h0, None, changes)?;
     if ovs::ensure_port(bridge, &o1, &naming::lb_iface_id(&lb.id))? {
         changes.push(format!("{o1} on OVS bridge {bridge} as {}", naming::lb_iface_id(&lb.id)));
     }
@@ -129,17 +112,7 @@ pub fn remove(id: &str, changes: &mut Vec<String>) -> Result<()> {
     }
     let (_, o1) = naming::lb_ovn_veth(id);
     let (_, h1) = naming::lb_host_veth(id);
-    let deleted = netns::run_in(None, || {
-        let nl = Nl::new()?;
-        let mut d = Vec::new();
-        for h in [&o1, &h1] {
-            if nl.delete(h)? {
-                d.push(format!("deleted {h}"));
-            }
-        }
-        Ok(d)
-    })?;
-    changes.extend(deleted);
+    veth::delete_host_links(&[&o1, &h1], changes)?;
     let _ = ovs::del_port(&o1);
     Ok(())
 }

@@ -12,7 +12,7 @@ use crate::{
     plumbing::{
         garp,
         nl::{Nl, Route4},
-        ovs, sysctl,
+        ovs, sysctl, veth,
     },
     state::{
         model::NatGateway,
@@ -35,29 +35,6 @@ fn tmp_peer(name: &str, which: &str) -> String {
     format!("ngw{}{which}", naming::short_hash(name))
 }
 
-/// Creates the veth `host`/`inside` with `inside` in `ns`, unless present.
-fn ensure_pair(ns: &str, name: &str, host: &str, inside: &str, changes: &mut Vec<String>) -> Result<()> {
-    let present = netns::run_in(Some(ns), || Ok(Nl::new()?.index(inside)?.is_some()))?;
-    if present {
-        return Ok(());
-    }
-    let tmp = tmp_peer(name, if inside == LAN_IF { "lp" } else { "xp" });
-    let ns_file = netns::open(ns)?;
-    netns::run_in(None, || {
-        let nl = Nl::new()?;
-        nl.delete(host)?; // a leftover host end whose peer is gone
-        nl.ensure_veth(host, &tmp)?;
-        nl.move_to(&tmp, &ns_file)
-    })?;
-    netns::run_in(Some(ns), || {
-        let nl = Nl::new()?;
-        let i = nl.must_index(&tmp)?;
-        nl.rename(i, inside)
-    })?;
-    changes.push(format!("created veth {host} <-> {ns}/{inside}"));
-    Ok(())
-}
-
 /// Ensures everything below the engine; returns the gateway's interface
 /// indexes in its namespace (lan, ext).
 pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<String>) -> Result<(u32, u32)> {
@@ -66,8 +43,8 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
         changes.push(format!("created namespace {ns}"));
     }
     let (lan_host, ext_host) = host_ends(&gw.name);
-    ensure_pair(&ns, &gw.name, &lan_host, LAN_IF, changes)?;
-    ensure_pair(&ns, &gw.name, &ext_host, EXT_IF, changes)?;
+    veth::ensure_pair(&ns, &lan_host, LAN_IF, Some(&tmp_peer(&gw.name, "lp")), changes)?;
+    veth::ensure_pair(&ns, &ext_host, EXT_IF, Some(&tmp_peer(&gw.name, "xp")), changes)?;
 
     // Host ends: up, on their bridges.
     netns::run_in(None, || {
@@ -176,17 +153,7 @@ pub fn remove(name: &str, changes: &mut Vec<String>) -> Result<()> {
     if netns::delete(&ns)? {
         changes.push(format!("deleted namespace {ns}"));
     }
-    let deleted = netns::run_in(None, || {
-        let nl = Nl::new()?;
-        let mut d = Vec::new();
-        for h in [&lan_host, &ext_host] {
-            if nl.delete(h)? {
-                d.push(format!("deleted {h}"));
-            }
-        }
-        Ok(d)
-    })?;
-    changes.extend(deleted);
+    veth::delete_host_links(&[&lan_host, &ext_host], changes)?;
     for h in [&lan_host, &ext_host] {
         let _ = ovs::del_port(h);
     }

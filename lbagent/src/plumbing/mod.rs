@@ -6,3 +6,4 @@ pub mod garp;
 pub mod nl;
 pub mod ovs;
 pub mod sysctl;
+pub mod veth;

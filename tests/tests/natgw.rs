@@ -161,6 +161,18 @@ fn updates_flushes_and_draining() {
         assert_eq!(who(&ask_tcp(&inet, at("198.51.100.12", 80)).unwrap()).0, "vpc1");
     }
 
+    // Adding an EIP announces it with a gratuitous ARP on the external network.
+    let arp = capture_arp(&inet, std::time::Duration::from_secs(3));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let more_eips = format!("{EIPS}      - {{name: eip4, ip: 198.51.100.13}}\n");
+    b.apply(&b.state(&format!("{more_eips}{one_backend}")));
+    let frames = arp.join().unwrap().unwrap();
+    assert!(
+        frames.iter().any(|f| f.len() >= 42 && f[28..32] == [198, 51, 100, 13] && f[38..42] == [198, 51, 100, 13]),
+        "no gratuitous ARP for 198.51.100.13 among {} ARP frames",
+        frames.len()
+    );
+
     // Deleting an EIP that rules still use is refused by validation.
     let err = lbagent::state::load_str(
         &b.state(&format!("    eips: [{{name: eip1, ip: 198.51.100.10}}]\n{one_backend}")),

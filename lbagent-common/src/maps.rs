@@ -194,6 +194,23 @@ pub struct NatConfig {
     pub icmp_s: u32,
 }
 
+impl NatConfig {
+    /// Idle timeout (seconds) of a conntrack entry; shared by the program
+    /// (expiry on lookup) and the agent (garbage collection).
+    #[inline(always)]
+    pub fn timeout_s(&self, proto: u8, state: u8) -> u32 {
+        let or = |v: u32, d: u32| if v == 0 { d } else { v };
+        match (proto, state) {
+            (crate::PROTO_TCP, CT_NEW) => or(self.tcp_new_s, DEFAULT_TCP_NEW_S),
+            (crate::PROTO_TCP, CT_ESTABLISHED) => or(self.tcp_established_s, DEFAULT_TCP_ESTABLISHED_S),
+            (crate::PROTO_TCP, _) => or(self.tcp_closing_s, DEFAULT_TCP_CLOSING_S),
+            (crate::PROTO_UDP, CT_ESTABLISHED) => or(self.udp_replied_s, DEFAULT_UDP_REPLIED_S),
+            (crate::PROTO_UDP, _) => or(self.udp_s, DEFAULT_UDP_S),
+            _ => or(self.icmp_s, DEFAULT_ICMP_S),
+        }
+    }
+}
+
 pub const DEFAULT_TCP_NEW_S: u32 = 60;
 pub const DEFAULT_TCP_ESTABLISHED_S: u32 = 7_440;
 pub const DEFAULT_TCP_CLOSING_S: u32 = 10;

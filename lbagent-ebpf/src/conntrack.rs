@@ -25,23 +25,10 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-#[inline(always)]
-fn or(v: u32, d: u32) -> u64 {
-    (if v == 0 { d } else { v }) as u64 * NS
-}
-
 /// Idle timeout of an entry, from its protocol and state.
 #[inline(always)]
 fn timeout_ns(proto: u8, state: u8) -> u64 {
-    let c = NAT_CONFIG.get(0).copied().unwrap_or_default();
-    match (proto, state) {
-        (PROTO_TCP, CT_NEW) => or(c.tcp_new_s, DEFAULT_TCP_NEW_S),
-        (PROTO_TCP, CT_ESTABLISHED) => or(c.tcp_established_s, DEFAULT_TCP_ESTABLISHED_S),
-        (PROTO_TCP, _) => or(c.tcp_closing_s, DEFAULT_TCP_CLOSING_S),
-        (PROTO_UDP, CT_ESTABLISHED) => or(c.udp_replied_s, DEFAULT_UDP_REPLIED_S),
-        (PROTO_UDP, _) => or(c.udp_s, DEFAULT_UDP_S),
-        _ => or(c.icmp_s, DEFAULT_ICMP_S),
-    }
+    NAT_CONFIG.get(0).copied().unwrap_or_default().timeout_s(proto, state) as u64 * NS
 }
 
 #[inline(always)]

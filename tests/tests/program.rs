@@ -578,6 +578,20 @@ fn expired_flow_is_recreated() {
 }
 
 #[test]
+fn garbage_collection_frees_idle_flows_only() {
+    let Some(mut e) = engine() else { return };
+    e.tables.set_config(NatConfig { udp_s: 1, udp_replied_s: 1, ..Default::default() }).unwrap();
+    expect(&mut e, frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")));
+    open_tcp(&mut e);
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    let now = lbagent::cli::format::monotonic_ns();
+    assert_eq!(e.tables.gc(now).unwrap(), 1, "the idle UDP flow goes; the TCP flow (60 s) stays");
+    let left = e.tables.conntrack().unwrap();
+    assert_eq!(left.len(), 2);
+    assert!(left.iter().all(|(k, _)| k.proto == PROTO_TCP));
+}
+
+#[test]
 fn zones_are_isolated() {
     let Some(mut e) = engine() else { return };
     // Same rule key in another zone does not apply to this zone's program.
@@ -599,6 +613,11 @@ fn conntrack_flush_by_selector() {
     assert_eq!(e.tables.conntrack().unwrap().len(), 4);
     let n = e.tables.flush_conntrack(|k, en| k.proto == PROTO_UDP && en.flags & CT_F_REPLY == 0).unwrap();
     assert_eq!(n, 1);
+    // Selecting both entries of a flow still counts (and removes) one flow.
+    open_tcp(&mut e);
+    assert_eq!(e.tables.flush_conntrack(|k, _| k.proto == PROTO_TCP).unwrap(), 1);
+    assert!(e.tables.conntrack().unwrap().is_empty());
+    open_tcp(&mut e);
     let left = e.tables.conntrack().unwrap();
     assert_eq!(left.len(), 2);
     assert!(left.iter().all(|(k, _)| k.proto == PROTO_TCP));

@@ -23,6 +23,8 @@ pub enum Action {
         #[command(flatten)]
         filter: Filter,
     },
+    /// Delete flows idle past their timeout (the daemon does this every repair pass).
+    Gc,
 }
 
 /// Selects flows by any field of either direction's tuple.
@@ -70,6 +72,7 @@ pub fn run(bpffs: &Path, action: Action) -> Result<()> {
                 eprintln!("{} entries", entries.len());
             }
         }
+        Action::Gc => println!("collected {} idle flows", tables.gc(fmt::monotonic_ns())?),
         Action::Flush { filter } => {
             let n = tables.flush_conntrack(|k, e| filter.matches(k, e))?;
             println!("flushed {n} flows");

@@ -71,6 +71,16 @@ impl<R: Realizer> Daemon<R> {
         }
     }
 
+    /// Frees conntrack entries idle past their timeout.
+    fn collect_garbage(&self) {
+        let gc = crate::dataplane::tables::Tables::open(&self.opts.bpffs).and_then(|t| t.gc(crate::cli::format::monotonic_ns()));
+        match gc {
+            Ok(0) => {}
+            Ok(n) => info!("conntrack: {n} idle flows collected"),
+            Err(e) => warn!("conntrack garbage collection: {e:#}"),
+        }
+    }
+
     fn apply(&mut self, repair: bool) {
         let Some(good) = &self.last_good else { return };
         let report = self.reconciler.apply(&Desired::from_state(good), repair);
@@ -126,7 +136,10 @@ pub async fn run(opts: Options) -> Result<()> {
                 seen = fingerprint(&opts.state);
                 tokio::task::block_in_place(|| d.reload("SIGHUP"));
             }
-            _ = repair.tick() => tokio::task::block_in_place(|| d.apply(true)),
+            _ = repair.tick() => tokio::task::block_in_place(|| {
+                d.apply(true);
+                d.collect_garbage();
+            }),
             _ = term.recv() => break,
             _ = int.recv() => break,
         }

@@ -226,8 +226,8 @@ impl Tables {
         let mut flows = std::collections::HashMap::new();
         for (k, e) in self.conntrack()? {
             if select(&k, &e) {
-                let orig = if e.flags & CT_F_REPLY != 0 { e.xlate } else { k };
-                let reply = if e.flags & CT_F_REPLY != 0 { k } else { e.xlate.reversed() };
+                // A reply entry maps to the original tuple reversed.
+                let (orig, reply) = if e.flags & CT_F_REPLY != 0 { (e.xlate.reversed(), k) } else { (k, e.xlate.reversed()) };
                 flows.insert(orig, reply);
             }
         }
@@ -236,6 +236,19 @@ impl Tables {
             let _ = ct.remove(reply);
         }
         Ok(flows.len())
+    }
+
+    /// Deletes flows idle past their timeout in both directions (the program
+    /// also expires them on lookup; this frees entries nobody looks up).
+    /// `now_ns` is CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns`.
+    pub fn gc(&self, now_ns: u64) -> Result<usize> {
+        let cfg = self.config()?;
+        let entries: std::collections::HashMap<Tuple, CtEntry> = self.conntrack()?.into_iter().collect();
+        let idle = |e: &CtEntry, proto: u8| now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(proto, e.state) as u64 * 1_000_000_000;
+        self.flush_conntrack(|k, e| {
+            let pair_idle = entries.get(&e.xlate.reversed()).is_none_or(|p| idle(p, k.proto));
+            idle(e, k.proto) && pair_idle
+        })
     }
 
     pub fn set_config(&self, cfg: NatConfig) -> Result<()> {

@@ -13,8 +13,10 @@ use serde_json::Value;
 
 use lbagent_tests::{
     bed::{HostLock, lb_id},
+    hosts::TestHost,
     lbagent_bin,
     ovs::OvsBridge,
+    traffic::{OpenConn, ask_tcp, line_echo_server},
     unique,
 };
 
@@ -38,7 +40,7 @@ struct Env {
 
 impl Env {
     fn new() -> Env {
-        let tag = format!("lbad{}", std::process::id());
+        let tag = unique("lbad");
         let dir = std::env::temp_dir().join(&tag);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -224,4 +226,52 @@ fn validate_command_exit_codes_and_paths() {
     assert!(lines.iter().any(|l| l.starts_with("load_balancers[0].backend_groups[0].backends[1].weight")), "{text}");
     let _ = std::fs::remove_dir_all(dir);
     assert!(lbagent_bin().exists());
+}
+
+#[test]
+fn kill_9_and_restart_keep_established_connections() {
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brk")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.60.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.60.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let env = Env::new();
+    let state = format!(
+        "version: 1
+agent: {{integration_bridge: {}}}
+load_balancers:
+  - id: {}
+    network: {{ip: 10.60.0.5, mac: \"02:00:0a:3c:00:05\", prefix_len: 24, gateway: 10.60.0.1}}
+    listeners:
+      - {{id: direct, type: tcp, port: 9000, backend_group: g}}
+      - {{id: proxied, type: tcp, port: 7000, backend_group: g, mode: proxy}}
+    backend_groups: [{{id: g, backends: [{{id: b, address: 10.60.0.21, port: 9000}}]}}]
+",
+        bridge.name,
+        lb_id()
+    );
+    std::fs::write(env.state(), &state).unwrap();
+    let daemon = env.start();
+    let vip = |port| -> std::net::SocketAddr { format!("10.60.0.5:{port}").parse().unwrap() };
+    let direct = OpenConn::open(&client.ns.name, vip(9000)).unwrap();
+    let proxied = OpenConn::open(&client.ns.name, vip(7000)).unwrap();
+    assert!(direct.ping("1").unwrap().starts_with("b 10.60.0.5:"));
+    assert!(proxied.ping("1").unwrap().starts_with("b 10.60.0.5:"));
+
+    // kill -9: the dataplane (maps, programs, haproxy) is not the daemon's.
+    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGKILL) };
+    drop(daemon);
+    assert!(direct.ping("2").unwrap().starts_with("b "));
+    assert!(proxied.ping("2").unwrap().starts_with("b "));
+
+    // Restart: pins reused, programs replaced in place, flows untouched.
+    let _daemon = env.start();
+    let st = env.status().unwrap();
+    assert_eq!(st["last_apply"]["ok"], true, "{st}");
+    assert!(direct.ping("3").unwrap().starts_with("b "));
+    assert!(proxied.ping("3").unwrap().starts_with("b "));
+    assert!(ask_tcp(&client.ns.name, vip(9000)).unwrap().starts_with("b "));
 }

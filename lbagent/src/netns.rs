@@ -66,7 +66,7 @@ pub fn create(name: &str) -> Result<bool> {
 }
 
 fn is_netns(f: &File) -> bool {
-    nix::sys::statfs::fstatfs(f).map(|s| s.filesystem_type().0 as i64 == 0x6e736673).unwrap_or(false)
+    nix::sys::statfs::fstatfs(f).map(|s| s.filesystem_type().0 == 0x6e736673).unwrap_or(false)
 }
 
 /// Removes named namespace `name` (its interfaces go with it).

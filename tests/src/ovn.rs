@@ -68,10 +68,18 @@ impl LogicalSwitch {
 
     /// Chassis the port is bound to (empty while unbound).
     pub fn binding(port: &str) -> String {
-        sh(&["ovn-sbctl", "--timeout=10", "--bare", "--columns=chassis", "find", "Port_Binding", &format!("logical_port={port}")])
-            .unwrap_or_default()
-            .trim()
-            .to_string()
+        sh(&[
+            "ovn-sbctl",
+            "--timeout=10",
+            "--bare",
+            "--columns=chassis",
+            "find",
+            "Port_Binding",
+            &format!("logical_port={port}"),
+        ])
+        .unwrap_or_default()
+        .trim()
+        .to_string()
     }
 }
 

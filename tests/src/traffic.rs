@@ -286,7 +286,13 @@ pub fn capture_arp(ns: &str, dur: Duration) -> std::thread::JoinHandle<Result<Ve
         ensure!(fd >= 0, "packet socket: {}", std::io::Error::last_os_error());
         let tv = libc::timeval { tv_sec: 0, tv_usec: 200_000 };
         unsafe {
-            libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_RCVTIMEO, (&tv as *const libc::timeval).cast(), std::mem::size_of::<libc::timeval>() as u32)
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
         };
         let end = std::time::Instant::now() + dur;
         let mut frames = Vec::new();

@@ -148,8 +148,7 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     let applies = before["applies"].as_u64().unwrap();
 
     // An invalid file (duplicate port, hostile id) is refused; nothing changes.
-    let invalid =
-        example.replacen("port: 5000", "port: 80", 1).replacen(&id, "x;rm -rf /", 1);
+    let invalid = example.replacen("port: 5000", "port: 80", 1).replacen(&id, "x;rm -rf /", 1);
     std::fs::write(env.state(), &invalid).unwrap();
     wait(|| env.status().is_some_and(|s| s["rejected_state"].is_array()), "refusal");
     daemon.signal(libc::SIGHUP);

@@ -10,8 +10,9 @@ use lbagent_tests::{
     hosts::TestHost,
     net::sh,
     ovs::OvsBridge,
-    require_root, unique,
+    require_root,
     traffic::*,
+    unique,
 };
 
 fn at(ip: &str, port: u16) -> SocketAddr {
@@ -153,12 +154,20 @@ fn load_balancer_seed_parity_and_lifecycle() {
     let g3_3 = format!("{G3}          - {{id: r3, address: 10.30.0.23, port: 9000}}\n");
     b.bed.apply(&b.state3(&g1_3, &g3_3, true));
     assert_eq!(tag_and_ip(&conn_direct.ping("2").unwrap()), first, "flow kept across the change");
-    let tags: HashSet<String> = (0..12).map(|_| tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap()).0).collect();
+    let tags: HashSet<String> =
+        (0..12).map(|_| tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap()).0).collect();
     assert!(tags.contains("h23"), "the new backend serves: {tags:?}");
 
     // Removing a backend: it gets no new requests; other flows continue.
     let g1_minus = g1_3.replace("          - {id: b2, address: 10.30.0.22, port: 8080}\n", "");
-    let g3_minus = g3_3.replace(&format!("          - {{id: r{}, address: 10.30.0.{}, port: 9000}}\n", 3 - (first.0 == "h22") as u8, if first.0 == "h22" { 21 } else { 22 }), "");
+    let g3_minus = g3_3.replace(
+        &format!(
+            "          - {{id: r{}, address: 10.30.0.{}, port: 9000}}\n",
+            3 - (first.0 == "h22") as u8,
+            if first.0 == "h22" { 21 } else { 22 }
+        ),
+        "",
+    );
     b.bed.apply(&b.state3(&g1_minus, &g3_minus, true));
     assert_eq!(tag_and_ip(&conn_direct.ping("3").unwrap()), first);
     for _ in 0..8 {
@@ -179,7 +188,11 @@ fn load_balancer_seed_parity_and_lifecycle() {
     assert!(t.dnat_rules().unwrap().iter().all(|(k, _, _)| k.zone != zone1));
     assert!(t.conntrack().unwrap().iter().all(|(k, _)| k.zone != zone1));
     assert!(!b.bed.reconciler.alloc.lbs.contains_key(&b.ids[0]));
-    assert!(!std::fs::read_to_string(b.bed.reconciler.realizer.haproxy.config_path()).unwrap().contains(&naming::short_hash(&b.ids[0])));
+    assert!(
+        !std::fs::read_to_string(b.bed.reconciler.realizer.haproxy.config_path())
+            .unwrap()
+            .contains(&naming::short_hash(&b.ids[0]))
+    );
     assert_eq!(tag_and_ip(&http_get(&client, at("10.30.0.6", 80)).unwrap()).0, "h23");
     let _ = &b.backends;
 }

@@ -86,5 +86,8 @@ load_balancers:
     let body = http_get(&client.ns.name, to(80)).unwrap();
     assert!(body.starts_with("b 10.40.0.5:"), "{body}");
     drop(bed);
-    assert!(LogicalSwitch::binding(&lb_port).is_empty() || !sh(&["ovs-vsctl", "--timeout=10", "show"]).unwrap().contains(&naming::lb_ovn_veth(&id).1));
+    assert!(
+        LogicalSwitch::binding(&lb_port).is_empty()
+            || !sh(&["ovs-vsctl", "--timeout=10", "show"]).unwrap().contains(&naming::lb_ovn_veth(&id).1)
+    );
 }

@@ -581,7 +581,11 @@ fn expired_flow_is_recreated() {
 fn garbage_collection_frees_idle_flows_only() {
     let Some(mut e) = engine() else { return };
     e.tables.set_config(NatConfig { udp_s: 1, udp_replied_s: 1, ..Default::default() }).unwrap();
-    expect(&mut e, frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")));
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")),
+        frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")),
+    );
     open_tcp(&mut e);
     std::thread::sleep(std::time::Duration::from_millis(2200));
     let now = lbagent::cli::format::monotonic_ns();

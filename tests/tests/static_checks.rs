@@ -19,7 +19,7 @@ fn calls() -> Vec<(String, usize, u8, i32)> {
     let mut out = Vec::new();
     for sec in file.sections().filter(|s| s.kind() == SectionKind::Text) {
         let data = sec.data().unwrap();
-        for (i, insn) in data.chunks_exact(8).enumerate() {
+        for (i, insn) in data.as_chunks::<8>().0.iter().enumerate() {
             if insn[0] == 0x85 {
                 let imm = i32::from_le_bytes(insn[4..8].try_into().unwrap());
                 out.push((sec.name().unwrap().to_string(), i, insn[1] >> 4, imm));

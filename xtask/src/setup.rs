@@ -135,9 +135,8 @@ fn llvm_prefix(toolchain_lib: &Path, channel: &str) -> Result<PathBuf> {
             let link = lib.join(&name);
             let _ = fs::remove_file(&link);
             symlink(&target, &link)?;
-            if name.starts_with("libLLVM.so.") {
-                found = Some(target);
-            } else if found.is_none() {
+            // Prefer the SONAME file (libLLVM.so.<ver>…) as the target of libLLVM.so.
+            if name.starts_with("libLLVM.so.") || found.is_none() {
                 found = Some(target);
             }
         }

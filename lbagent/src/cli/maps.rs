@@ -10,10 +10,10 @@ use super::format::{self as fmt, ip, proto_name};
 use crate::dataplane::tables::Tables;
 
 pub fn run(bpffs: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
-    if let Some(n) = name {
-        if !ALL_MAPS.contains(&n) {
-            bail!("unknown map {n:?}; maps are: {}", ALL_MAPS.join(", "));
-        }
+    if let Some(n) = name
+        && !ALL_MAPS.contains(&n)
+    {
+        bail!("unknown map {n:?}; maps are: {}", ALL_MAPS.join(", "));
     }
     let tables = Tables::open(bpffs)?;
     let mut out = JsonMap::new();

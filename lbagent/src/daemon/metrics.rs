@@ -2,7 +2,7 @@
 
 use std::{
     fmt::Write as _,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex},
 };
 
@@ -14,7 +14,7 @@ use tokio::{
 use super::status::Status;
 use crate::dataplane::tables::Tables;
 
-pub fn render(bpffs: &PathBuf, status: &Status) -> String {
+pub fn render(bpffs: &Path, status: &Status) -> String {
     let mut out = String::new();
     out += "# HELP lbagent_dataplane_packets_total Packets by engine outcome (counters map, summed over CPUs).\n";
     out += "# TYPE lbagent_dataplane_packets_total counter\n";

@@ -73,7 +73,8 @@ impl<R: Realizer> Daemon<R> {
 
     /// Frees conntrack entries idle past their timeout.
     fn collect_garbage(&self) {
-        let gc = crate::dataplane::tables::Tables::open(&self.opts.bpffs).and_then(|t| t.gc(crate::cli::format::monotonic_ns()));
+        let gc = crate::dataplane::tables::Tables::open(&self.opts.bpffs)
+            .and_then(|t| t.gc(crate::cli::format::monotonic_ns()));
         match gc {
             Ok(0) => {}
             Ok(n) => info!("conntrack: {n} idle flows collected"),

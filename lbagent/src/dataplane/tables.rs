@@ -227,7 +227,8 @@ impl Tables {
         for (k, e) in self.conntrack()? {
             if select(&k, &e) {
                 // A reply entry maps to the original tuple reversed.
-                let (orig, reply) = if e.flags & CT_F_REPLY != 0 { (e.xlate.reversed(), k) } else { (k, e.xlate.reversed()) };
+                let (orig, reply) =
+                    if e.flags & CT_F_REPLY != 0 { (e.xlate.reversed(), k) } else { (k, e.xlate.reversed()) };
                 flows.insert(orig, reply);
             }
         }
@@ -244,7 +245,9 @@ impl Tables {
     pub fn gc(&self, now_ns: u64) -> Result<usize> {
         let cfg = self.config()?;
         let entries: std::collections::HashMap<Tuple, CtEntry> = self.conntrack()?.into_iter().collect();
-        let idle = |e: &CtEntry, proto: u8| now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(proto, e.state) as u64 * 1_000_000_000;
+        let idle = |e: &CtEntry, proto: u8| {
+            now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(proto, e.state) as u64 * 1_000_000_000
+        };
         self.flush_conntrack(|k, e| {
             let pair_idle = entries.get(&e.xlate.reversed()).is_none_or(|p| idle(p, k.proto));
             idle(e, k.proto) && pair_idle

@@ -156,11 +156,8 @@ impl Haproxy {
                 bail!("haproxy did not pick up the new configuration within 5 s")
             }
             None => {
-                let out = Command::new("haproxy")
-                    .args(["-W", "-D", "-f"])
-                    .arg(&path)
-                    .output()
-                    .context("starting haproxy")?;
+                let out =
+                    Command::new("haproxy").args(["-W", "-D", "-f"]).arg(&path).output().context("starting haproxy")?;
                 if !out.status.success() {
                     bail!("haproxy did not start: {}", String::from_utf8_lossy(&out.stderr).trim());
                 }

@@ -132,11 +132,10 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
             }
         }
         for (r, m) in nl.routes()? {
-            if r.via.is_some()
-                && !want.iter().any(|w| w.dst == r.dst && w.len == r.len && w.via == r.via && w.oif == r.oif)
-            {
+            let Some(via) = r.via else { continue };
+            if !want.iter().any(|w| w.dst == r.dst && w.len == r.len && w.via == r.via && w.oif == r.oif) {
                 nl.del_route(m)?;
-                ch.push(format!("removed route {}/{} via {}", r.dst, r.len, r.via.unwrap()));
+                ch.push(format!("removed route {}/{} via {via}", r.dst, r.len));
             }
         }
         Ok((ch, lan, ext))

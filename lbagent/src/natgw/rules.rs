@@ -74,8 +74,11 @@ fn fips(gw: &NatGateway) -> Vec<(Ipv4Addr, Ipv4Addr)> {
     gw.fips.iter().filter_map(|f| Some((eip_ip(gw, &f.eip)?, parse_ip(&f.internal_ip).ok()?))).collect()
 }
 
+/// A DNAT identity: (EIP address, protocol, external port).
+type Identity = (Ipv4Addr, Protocol, u32);
+
 /// DNAT identities with their backends (sorted: stable indexes) and mode.
-fn identities(gw: &NatGateway) -> BTreeMap<(Ipv4Addr, Protocol, u32), (Vec<(Ipv4Addr, u16)>, DnatMode)> {
+fn identities(gw: &NatGateway) -> BTreeMap<Identity, (Vec<(Ipv4Addr, u16)>, DnatMode)> {
     let mut out: BTreeMap<_, (Vec<_>, DnatMode)> = BTreeMap::new();
     for d in &gw.dnats {
         let (Some(eip), Ok(ip)) = (eip_ip(gw, &d.eip), parse_ip(&d.internal_ip)) else { continue };

@@ -1,6 +1,5 @@
-//! The realizer for this host: NAT gateways (plumbing + engine rules) and the
-//! runtime facts of load balancers (zone, link-local addresses, mapped ports;
-//! their plumbing plugs in here).
+//! The realizer for this host: load balancers and NAT gateways (plumbing,
+//! engine rules, allocations) and the shared haproxy for proxy listeners.
 
 use std::{
     collections::HashSet,

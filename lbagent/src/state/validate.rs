@@ -155,10 +155,10 @@ fn health_check(c: &mut Check, p: &str, h: &HealthCheck) {
     for (name, v, max) in
         [("interval", h.interval, 3600), ("rise", h.rise, 100), ("fall", h.fall, 100), ("timeout", h.timeout, 3600)]
     {
-        if let Some(v) = v {
-            if v == 0 || v > max {
-                c.err(format!("{p}.{name}"), format!("{v} is out of range (1-{max})"));
-            }
+        if let Some(v) = v
+            && (v == 0 || v > max)
+        {
+            c.err(format!("{p}.{name}"), format!("{v} is out of range (1-{max})"));
         }
     }
     if let Some(path) = &h.path {
@@ -168,10 +168,10 @@ fn health_check(c: &mut Check, p: &str, h: &HealthCheck) {
             c.err(format!("{p}.path"), format!("{path:?} is not an absolute URL path"));
         }
     }
-    if let Some(s) = h.expect_status {
-        if !(100..=599).contains(&s) {
-            c.err(format!("{p}.expect_status"), format!("{s} is not an HTTP status"));
-        }
+    if let Some(s) = h.expect_status
+        && !(100..=599).contains(&s)
+    {
+        c.err(format!("{p}.expect_status"), format!("{s} is not an HTTP status"));
     }
 }
 
@@ -230,10 +230,10 @@ fn nat_gateway<'a>(
     c.prefix(&format!("{p}.lan.prefix_len"), gw.lan.prefix_len);
     c.ok(&format!("{p}.lan.mac"), parse_mac(&gw.lan.mac));
     let lan_gw = c.ok(&format!("{p}.lan.gateway"), parse_ip(&gw.lan.gateway));
-    if let (Some(ip), Some(g)) = (lan_ip, lan_gw) {
-        if !in_subnet(g, ip, gw.lan.prefix_len) {
-            c.err(format!("{p}.lan.gateway"), format!("{g} is not in {ip}/{}", gw.lan.prefix_len));
-        }
+    if let (Some(ip), Some(g)) = (lan_ip, lan_gw)
+        && !in_subnet(g, ip, gw.lan.prefix_len)
+    {
+        c.err(format!("{p}.lan.gateway"), format!("{g} is not in {ip}/{}", gw.lan.prefix_len));
     }
     c.ok(&format!("{p}.external.bridge"), check_ifname(&gw.external.bridge));
     c.prefix(&format!("{p}.external.prefix_len"), gw.external.prefix_len);
@@ -307,7 +307,7 @@ fn nat_gateway<'a>(
         c.ok(&format!("{dp}.internal_ip"), parse_ip(&d.internal_ip));
         let modes = identities.entry((d.eip.as_str(), d.protocol, d.external_port)).or_default();
         modes.push(d.mode);
-        if modes.len() > 1 && modes.iter().any(|m| *m == DnatMode::Exclusive) {
+        if modes.len() > 1 && modes.contains(&DnatMode::Exclusive) {
             c.err(
                 format!("{dp}.external_port"),
                 format!(

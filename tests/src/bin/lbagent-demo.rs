@@ -55,13 +55,16 @@ fn main() -> Result<()> {
     if !require_root() {
         bail!("the demo creates namespaces, bridges and eBPF programs: run it as root");
     }
-    println!("== topology: VPC 10.50.0.0/24 on OVS bridge (userspace datapath), internet 198.51.100.0/24 on a Linux bridge");
+    println!(
+        "== topology: VPC 10.50.0.0/24 on OVS bridge (userspace datapath), internet 198.51.100.0/24 on a Linux bridge"
+    );
     let vpc = OvsBridge::new(&unique("brdemo"))?;
     let ext = LinuxBridge::new(&unique("brext"))?;
     let client = TestHost::on(|p| vpc.add_port(p), "10.50.0.10", 24, "10.50.0.254")?;
     let b1 = TestHost::on(|p| vpc.add_port(p), "10.50.0.21", 24, "10.50.0.254")?;
     let b2 = TestHost::on(|p| vpc.add_port(p), "10.50.0.22", 24, "10.50.0.254")?;
-    let internet = TestHost::on(|p| sh(&["ip", "link", "set", p, "master", &ext.name]).map(|_| ()), "198.51.100.1", 24, "")?;
+    let internet =
+        TestHost::on(|p| sh(&["ip", "link", "set", p, "master", &ext.name]).map(|_| ()), "198.51.100.1", 24, "")?;
     for (h, tag) in [(&b1, "backend-21"), (&b2, "backend-22")] {
         http_server(&h.ns.name, 8080, tag)?;
         line_echo_server(&h.ns.name, 9000, tag)?;

@@ -85,6 +85,13 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         "timeout: 2, path: /health}",
         &["health_check.path: only http health checks have a path"],
     ),
+    ("timeout zero", "client: 30", "client: 0", &["listeners[3].timeouts.client: 0 is out of range"]),
+    (
+        "timeouts on a direct listener",
+        "scheduler: wrr}",
+        "scheduler: wrr, timeouts: {client: 5}}",
+        &["listeners[1].timeouts: timeouts apply to proxy-mode listeners"],
+    ),
     ("bad mac", "\"02:00:0a:0a:00:05\"", "\"02:00:0a:0a:00\"", &["load_balancers[0].network.mac"]),
     ("multicast mac", "\"02:00:0a:0a:00:05\"", "\"01:00:5e:00:00:05\"", &["network.mac", "multicast"]),
     (

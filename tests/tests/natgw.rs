@@ -173,6 +173,14 @@ fn updates_flushes_and_draining() {
         frames.len()
     );
 
+    // Moving a DNAT to another EIP: the new address serves, the old one stops.
+    let moved = one_backend
+        .replace("{eip: eip2, protocol: tcp, external_port: 2223", "{eip: eip4, protocol: tcp, external_port: 2223");
+    assert_ne!(moved, one_backend);
+    b.apply(&b.state(&format!("{more_eips}{moved}")));
+    assert_eq!(who(&ask_tcp(&inet, at("198.51.100.13", 2223)).unwrap()).0, "vpc1");
+    assert!(ask_tcp(&inet, at("198.51.100.11", 2223)).is_err());
+
     // Deleting an EIP that rules still use is refused by validation.
     let err = lbagent::state::load_str(
         &b.state(&format!("    eips: [{{name: eip1, ip: 198.51.100.10}}]\n{one_backend}")),

@@ -54,11 +54,20 @@ pub fn render(dir: &Path, lbs: &[(&LoadBalancer, &LbAlloc)]) -> String {
             if mode == "http" {
                 c += "  option forwardfor\n";
             }
+            let t = l.timeouts.clone().unwrap_or_default();
+            if let Some(v) = t.client {
+                let _ = writeln!(c, "  timeout client {v}s");
+            }
             let _ = write!(
                 c,
                 "  default_backend {name}\n\nbackend {name}\n  mode {mode}\n  balance {}\n",
                 balance(l.scheduler)
             );
+            for (what, v) in [("connect", t.connect), ("server", t.server)] {
+                if let Some(v) = v {
+                    let _ = writeln!(c, "  timeout {what} {v}s");
+                }
+            }
             let hc = l.health_check.as_ref();
             if let Some(h) = hc.filter(|h| h.kind == HealthCheckType::Http) {
                 let _ = writeln!(c, "  option httpchk GET {}", h.path.as_deref().unwrap_or("/"));
@@ -214,6 +223,9 @@ mod tests {
         assert!(c.contains("server b2 169.254.0.100:1026 weight 2"));
         assert!(c.contains("bind 169.254.0.101:6000"), "tcp listener in proxy mode");
         assert!(c.contains("check inter 5s rise 2 fall 3"));
+        assert!(
+            c.contains("timeout client 30s") && c.contains("timeout server 45s") && c.contains("timeout connect 3s")
+        );
         assert!(!c.contains(":5000"), "direct listeners are not proxied");
         assert!(!c.contains(":53"), "udp is never proxied");
     }

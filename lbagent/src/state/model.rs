@@ -118,6 +118,20 @@ pub struct Listener {
     pub acl: Option<Acl>,
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
+    /// Proxy-mode timeouts (seconds); haproxy's defaults when absent.
+    #[serde(default)]
+    pub timeouts: Option<ListenerTimeouts>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTimeouts {
+    #[serde(default)]
+    pub connect: Option<u32>,
+    #[serde(default)]
+    pub client: Option<u32>,
+    #[serde(default)]
+    pub server: Option<u32>,
 }
 
 impl Listener {

@@ -148,6 +148,16 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
         if let Some(h) = &l.health_check {
             health_check(c, &format!("{lp}.health_check"), h);
         }
+        if let Some(t) = &l.timeouts {
+            if l.effective_mode() != ListenerMode::Proxy {
+                c.err(format!("{lp}.timeouts"), "timeouts apply to proxy-mode listeners");
+            }
+            for (name, v) in [("connect", t.connect), ("client", t.client), ("server", t.server)] {
+                if let Some(v) = v.filter(|v| *v == 0 || *v > 86_400) {
+                    c.err(format!("{lp}.timeouts.{name}"), format!("{v} is out of range (1-86400 seconds)"));
+                }
+            }
+        }
     }
 }
 

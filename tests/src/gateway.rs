@@ -54,8 +54,11 @@ impl GwBed {
         )
     }
 
+    /// Applies a state, then sets the gateway's veths to the dataplane side
+    /// of the mixed-offload setting.
     pub fn apply(&mut self, yaml: &str) {
-        self.bed.apply(yaml)
+        self.bed.apply(yaml);
+        crate::net::dataplane_offloads_all(&self.netns()).unwrap();
     }
 
     pub fn netns(&self) -> String {

@@ -71,3 +71,16 @@ pub fn sender_offloads(ns: &Netns, ifname: &str) -> Result<()> {
 pub fn dataplane_offloads(ns: &Netns, ifname: &str) -> Result<()> {
     ns.exec(&["ethtool", "-K", ifname, "tx", "off"]).map(|_| ())
 }
+
+/// Turns tx checksum offload off on every interface (but `lo`) of `ns`: the
+/// dataplane side of the mixed-offload setting.
+pub fn dataplane_offloads_all(ns: &str) -> Result<()> {
+    let links = in_ns(ns, &["ip", "-o", "link", "show"])?;
+    for line in links.lines() {
+        let Some(name) = line.split(": ").nth(1).map(|n| n.split('@').next().unwrap_or(n)) else { continue };
+        if name != "lo" {
+            in_ns(ns, &["ethtool", "-K", name, "tx", "off"])?;
+        }
+    }
+    Ok(())
+}

@@ -54,6 +54,18 @@ fn lb_bed() -> Option<LbBed> {
 }
 
 impl LbBed {
+    /// Applies a state, then sets every load balancer namespace's veths to
+    /// the dataplane side of the mixed-offload setting.
+    fn apply(&mut self, yaml: &str) {
+        self.bed.apply(yaml);
+        for id in &self.ids {
+            let ns = naming::lb_netns(id);
+            if lbagent::netns::exists(&ns) {
+                lbagent_tests::net::dataplane_offloads_all(&ns).unwrap();
+            }
+        }
+    }
+
     /// LB1 (VIP .5): http/80 (proxy) and tcp/9000 (direct) over `g1`, udp/53
     /// (direct) to `.23:5353`. LB2 (VIP .6): http/80 to `.23` only.
     fn state(&self, g1: &str, with_lb1: bool) -> String {
@@ -106,7 +118,7 @@ const G3: &str = "          - {id: r1, address: 10.30.0.21, port: 9000}
 #[test]
 fn load_balancer_seed_parity_and_lifecycle() {
     let Some(mut b) = lb_bed() else { return };
-    b.bed.apply(&b.state(G1, true));
+    b.apply(&b.state(G1, true));
     let client = b.client.ns.name.clone();
 
     // HTTP (proxy mode, haproxy) reaches every backend; each sees the VIP.
@@ -152,7 +164,7 @@ fn load_balancer_seed_parity_and_lifecycle() {
     assert_eq!(first.1, "10.30.0.5");
     let g1_3 = format!("{G1}          - {{id: b3, address: 10.30.0.23, port: 8080}}\n");
     let g3_3 = format!("{G3}          - {{id: r3, address: 10.30.0.23, port: 9000}}\n");
-    b.bed.apply(&b.state3(&g1_3, &g3_3, true));
+    b.apply(&b.state3(&g1_3, &g3_3, true));
     assert_eq!(tag_and_ip(&conn_direct.ping("2").unwrap()), first, "flow kept across the change");
     let tags: HashSet<String> =
         (0..12).map(|_| tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap()).0).collect();
@@ -168,7 +180,7 @@ fn load_balancer_seed_parity_and_lifecycle() {
         ),
         "",
     );
-    b.bed.apply(&b.state3(&g1_minus, &g3_minus, true));
+    b.apply(&b.state3(&g1_minus, &g3_minus, true));
     assert_eq!(tag_and_ip(&conn_direct.ping("3").unwrap()), first);
     for _ in 0..8 {
         assert_ne!(tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap()).0, "h22");
@@ -177,7 +189,7 @@ fn load_balancer_seed_parity_and_lifecycle() {
 
     // Deleting LB1 leaves no trace; LB2 keeps working.
     let zone1 = b.bed.reconciler.alloc.zones[&naming::lb_zone_key(&b.ids[0])];
-    b.bed.apply(&b.state(&g1_minus, false));
+    b.apply(&b.state(&g1_minus, false));
     let (o0, o1) = naming::lb_ovn_veth(&b.ids[0]);
     let (_, h1) = naming::lb_host_veth(&b.ids[0]);
     assert!(!sh(&["ip", "netns", "list"]).unwrap().contains(&naming::lb_netns(&b.ids[0])));
@@ -200,7 +212,7 @@ fn load_balancer_seed_parity_and_lifecycle() {
 #[test]
 fn broken_links_are_repaired() {
     let Some(mut b) = lb_bed() else { return };
-    b.bed.apply(&b.state(G1, false));
+    b.apply(&b.state(G1, false));
     // Someone deletes h…0 inside the namespace (its peer h…1 goes too) and
     // adds a stray link: the repair pass restores the seed's layout.
     let id = &b.ids[1];

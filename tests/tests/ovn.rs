@@ -65,6 +65,8 @@ load_balancers:
 "
     ));
 
+    lbagent_tests::net::dataplane_offloads_all(&naming::lb_netns(&id)).unwrap();
+
     // ovn-controller binds the agent's port to this chassis.
     let mut bound = String::new();
     for _ in 0..100 {

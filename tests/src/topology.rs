@@ -45,6 +45,16 @@ pub struct NatTopology {
 
 impl NatTopology {
     pub fn new(mode: AttachMode) -> Result<Self> {
+        Self::build(Some(mode))
+    }
+
+    /// The same namespaces and addresses with nothing attached (baselines:
+    /// plain routing, iptables). The program is loaded but not attached.
+    pub fn plain() -> Result<Self> {
+        Self::build(None)
+    }
+
+    fn build(mode: Option<AttachMode>) -> Result<Self> {
         let client = Netns::new(&unique("lbc"))?;
         let nat = Netns::new(&unique("lbn"))?;
         let server = Netns::new(&unique("lbs"))?;
@@ -67,9 +77,11 @@ impl NatTopology {
 
         let pins = TestPins::new();
         let mut prog = ZoneProgram::load(&pins.root, ZONE)?;
-        let mut used = mode;
+        let mut used = mode.unwrap_or_default();
         for ifn in [&n0, &n1] {
-            used = attach::attach(prog.program(), &pins.root, &Hook { netns: Some(&nat.name), ifname: ifn }, mode)?;
+            if let Some(mode) = mode {
+                used = attach::attach(prog.program(), &pins.root, &Hook { netns: Some(&nat.name), ifname: ifn }, mode)?;
+            }
         }
         let tables = Tables::open(&pins.root)?;
         let n0_index = lbagent::netns::run_in(Some(&nat.name), || lbagent::netns::ifindex(&n0))?;

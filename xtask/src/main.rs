@@ -31,8 +31,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-    /// Build everything, set up a client/NAT/server topology, send traffic, show the maps, clean up.
+    /// Build everything, run the agent with a load balancer and a NAT gateway, send traffic, show the maps, clean up.
     Demo,
+    /// Measure the dataplane side by side with iptables and plain routing (results in target/bench/results.md).
+    Bench,
 }
 
 fn main() -> Result<()> {
@@ -64,6 +66,11 @@ fn main() -> Result<()> {
             setup::ensure_all()?;
             build::all()?;
             run(Command::new("cargo").args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-demo"]))
+        }
+        Cmd::Bench => {
+            setup::ensure_all()?;
+            build::all()?;
+            run(Command::new("cargo").args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-bench"]))
         }
     }
 }

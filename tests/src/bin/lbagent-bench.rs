@@ -1,0 +1,243 @@
+//! `cargo xtask bench`: measurements side by side in one run (DESIGN §8,
+//! first part). Results are printed as Markdown and written to
+//! `target/bench/results.md`.
+//!
+//! 1. Per-packet program cost (BPF_PROG_TEST_RUN, the kernel's own timer)
+//!    for an established flow and for a packet that misses every rule, with
+//!    N = 10 … 100 000 DNAT rules in the map.
+//! 2. New TCP connections per second through the NAT namespace: the eBPF
+//!    engine vs the seeds' iptables DNAT/SNAT (iptables-legacy, the matching
+//!    rule after N-1 others) vs plain routing without NAT; interleaved,
+//!    repeated, medians.
+//! 3. Time to install N rules, and to change one rule among N.
+//!
+//! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat).
+
+use std::{
+    fmt::Write as _,
+    io::Write as _,
+    net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use lbagent::dataplane::{
+    attach::AttachMode,
+    tables::{DnatSpec, SnatSpec, Tables},
+};
+use lbagent_common::{PROTO_TCP, PROTO_UDP};
+use lbagent_tests::{
+    engine::Engine,
+    packet::{Ip, L4, frame},
+    require_root,
+    topology::{NatTopology, SERVER, SNAT, VIP, ZONE, spawn_in},
+};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// N DNAT rules on other addresses than the VIP (never matched).
+fn filler(zone: u16, n: usize) -> impl Iterator<Item = DnatSpec> {
+    (0..n).map(move |i| DnatSpec {
+        zone,
+        addr: Ipv4Addr::new(203, 0, (i >> 8) as u8 % 128, i as u8),
+        proto: PROTO_TCP,
+        port: 1000 + (i / 32768) as u16,
+        rule_id: 1000 + i as u32,
+        backends: vec![(Ipv4Addr::new(10, 9, 0, 1), 80)],
+        snat: None,
+    })
+}
+
+fn program_cost(counts: &[usize], reps: usize, out: &mut String) -> Result<()> {
+    writeln!(out, "\n## 1. Per-packet program cost (BPF_PROG_TEST_RUN, ns/packet, median of {reps})\n")?;
+    writeln!(out, "| DNAT rules | established flow | unmatched packet |\n|---:|---:|---:|")?;
+    for &n in counts {
+        let mut e = Engine::new(ZONE)?;
+        for spec in filler(ZONE, n) {
+            e.tables.set_dnat(&spec)?;
+        }
+        e.tables.set_dnat(&DnatSpec {
+            zone: ZONE,
+            addr: VIP,
+            proto: PROTO_UDP,
+            port: 53,
+            rule_id: 1,
+            backends: vec![(SERVER, 5353)],
+            snat: None,
+        })?;
+        let udp = |dport| L4::Udp { sport: 4000, dport, payload: vec![0; 64], zero_csum: false };
+        let flow = frame(&Ip::new([10, 0, 1, 2], VIP.octets()), &udp(53));
+        let miss = frame(&Ip::new([10, 0, 1, 2], VIP.octets()), &udp(54));
+        e.run(&flow)?; // creates the flow; the timed runs hit conntrack
+        let hit: Vec<f64> = (0..reps).map(|_| e.time(&flow, 200_000)).collect::<Result<_>>()?;
+        let miss: Vec<f64> = (0..reps).map(|_| e.time(&miss, 200_000)).collect::<Result<_>>()?;
+        writeln!(out, "| {n} | {:.1} | {:.1} |", median(hit), median(miss))?;
+        eprint!(".");
+    }
+    Ok(())
+}
+
+/// Sequential connect/close (RST) from the client for `dur`. Returns
+/// (connections/s, stalls): a connect slower than 500 ms is a SYN
+/// retransmit stall (seen on every path, including plain routing); its time
+/// is left out of the rate and the stall is counted instead.
+fn conn_rate(client_ns: &str, to: SocketAddr, dur: Duration) -> Result<(f64, u32)> {
+    spawn_in(client_ns, move || {
+        let start = Instant::now();
+        let (mut n, mut stalls, mut stalled) = (0u64, 0u32, Duration::ZERO);
+        while start.elapsed() < dur {
+            let t = Instant::now();
+            let s = TcpStream::connect_timeout(&to, Duration::from_secs(3)).with_context(|| format!("connection {n}"))?;
+            let took = t.elapsed();
+            if took > Duration::from_millis(500) {
+                stalls += 1;
+                stalled += took;
+            }
+            set_linger_zero(&s); // RST: no TIME_WAIT anywhere
+            drop(s);
+            n += 1;
+        }
+        Ok((n as f64 / (start.elapsed() - stalled).as_secs_f64(), stalls))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client panicked"))?
+}
+
+fn set_linger_zero(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger { l_onoff: 1, l_linger: 0 };
+    unsafe {
+        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&l as *const libc::linger).cast(), std::mem::size_of::<libc::linger>() as u32)
+    };
+}
+
+fn accept_forever(server_ns: &str) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    spawn_in(server_ns, move || {
+        let l = TcpListener::bind(("0.0.0.0", 8080))?;
+        tx.send(()).ok();
+        for s in l.incoming() {
+            // Wait for the client's RST: a server that closes first keeps
+            // TIME_WAIT sockets that stall reused client ports.
+            if let Ok(mut s) = s {
+                let _ = std::io::Read::read(&mut s, &mut [0u8; 16]);
+            }
+        }
+        Ok(())
+    });
+    rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
+    Ok(())
+}
+
+/// The seeds' iptables: DNAT for the VIP after `n - 1` non-matching rules, SNAT out.
+fn iptables_rules(n1: &str, n: usize) -> String {
+    let mut r = String::from("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n");
+    for spec in filler(ZONE, n.saturating_sub(1)) {
+        let _ = writeln!(r, "-A PREROUTING -d {}/32 -p tcp --dport {} -j DNAT --to-destination 10.9.0.1:80", spec.addr, spec.port);
+    }
+    let _ = writeln!(r, "-A PREROUTING -d {VIP}/32 -p tcp --dport 80 -j DNAT --to-destination {SERVER}:8080");
+    let _ = writeln!(r, "-A POSTROUTING -o {n1} -p tcp -j SNAT --to-source {SNAT}:1024-65535\nCOMMIT");
+    r
+}
+
+fn conn_rates(counts: &[usize], reps: usize, dur: Duration, out: &mut String) -> Result<()> {
+    writeln!(out, "\n## 2. New TCP connections per second through the NAT namespace (median of {reps}, {} ms each)\n", dur.as_millis())?;
+    writeln!(out, "| rules | eBPF engine | iptables (seed rules) | plain routing, no NAT | eBPF / iptables | stalls (eBPF/iptables/plain) |\n|---:|---:|---:|---:|---:|:---:|")?;
+    for &n in counts {
+        let ebpf = NatTopology::new(AttachMode::Auto)?;
+        for spec in filler(ZONE, n.saturating_sub(1)) {
+            ebpf.tables.set_dnat(&spec)?;
+        }
+        // One wide SNAT range, like the iptables baseline.
+        let n0 = lbagent::netns::run_in(Some(&ebpf.nat.name), || lbagent::netns::ifindex(&ebpf.ifaces[0]))?;
+        ebpf.tables.set_snat(&SnatSpec {
+            zone: ZONE,
+            ifindex: n0,
+            cidr: (Ipv4Addr::new(10, 0, 1, 0), 24),
+            to: SNAT,
+            ports: (1024, 65535),
+            random: true,
+            rule_id: 10,
+        })?;
+        let ipt = NatTopology::plain()?;
+        let rules = iptables_rules(&ipt.ifaces[1], n);
+        let mut child = std::process::Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", ipt.nat.name))
+            .args(["--", "iptables-legacy-restore"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()?;
+        child.stdin.take().unwrap().write_all(rules.as_bytes())?;
+        if !child.wait()?.success() {
+            bail!("iptables-legacy-restore failed");
+        }
+        let route = NatTopology::plain()?;
+        for t in [&ebpf, &ipt, &route] {
+            accept_forever(&t.server.name)?;
+        }
+        let (mut e, mut i, mut r) = (vec![], vec![], vec![]);
+        let mut stalls = [0u32; 3];
+        for _ in 0..reps {
+            for (k, (t, to, v)) in [(&ebpf, (VIP, 80), &mut e), (&ipt, (VIP, 80), &mut i), (&route, (SERVER, 8080), &mut r)]
+                .into_iter()
+                .enumerate()
+            {
+                let (rate, st) = conn_rate(&t.client.name, to.into(), dur)?;
+                v.push(rate);
+                stalls[k] += st;
+            }
+        }
+        let (e, i, r) = (median(e), median(i), median(r));
+        writeln!(out, "| {n} | {e:.0} | {i:.0} | {r:.0} | {:.2} | {}/{}/{} |", e / i, stalls[0], stalls[1], stalls[2])?;
+        eprint!(".");
+    }
+    Ok(())
+}
+
+fn apply_times(counts: &[usize], out: &mut String) -> Result<()> {
+    writeln!(out, "\n## 3. Installing rules (agent → maps)\n")?;
+    writeln!(out, "| rules | install all | per rule | change one rule among them |\n|---:|---:|---:|---:|")?;
+    for &n in counts {
+        let e = Engine::new(ZONE)?;
+        let t: &Tables = &e.tables;
+        let specs: Vec<DnatSpec> = filler(ZONE, n).collect();
+        let start = Instant::now();
+        for s in &specs {
+            t.set_dnat(s)?;
+        }
+        let all = start.elapsed();
+        let mut changed = specs[n / 2].clone();
+        changed.backends = vec![(Ipv4Addr::new(10, 9, 0, 2), 81)];
+        let start = Instant::now();
+        t.set_dnat(&changed)?;
+        let one = start.elapsed();
+        writeln!(out, "| {n} | {:.1} ms | {:.1} µs | {:.1} µs |", all.as_secs_f64() * 1e3, all.as_secs_f64() * 1e6 / n as f64, one.as_secs_f64() * 1e6)?;
+        eprint!(".");
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    if !require_root() {
+        bail!("benchmarks load eBPF and create namespaces: run them as root");
+    }
+    let quick = std::env::var_os("LBAGENT_BENCH_QUICK").is_some();
+    let counts: &[usize] = if quick { &[10, 1_000, 10_000] } else { &[10, 1_000, 10_000, 100_000] };
+    let reps = if quick { 1 } else { 3 };
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?.trim().to_string();
+    let mut out = format!(
+        "# lbagent benchmarks\n\nReproduce: `cargo xtask bench` (as root). Kernel {kernel}, {} CPUs. These machines are noisy: compare the columns of one row, measured side by side in one run, not absolute numbers across runs.\n",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
+    program_cost(counts, 5, &mut out)?;
+    conn_rates(counts, reps, Duration::from_millis(1000), &mut out)?;
+    apply_times(counts, &mut out)?;
+    eprintln!();
+    println!("{out}");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("results.md"), &out)?;
+    Ok(())
+}

@@ -13,25 +13,27 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
+/// `cargo +<pinned channel>` in the workspace root.
+pub fn cargo(channel: &str) -> Command {
+    let mut c = Command::new("cargo");
+    c.arg(format!("+{channel}")).current_dir(root());
+    // Set by the outer `cargo run` for its own toolchain; the pinned one wins.
+    c.env_remove("RUSTUP_TOOLCHAIN").env_remove("RUSTC").env_remove("RUSTDOC").env_remove("CARGO");
+    c
+}
+
 /// Builds `lbagent-ebpf` in release (debug objects fail the verifier) with BTF.
-pub fn ebpf() -> Result<()> {
+pub fn ebpf(channel: &str) -> Result<()> {
     eprintln!("xtask: building eBPF object");
-    run(Command::new("cargo")
-        .current_dir(root())
+    run(cargo(channel)
         .args(["build", "--release", "-p", "lbagent-ebpf", "--target", BPF_TARGET, "-Z", "build-std=core"])
         // BTF for typed map dumps; the object's path is read by lbagent's build.rs.
         .env("CARGO_ENCODED_RUSTFLAGS", ["-C", "debuginfo=2", "-C", "link-arg=--btf"].join("\x1f")))
 }
 
 /// Builds the eBPF object, then every default member (which embeds the object).
-pub fn all() -> Result<()> {
-    ebpf()?;
+pub fn all(channel: &str) -> Result<()> {
+    ebpf(channel)?;
     eprintln!("xtask: building userspace");
-    run(Command::new("cargo").current_dir(root()).args([
-        "build",
-        "--workspace",
-        "--exclude",
-        "lbagent-ebpf",
-        "--all-targets",
-    ]))
+    run(cargo(channel).args(["build", "--workspace", "--exclude", "lbagent-ebpf", "--all-targets"]))
 }

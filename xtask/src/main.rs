@@ -40,21 +40,15 @@ enum Cmd {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Setup => setup::ensure_all(),
-        Cmd::BuildEbpf => {
-            setup::ensure_all()?;
-            build::ebpf()
-        }
-        Cmd::Build => {
-            setup::ensure_all()?;
-            build::all()
-        }
+        Cmd::Setup => setup::ensure_all().map(|_| ()),
+        Cmd::BuildEbpf => build::ebpf(&setup::ensure_all()?),
+        Cmd::Build => build::all(&setup::ensure_all()?),
         Cmd::Test { args } => {
-            setup::ensure_all()?;
-            build::all()?;
+            let channel = setup::ensure_all()?;
+            build::all(&channel)?;
             let started = std::time::Instant::now();
             // Root tests share the kernel; they use unique names and run two at a time.
-            let mut cmd = Command::new("cargo");
+            let mut cmd = build::cargo(&channel);
             cmd.args(["test", "--workspace", "--exclude", "lbagent-ebpf"])
                 .args(&args)
                 .env("RUST_TEST_THREADS", std::env::var("RUST_TEST_THREADS").unwrap_or("2".into()));
@@ -63,14 +57,14 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Demo => {
-            setup::ensure_all()?;
-            build::all()?;
-            run(Command::new("cargo").args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-demo"]))
+            let channel = setup::ensure_all()?;
+            build::all(&channel)?;
+            run(build::cargo(&channel).args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-demo"]))
         }
         Cmd::Bench => {
-            setup::ensure_all()?;
-            build::all()?;
-            run(Command::new("cargo").args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-bench"]))
+            let channel = setup::ensure_all()?;
+            build::all(&channel)?;
+            run(build::cargo(&channel).args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-bench"]))
         }
     }
 }

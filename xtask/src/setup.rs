@@ -1,6 +1,6 @@
 //! Idempotent machine setup. A second run only checks and takes seconds.
 //!
-//! 1. the pinned toolchain from `rust-toolchain.toml` with `rust-src`;
+//! 1. the pinned toolchain from `toolchain.toml` with `rust-src`;
 //! 2. bpf-linker built against that toolchain's own libLLVM (rebuilt when the
 //!    LLVM major version changes, tracked by a stamp file);
 //! 3. the Debian packages the tests and the demo use.
@@ -37,18 +37,19 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ovn-controller", "ovn-host"),
 ];
 
-pub fn ensure_all() -> Result<()> {
+/// Installs what is missing; returns the pinned channel every build uses.
+pub fn ensure_all() -> Result<String> {
     let channel = pinned_channel()?;
     ensure_toolchain(&channel)?;
     ensure_bpf_linker(&channel)?;
     ensure_packages()?;
-    Ok(())
+    Ok(channel)
 }
 
-/// Reads `channel = "…"` from rust-toolchain.toml.
-fn pinned_channel() -> Result<String> {
-    let text = fs::read_to_string(root().join("rust-toolchain.toml"))?;
-    parse_channel(&text).context("rust-toolchain.toml has no channel")
+/// Reads `channel = "…"` from toolchain.toml.
+pub fn pinned_channel() -> Result<String> {
+    let text = fs::read_to_string(root().join("toolchain.toml"))?;
+    parse_channel(&text).context("toolchain.toml has no channel")
 }
 
 fn parse_channel(text: &str) -> Option<String> {

@@ -90,7 +90,8 @@ fn conn_rate(client_ns: &str, to: SocketAddr, dur: Duration) -> Result<(f64, u32
         let (mut n, mut stalls, mut stalled) = (0u64, 0u32, Duration::ZERO);
         while start.elapsed() < dur {
             let t = Instant::now();
-            let s = TcpStream::connect_timeout(&to, Duration::from_secs(3)).with_context(|| format!("connection {n}"))?;
+            let s =
+                TcpStream::connect_timeout(&to, Duration::from_secs(3)).with_context(|| format!("connection {n}"))?;
             let took = t.elapsed();
             if took > Duration::from_millis(500) {
                 stalls += 1;
@@ -110,7 +111,13 @@ fn set_linger_zero(s: &TcpStream) {
     use std::os::fd::AsRawFd;
     let l = libc::linger { l_onoff: 1, l_linger: 0 };
     unsafe {
-        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&l as *const libc::linger).cast(), std::mem::size_of::<libc::linger>() as u32)
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
     };
 }
 
@@ -134,9 +141,15 @@ fn accept_forever(server_ns: &str) -> Result<()> {
 
 /// The seeds' iptables: DNAT for the VIP after `n - 1` non-matching rules, SNAT out.
 fn iptables_rules(n1: &str, n: usize) -> String {
-    let mut r = String::from("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n");
+    let mut r = String::from(
+        "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n",
+    );
     for spec in filler(ZONE, n.saturating_sub(1)) {
-        let _ = writeln!(r, "-A PREROUTING -d {}/32 -p tcp --dport {} -j DNAT --to-destination 10.9.0.1:80", spec.addr, spec.port);
+        let _ = writeln!(
+            r,
+            "-A PREROUTING -d {}/32 -p tcp --dport {} -j DNAT --to-destination 10.9.0.1:80",
+            spec.addr, spec.port
+        );
     }
     let _ = writeln!(r, "-A PREROUTING -d {VIP}/32 -p tcp --dport 80 -j DNAT --to-destination {SERVER}:8080");
     let _ = writeln!(r, "-A POSTROUTING -o {n1} -p tcp -j SNAT --to-source {SNAT}:1024-65535\nCOMMIT");
@@ -144,8 +157,15 @@ fn iptables_rules(n1: &str, n: usize) -> String {
 }
 
 fn conn_rates(counts: &[usize], reps: usize, dur: Duration, out: &mut String) -> Result<()> {
-    writeln!(out, "\n## 2. New TCP connections per second through the NAT namespace (median of {reps}, {} ms each)\n", dur.as_millis())?;
-    writeln!(out, "| rules | eBPF engine | iptables (seed rules) | plain routing, no NAT | eBPF / iptables | stalls (eBPF/iptables/plain) |\n|---:|---:|---:|---:|---:|:---:|")?;
+    writeln!(
+        out,
+        "\n## 2. New TCP connections per second through the NAT namespace (median of {reps}, {} ms each)\n",
+        dur.as_millis()
+    )?;
+    writeln!(
+        out,
+        "| rules | eBPF engine | iptables (seed rules) | plain routing, no NAT | eBPF / iptables | stalls (eBPF/iptables/plain) |\n|---:|---:|---:|---:|---:|:---:|"
+    )?;
     for &n in counts {
         let ebpf = NatTopology::new(AttachMode::Auto)?;
         for spec in filler(ZONE, n.saturating_sub(1)) {
@@ -180,9 +200,10 @@ fn conn_rates(counts: &[usize], reps: usize, dur: Duration, out: &mut String) ->
         let (mut e, mut i, mut r) = (vec![], vec![], vec![]);
         let mut stalls = [0u32; 3];
         for _ in 0..reps {
-            for (k, (t, to, v)) in [(&ebpf, (VIP, 80), &mut e), (&ipt, (VIP, 80), &mut i), (&route, (SERVER, 8080), &mut r)]
-                .into_iter()
-                .enumerate()
+            for (k, (t, to, v)) in
+                [(&ebpf, (VIP, 80), &mut e), (&ipt, (VIP, 80), &mut i), (&route, (SERVER, 8080), &mut r)]
+                    .into_iter()
+                    .enumerate()
             {
                 let (rate, st) = conn_rate(&t.client.name, to.into(), dur)?;
                 v.push(rate);
@@ -213,7 +234,13 @@ fn apply_times(counts: &[usize], out: &mut String) -> Result<()> {
         let start = Instant::now();
         t.set_dnat(&changed)?;
         let one = start.elapsed();
-        writeln!(out, "| {n} | {:.1} ms | {:.1} µs | {:.1} µs |", all.as_secs_f64() * 1e3, all.as_secs_f64() * 1e6 / n as f64, one.as_secs_f64() * 1e6)?;
+        writeln!(
+            out,
+            "| {n} | {:.1} ms | {:.1} µs | {:.1} µs |",
+            all.as_secs_f64() * 1e3,
+            all.as_secs_f64() * 1e6 / n as f64,
+            one.as_secs_f64() * 1e6
+        )?;
         eprint!(".");
     }
     Ok(())

@@ -100,6 +100,9 @@ pub async fn run(opts: Options) -> Result<()> {
     // Load the object once up front: it creates or reuses (after checking)
     // the pinned maps, and fails fast on a verifier or pin problem.
     ZoneProgram::load(&opts.bpffs, 0).context("preparing the dataplane")?;
+    for old in crate::dataplane::pins::stale_versions(&opts.bpffs) {
+        warn!("pins of another layout version remain in {} (an older lbagent's dataplane); remove them once it is drained", old.display());
+    }
     let reconciler = Reconciler::open(Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir), &opts.state_dir)?;
     let status = Arc::new(Mutex::new(Status { state_file: opts.state.display().to_string(), ..Default::default() }));
     status.lock().unwrap().refresh(&reconciler.applied, &reconciler.alloc);

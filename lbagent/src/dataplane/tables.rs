@@ -172,11 +172,6 @@ impl Tables {
         Ok(())
     }
 
-    pub fn remove_snat(&self, spec: &SnatSpec) -> Result<()> {
-        let _ = self.snat_map()?.remove(&spec.key());
-        Ok(())
-    }
-
     pub fn dnat_rules(&self) -> Result<Vec<(DnatKey, DnatRule, Vec<Backend>)>> {
         let rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
         let backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;

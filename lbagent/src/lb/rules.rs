@@ -10,7 +10,7 @@
 //! backends (each repeated `weight` times; `rr` ignores weights), SNAT to the
 //! VIP so the backend sees the VIP and replies come back through us.
 
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::collections::BTreeSet;
 
 use lbagent_common::{PROTO_TCP, PROTO_UDP};
 
@@ -99,11 +99,6 @@ pub fn rules(
     (out, keys)
 }
 
-/// The VIP of a load balancer, if it parses.
-pub fn vip(lb: &LoadBalancer) -> Option<Ipv4Addr> {
-    parse_ip(&lb.network.ip).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,7 +121,7 @@ mod tests {
         assert_eq!(http.snat, Some(RuleSnat { ifindex: 2, to: Some(la.inner), random: false }));
         let direct = r.iter().find(|d| d.port == 5000).unwrap();
         assert_eq!(direct.backends.len(), 3, "b1 weight 1 + b2 weight 2");
-        assert_eq!(direct.snat.unwrap().to, Some(Ipv4Addr::new(10, 10, 0, 5)));
+        assert_eq!(direct.snat.unwrap().to, Some(std::net::Ipv4Addr::new(10, 10, 0, 5)));
         let mapped = r.iter().filter(|d| d.addr == la.inner).count();
         assert_eq!(mapped, 6);
         assert!(r.iter().filter(|d| d.addr == la.inner).all(|d| d.snat.unwrap().ifindex == 3));

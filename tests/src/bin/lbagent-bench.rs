@@ -126,12 +126,10 @@ fn accept_forever(server_ns: &str) -> Result<()> {
     spawn_in(server_ns, move || {
         let l = TcpListener::bind(("0.0.0.0", 8080))?;
         tx.send(()).ok();
-        for s in l.incoming() {
-            // Wait for the client's RST: a server that closes first keeps
-            // TIME_WAIT sockets that stall reused client ports.
-            if let Ok(mut s) = s {
-                let _ = std::io::Read::read(&mut s, &mut [0u8; 16]);
-            }
+        // Wait for each client's RST: a server that closes first keeps
+        // TIME_WAIT sockets that stall reused client ports.
+        for mut s in l.incoming().flatten() {
+            let _ = std::io::Read::read(&mut s, &mut [0u8; 16]);
         }
         Ok(())
     });

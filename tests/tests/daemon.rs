@@ -9,6 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::collections::HashSet;
+
 use serde_json::Value;
 
 use lbagent_tests::{
@@ -273,4 +275,63 @@ load_balancers:
     assert!(direct.ping("3").unwrap().starts_with("b "));
     assert!(proxied.ping("3").unwrap().starts_with("b "));
     assert!(ask_tcp(&client.ns.name, vip(9000)).unwrap().starts_with("b "));
+}
+
+#[test]
+fn direct_health_checks_steer_new_flows() {
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brh")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.70.0.10", 24, "").unwrap();
+    let b1 = TestHost::on(|p| bridge.add_port(p), "10.70.0.21", 24, "").unwrap();
+    let b2 = TestHost::on(|p| bridge.add_port(p), "10.70.0.22", 24, "").unwrap();
+    line_echo_server(&b1.ns.name, 9000, "h21").unwrap();
+    line_echo_server(&b2.ns.name, 9000, "h22").unwrap();
+    let env = Env::new();
+    let id = lb_id();
+    std::fs::write(
+        env.state(),
+        format!(
+            "version: 1
+agent: {{integration_bridge: {}}}
+load_balancers:
+  - id: {id}
+    network: {{ip: 10.70.0.5, mac: \"02:00:0a:46:00:05\", prefix_len: 24, gateway: 10.70.0.1}}
+    listeners:
+      - id: l
+        type: tcp
+        port: 9000
+        backend_group: g
+        health_check: {{type: tcp, interval: 1, rise: 1, fall: 1, timeout: 1}}
+    backend_groups: [{{id: g, backends: [{{id: b1, address: 10.70.0.21, port: 9000}}, {{id: b2, address: 10.70.0.22, port: 9000}}]}}]
+",
+            bridge.name
+        ),
+    )
+    .unwrap();
+    let _daemon = env.start();
+    let vip: std::net::SocketAddr = "10.70.0.5:9000".parse().unwrap();
+    let tags = |n| -> HashSet<String> {
+        (0..n).map(|_| ask_tcp(&client.ns.name, vip).unwrap().split(' ').next().unwrap().to_string()).collect()
+    };
+    assert_eq!(tags(16), HashSet::from(["h21".to_string(), "h22".to_string()]));
+
+    // b2 goes dark: the check marks it down and new flows avoid it.
+    b2.ns.exec(&["ip", "link", "set", "eth0", "down"]).unwrap();
+    let down = format!("{id}/l/b2");
+    wait(
+        || {
+            env.status()
+                .is_some_and(|s| s["backends_down"].as_array().is_some_and(|a| a.iter().any(|x| x == down.as_str())))
+        },
+        "b2 down",
+    );
+    assert_eq!(tags(16), HashSet::from(["h21".to_string()]));
+
+    // Back up: it serves again.
+    b2.ns.exec(&["ip", "link", "set", "eth0", "up"]).unwrap();
+    wait(|| env.status().is_some_and(|s| s["backends_down"].as_array().is_some_and(|a| a.is_empty())), "b2 up");
+    assert_eq!(tags(16), HashSet::from(["h21".to_string(), "h22".to_string()]));
 }

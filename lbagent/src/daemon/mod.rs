@@ -20,7 +20,8 @@ use tracing::{error, info, warn};
 
 use crate::{
     dataplane::{attach::AttachMode, loader::ZoneProgram},
-    reconcile::{Desired, Realizer, Reconciler, host::Host},
+    lb::health,
+    reconcile::{Desired, Reconciler, host::Host},
     state::{self, StateFile},
 };
 use status::Status;
@@ -41,14 +42,29 @@ fn fingerprint(path: &Path) -> Option<Vec<u8>> {
     std::fs::read(path).ok()
 }
 
-struct Daemon<R: Realizer> {
+struct Daemon {
     opts: Options,
-    reconciler: Reconciler<R>,
+    reconciler: Reconciler<Host>,
     status: Arc<Mutex<Status>>,
     last_good: Option<StateFile>,
+    /// Health checks the prober runs (refreshed after every apply).
+    checks: Arc<Mutex<Vec<health::Target>>>,
 }
 
-impl<R: Realizer> Daemon<R> {
+impl Daemon {
+    /// Refreshes the status document and the prober's check list.
+    fn publish(&self) {
+        let targets = health::targets(&self.reconciler.applied);
+        let health = self.reconciler.realizer.health.clone();
+        health.lock().unwrap().retain(&targets.iter().map(|t| t.key.clone()).collect::<Vec<_>>());
+        *self.checks.lock().unwrap() = targets;
+        let mut st = self.status.lock().unwrap();
+        st.refresh(&self.reconciler.applied, &self.reconciler.alloc);
+        let down: Vec<String> =
+            health.lock().unwrap().down().iter().map(|(lb, l, b)| format!("{lb}/{l}/{b}")).collect();
+        st.document["backends_down"] = serde_json::json!(down);
+    }
+
     /// Loads the file; applies it when valid, otherwise logs every problem
     /// and keeps what runs.
     fn reload(&mut self, why: &str) {
@@ -64,9 +80,8 @@ impl<R: Realizer> Daemon<R> {
                 for p in &problems.0 {
                     error!("  {p}");
                 }
-                let mut st = self.status.lock().unwrap();
-                st.rejected = Some(problems);
-                st.refresh(&self.reconciler.applied, &self.reconciler.alloc);
+                self.status.lock().unwrap().rejected = Some(problems);
+                self.publish();
             }
         }
     }
@@ -88,10 +103,45 @@ impl<R: Realizer> Daemon<R> {
         if !report.ok() {
             warn!("{} of {} steps failed; they are retried by the next repair pass", report.errors.len(), report.steps);
         }
-        let mut st = self.status.lock().unwrap();
-        st.applies += 1;
-        st.last_apply = Some(report);
-        st.refresh(&self.reconciler.applied, &self.reconciler.alloc);
+        {
+            let mut st = self.status.lock().unwrap();
+            st.applies += 1;
+            st.last_apply = Some(report);
+        }
+        self.publish();
+    }
+}
+
+/// The prober: runs due health checks (in parallel, each inside its load
+/// balancer's namespace) and wakes the daemon when a backend changes state.
+fn prober(
+    checks: Arc<Mutex<Vec<health::Target>>>,
+    health: Arc<Mutex<health::Health>>,
+    wake: tokio::sync::mpsc::UnboundedSender<()>,
+) {
+    let mut schedule = health::Scheduler::default();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let targets = checks.lock().unwrap().clone();
+        let due = schedule.due(&targets, std::time::Instant::now());
+        if due.is_empty() {
+            continue;
+        }
+        let results: Vec<(health::Target, bool)> = std::thread::scope(|s| {
+            let handles: Vec<_> = due.iter().map(|t| s.spawn(move || (t.clone(), health::probe(t)))).collect();
+            handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        });
+        let mut changed = false;
+        for (t, ok) in results {
+            if health.lock().unwrap().observe(&t.key, ok, t.rise, t.fall) {
+                let (lb, l, b) = &t.key;
+                info!(object = %format!("lb/{lb}"), "listener {l} backend {b} ({}) is {}", t.addr, if ok { "up" } else { "down" });
+                changed = true;
+            }
+        }
+        if changed && wake.send(()).is_err() {
+            return;
+        }
     }
 }
 
@@ -101,7 +151,10 @@ pub async fn run(opts: Options) -> Result<()> {
     // the pinned maps, and fails fast on a verifier or pin problem.
     ZoneProgram::load(&opts.bpffs, 0).context("preparing the dataplane")?;
     for old in crate::dataplane::pins::stale_versions(&opts.bpffs) {
-        warn!("pins of another layout version remain in {} (an older lbagent's dataplane); remove them once it is drained", old.display());
+        warn!(
+            "pins of another layout version remain in {} (an older lbagent's dataplane); remove them once it is drained",
+            old.display()
+        );
     }
     let reconciler = Reconciler::open(Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir), &opts.state_dir)?;
     let status = Arc::new(Mutex::new(Status { state_file: opts.state.display().to_string(), ..Default::default() }));
@@ -115,7 +168,13 @@ pub async fn run(opts: Options) -> Result<()> {
         tokio::spawn(metrics::serve(l, opts.bpffs.clone(), status.clone()));
     }
 
-    let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None };
+    let checks = Arc::new(Mutex::new(Vec::new()));
+    let (wake, mut health_changed) = tokio::sync::mpsc::unbounded_channel();
+    {
+        let (checks, health) = (checks.clone(), reconciler.realizer.health.clone());
+        std::thread::spawn(move || prober(checks, health, wake));
+    }
+    let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, checks };
     let mut seen = fingerprint(&opts.state);
     d.reload("start");
     d.apply(true);
@@ -140,6 +199,7 @@ pub async fn run(opts: Options) -> Result<()> {
                 seen = fingerprint(&opts.state);
                 tokio::task::block_in_place(|| d.reload("SIGHUP"));
             }
+            Some(()) = health_changed.recv() => tokio::task::block_in_place(|| d.apply(true)),
             _ = repair.tick() => tokio::task::block_in_place(|| {
                 d.apply(true);
                 d.collect_garbage();

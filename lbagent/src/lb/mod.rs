@@ -3,6 +3,7 @@
 //! listeners through `haproxy`.
 
 pub mod haproxy;
+pub mod health;
 pub mod plumb;
 pub mod rules;
 
@@ -17,7 +18,13 @@ use crate::{
 };
 
 /// Allocates what the load balancer needs and makes the host match it.
-pub fn ensure(engine: &mut Engine, bridge: &str, lb: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>> {
+pub fn ensure(
+    engine: &mut Engine,
+    bridge: &str,
+    lb: &LoadBalancer,
+    health: &health::Health,
+    alloc: &mut Allocations,
+) -> Result<Vec<String>> {
     let mut changes = Vec::new();
     let zone_key = naming::lb_zone_key(&lb.id);
     if !alloc.zones.contains_key(&zone_key) {
@@ -40,7 +47,8 @@ pub fn ensure(engine: &mut Engine, bridge: &str, lb: &LoadBalancer, alloc: &mut 
     let (h0, _) = naming::lb_host_veth(&lb.id);
     engine.attach(zone, &ns, &o0)?;
     engine.attach(zone, &ns, &h0)?;
-    let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, alloc);
+    let up = |listener: &str, backend: &str| health.is_up(&lb.id, listener, backend);
+    let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, alloc);
     sync::dnat(&engine.tables()?, zone, &want, &mut changes)?;
     let n = alloc.release_rules(&rules::prefix(&lb.id), &keys);
     if n > 0 {

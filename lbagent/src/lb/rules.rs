@@ -38,11 +38,14 @@ pub fn prefix(id: &str) -> String {
     format!("lb/{id}/")
 }
 
+/// `up(listener, backend)` says whether a direct listener's backend passes
+/// its health check (backends that are down get no new flows).
 pub fn rules(
     lb: &LoadBalancer,
     a: &LbAlloc,
     zone: u16,
     ifs: LbIfaces,
+    up: &dyn Fn(&str, &str) -> bool,
     alloc: &mut Allocations,
 ) -> (Vec<DnatSpec>, BTreeSet<String>) {
     let mut out = Vec::new();
@@ -63,6 +66,9 @@ pub fn rules(
                 let mut bs = Vec::new();
                 for b in group.map(|g| g.backends.as_slice()).unwrap_or_default() {
                     let Ok(addr) = parse_ip(&b.address) else { continue };
+                    if !up(&l.id, &b.id) {
+                        continue;
+                    }
                     let slots = if l.scheduler == Some(Scheduler::Rr) { 1 } else { b.weight.min(MAX_WEIGHT_SLOTS) };
                     bs.extend(std::iter::repeat_n((addr, b.port as u16), slots as usize));
                 }
@@ -112,7 +118,7 @@ mod tests {
         a.lb_addresses(&lb.id, &Default::default()).unwrap();
         a.lb_ports(&lb.id, &["b1", "b2", "d1"]).unwrap();
         let la = a.lbs[&lb.id].clone();
-        let (r, keys) = rules(lb, &la, 9, LbIfaces { ovn: 2, proxy: 3 }, &mut a);
+        let (r, keys) = rules(lb, &la, 9, LbIfaces { ovn: 2, proxy: 3 }, &|_, _| true, &mut a);
         // 4 listeners + 3 backends × 2 protocols.
         assert_eq!(r.len(), 10);
         assert_eq!(keys.len(), 10);
@@ -122,6 +128,8 @@ mod tests {
         let direct = r.iter().find(|d| d.port == 5000).unwrap();
         assert_eq!(direct.backends.len(), 3, "b1 weight 1 + b2 weight 2");
         assert_eq!(direct.snat.unwrap().to, Some(std::net::Ipv4Addr::new(10, 10, 0, 5)));
+        let (down, _) = rules(lb, &la, 9, LbIfaces { ovn: 2, proxy: 3 }, &|_, b| b != "b2", &mut a);
+        assert_eq!(down.iter().find(|d| d.port == 5000).unwrap().backends.len(), 1, "b2 is down: only b1 left");
         let mapped = r.iter().filter(|d| d.addr == la.inner).count();
         assert_eq!(mapped, 6);
         assert!(r.iter().filter(|d| d.addr == la.inner).all(|d| d.snat.unwrap().ifindex == 3));

@@ -5,6 +5,7 @@ use std::{
     collections::HashSet,
     net::Ipv4Addr,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
 };
 
 use anyhow::Result;
@@ -13,7 +14,7 @@ use super::{Applied, Realizer};
 use crate::{
     alloc::Allocations,
     dataplane::{attach::AttachMode, engine::Engine},
-    lb::{self, haproxy::Haproxy},
+    lb::{self, haproxy::Haproxy, health::Health},
     natgw,
     state::model::{AgentConfig, ListenerMode, LoadBalancer, NatGateway},
 };
@@ -23,6 +24,8 @@ pub struct Host {
     /// The OVS integration bridge (from the state file's `agent` section).
     pub bridge: String,
     pub haproxy: Haproxy,
+    /// Direct-mode health, written by the daemon's prober.
+    pub health: Arc<Mutex<Health>>,
 }
 
 impl Host {
@@ -32,6 +35,7 @@ impl Host {
             engine: Engine::new(bpffs, mode),
             bridge: AgentConfig::default().integration_bridge,
             haproxy: Haproxy::new(state_dir.join("haproxy")),
+            health: Arc::default(),
         }
     }
 }
@@ -45,7 +49,8 @@ pub fn host_addresses() -> HashSet<Ipv4Addr> {
 
 impl Realizer for Host {
     fn ensure_lb(&mut self, l: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>> {
-        lb::ensure(&mut self.engine, &self.bridge, l, alloc)
+        let health = self.health.lock().unwrap();
+        lb::ensure(&mut self.engine, &self.bridge, l, &health, alloc)
     }
 
     fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>> {

@@ -44,8 +44,13 @@ pub const TC_ACT_SHOT: u32 = 2;
 
 impl Engine {
     pub fn new(zone: u16) -> Result<Self> {
+        Self::with_ct_max(zone, None)
+    }
+
+    /// An engine whose conntrack table holds `ct_max` entries.
+    pub fn with_ct_max(zone: u16, ct_max: Option<u32>) -> Result<Self> {
         let pins = TestPins::new();
-        let prog = ZoneProgram::load(&pins.root, zone)?;
+        let prog = ZoneProgram::load_sized(&pins.root, zone, ct_max)?;
         let tables = Tables::open(&pins.root)?;
         Ok(Engine { prog, tables, pins })
     }

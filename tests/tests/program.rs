@@ -596,6 +596,33 @@ fn garbage_collection_frees_idle_flows_only() {
 }
 
 #[test]
+fn full_conntrack_evicts_the_oldest_and_keeps_translating() {
+    if !require_root() {
+        return;
+    }
+    // 64 entries = 32 flows; 200 new flows must all still be translated.
+    let mut e = Engine::with_ct_max(ZONE, Some(64)).unwrap();
+    e.tables.set_dnat(&dnat(PROTO_UDP, 53, 2, &[(SERVER, 5353)])).unwrap();
+    let mut last = 0;
+    for sport in 30000..30200u16 {
+        let (rc, out) = e.run(&frame(&Ip::new([192, 0, 2, 9], VIP), &udp(sport, 53, b"x"))).unwrap();
+        assert_eq!(rc, TC_ACT_OK);
+        assert_eq!(packet::summary(&out).dst, SERVER);
+        last = sport;
+    }
+    assert!(e.tables.conntrack().unwrap().len() <= 64);
+    for c in [Counter::DropNoPort, Counter::DropCtInsert, Counter::DropRewrite] {
+        assert_eq!(e.tables.counter(c).unwrap(), 0, "{c:?}");
+    }
+    // The newest flow survived eviction: its reply is translated.
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, [192, 0, 2, 9]), &udp(5353, last, b"r")),
+        frame(&Ip::new(VIP, [192, 0, 2, 9]), &udp(53, last, b"r")),
+    );
+}
+
+#[test]
 fn zones_are_isolated() {
     let Some(mut e) = engine() else { return };
     // Same rule key in another zone does not apply to this zone's program.

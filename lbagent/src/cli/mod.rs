@@ -56,6 +56,10 @@ pub enum Command {
         /// Seconds between repair passes that re-ensure every object.
         #[arg(long, default_value_t = 11)]
         repair_interval: u64,
+        /// Conntrack table size in entries (two per flow; default 262144). Fixed
+        /// for the life of the pins: a different size is refused until teardown.
+        #[arg(long)]
+        conntrack_max: Option<u32>,
         #[command(flatten)]
         common: Common,
     },
@@ -97,7 +101,7 @@ pub fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().cmd {
-        Command::Run { state, attach, metrics, repair_interval, common } => {
+        Command::Run { state, attach, metrics, repair_interval, conntrack_max, common } => {
             let opts = daemon::Options {
                 state,
                 state_dir: common.state_dir,
@@ -106,6 +110,7 @@ pub fn main() -> Result<()> {
                 metrics: Some(metrics),
                 api_socket: common.api_socket,
                 repair_interval: Duration::from_secs(repair_interval.max(1)),
+                conntrack_max,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

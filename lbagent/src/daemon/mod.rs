@@ -35,6 +35,8 @@ pub struct Options {
     pub metrics: Option<SocketAddr>,
     pub api_socket: PathBuf,
     pub repair_interval: Duration,
+    /// Conntrack entries (two per flow); `None` = built-in size.
+    pub conntrack_max: Option<u32>,
 }
 
 /// Content fingerprint of the state file (`None` when unreadable).
@@ -149,14 +151,16 @@ pub async fn run(opts: Options) -> Result<()> {
     std::fs::create_dir_all(&opts.state_dir).with_context(|| format!("creating {}", opts.state_dir.display()))?;
     // Load the object once up front: it creates or reuses (after checking)
     // the pinned maps, and fails fast on a verifier or pin problem.
-    ZoneProgram::load(&opts.bpffs, 0).context("preparing the dataplane")?;
+    ZoneProgram::load_sized(&opts.bpffs, 0, opts.conntrack_max).context("preparing the dataplane")?;
     for old in crate::dataplane::pins::stale_versions(&opts.bpffs) {
         warn!(
             "pins of another layout version remain in {} (an older lbagent's dataplane); remove them once it is drained",
             old.display()
         );
     }
-    let reconciler = Reconciler::open(Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir), &opts.state_dir)?;
+    let mut host = Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir);
+    host.engine.ct_max = opts.conntrack_max;
+    let reconciler = Reconciler::open(host, &opts.state_dir)?;
     let status = Arc::new(Mutex::new(Status { state_file: opts.state.display().to_string(), ..Default::default() }));
     status.lock().unwrap().refresh(&reconciler.applied, &reconciler.alloc);
 

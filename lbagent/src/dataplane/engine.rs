@@ -15,17 +15,19 @@ use super::{
 pub struct Engine {
     pub bpffs: PathBuf,
     pub mode: AttachMode,
+    /// Conntrack size (entries, two per flow); `None` = the built-in size.
+    pub ct_max: Option<u32>,
     programs: HashMap<u16, ZoneProgram>,
 }
 
 impl Engine {
     pub fn new(bpffs: PathBuf, mode: AttachMode) -> Self {
-        Engine { bpffs, mode, programs: HashMap::new() }
+        Engine { bpffs, mode, ct_max: None, programs: HashMap::new() }
     }
 
     pub fn tables(&self) -> Result<Tables> {
         if !pins::versioned_dir(&self.bpffs).join(lbagent_common::MAP_CT).exists() {
-            ZoneProgram::load(&self.bpffs, 0)?;
+            ZoneProgram::load_sized(&self.bpffs, 0, self.ct_max)?;
         }
         Tables::open(&self.bpffs)
     }
@@ -34,7 +36,7 @@ impl Engine {
     /// `ifname` in `netns`.
     pub fn attach(&mut self, zone: u16, netns: &str, ifname: &str) -> Result<()> {
         if !self.programs.contains_key(&zone) {
-            self.programs.insert(zone, ZoneProgram::load(&self.bpffs, zone)?);
+            self.programs.insert(zone, ZoneProgram::load_sized(&self.bpffs, zone, self.ct_max)?);
         }
         let prog = self.programs.get_mut(&zone).unwrap();
         attach::attach(prog.program(), &self.bpffs, &Hook { netns: Some(netns), ifname }, self.mode)?;

@@ -18,6 +18,13 @@ impl ZoneProgram {
     /// Loads the object with `ZONE = zone`, pinning its maps under `root`
     /// (or reusing compatible pins: conntrack and rules survive restarts).
     pub fn load(root: &Path, zone: u16) -> Result<Self> {
+        Self::load_sized(root, zone, None)
+    }
+
+    /// Like `load`, with the conntrack table sized to `ct_max` entries
+    /// (two per flow) instead of the built-in size. Reusing pins of another
+    /// size is refused.
+    pub fn load_sized(root: &Path, zone: u16, ct_max: Option<u32>) -> Result<Self> {
         if OBJECT.is_empty() {
             bail!("this lbagent was built without its eBPF object; build with `cargo xtask build`");
         }
@@ -25,11 +32,12 @@ impl ZoneProgram {
         pins::ensure_bpffs(root)?;
         pins::check_meta(root)?;
         let dir = pins::versioned_dir(root);
-        let mut ebpf = EbpfLoader::new()
-            .default_map_pin_directory(&dir)
-            .override_global("ZONE", &zone, true)
-            .load(OBJECT)
-            .map_err(|e| explain(e, &dir))?;
+        let mut loader = EbpfLoader::new();
+        loader.default_map_pin_directory(&dir).override_global("ZONE", &zone, true);
+        if let Some(n) = ct_max {
+            loader.map_max_entries(lbagent_common::MAP_CT, n);
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(|e| explain(e, &dir))?;
         pins::write_meta(root)?;
         let prog: &mut SchedClassifier =
             ebpf.program_mut(PROGRAM).context("program missing from object")?.try_into()?;
@@ -45,7 +53,7 @@ impl ZoneProgram {
 fn explain(e: EbpfError, dir: &Path) -> anyhow::Error {
     match e {
         EbpfError::MapError(MapError::IncompatiblePinnedMap { .. }) => anyhow::anyhow!(
-            "a pinned map in {} is incompatible with this build ({e}); \
+            "a pinned map in {} is incompatible with this build or its settings ({e}); \
              tear the old dataplane down or use another --bpffs",
             dir.display()
         ),

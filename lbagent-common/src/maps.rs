@@ -9,6 +9,7 @@
 //! | `nat_config`    | array[1]      | `u32` 0      | [`NatConfig`]  | agent                 | program |
 //! | `counters`      | per-CPU array | [`Counter`] as `u32` | `u64`  | program               | agent, `lbagent maps` |
 //! | `meta`          | array[1]      | `u32` 0      | [`Meta`]       | agent (layout check)  | agent |
+//! | `rule_stats`    | LRU per-CPU hash | rule id `u32` | [`RuleStats`] | program (per translated packet), agent (forgets released ids) | agent, metrics, `lbagent maps` |
 //!
 //! Every key carries a *zone*: one zone per network namespace the engine runs
 //! in (one per load balancer, one per NAT gateway). Interface indexes and VPC
@@ -23,14 +24,16 @@ pub const MAP_SNAT_RULES: &str = "snat_rules";
 pub const MAP_NAT_CONFIG: &str = "nat_config";
 pub const MAP_COUNTERS: &str = "counters";
 pub const MAP_META: &str = "meta";
-pub const ALL_MAPS: [&str; 7] =
-    [MAP_CT, MAP_DNAT_RULES, MAP_DNAT_BACKENDS, MAP_SNAT_RULES, MAP_NAT_CONFIG, MAP_COUNTERS, MAP_META];
+pub const MAP_RULE_STATS: &str = "rule_stats";
+pub const ALL_MAPS: [&str; 8] =
+    [MAP_CT, MAP_DNAT_RULES, MAP_DNAT_BACKENDS, MAP_SNAT_RULES, MAP_NAT_CONFIG, MAP_COUNTERS, MAP_RULE_STATS, MAP_META];
 
 /// Default sizes (`max_entries`).
 pub const CT_MAX: u32 = 262_144;
 pub const DNAT_RULES_MAX: u32 = 131_072;
 pub const DNAT_BACKENDS_MAX: u32 = 262_144;
 pub const SNAT_RULES_MAX: u32 = 131_072;
+pub const RULE_STATS_MAX: u32 = 65_536;
 
 /// A connection 5-tuple as seen on the wire, in one zone.
 ///
@@ -226,6 +229,15 @@ pub struct Meta {
     pub _pad0: u32,
 }
 
+/// Traffic translated by one rule (per CPU; summed by the agent). A flow
+/// counts under its DNAT rule and, if different, its SNAT rule.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleStats {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
 /// Per-CPU counters (index into `counters`).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -294,7 +306,7 @@ mod user {
             unsafe impl aya::Pod for $t {}
         )*};
     }
-    pod!(Tuple, CtEntry, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule, NatConfig, Meta);
+    pod!(Tuple, CtEntry, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule, NatConfig, Meta, RuleStats);
 }
 
 /// Compile-time proof that no type has implicit padding: the size equals the
@@ -310,4 +322,5 @@ const _: () = {
     assert!(core::mem::size_of::<SnatRule>() == 16);
     assert!(core::mem::size_of::<NatConfig>() == 24);
     assert!(core::mem::size_of::<Meta>() == 8);
+    assert!(core::mem::size_of::<RuleStats>() == 16);
 };

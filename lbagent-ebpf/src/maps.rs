@@ -2,7 +2,7 @@
 //! `lbagent_common::maps`; every map is pinned by name.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray},
     macros::btf_map,
 };
 use lbagent_common::*;
@@ -30,6 +30,10 @@ pub static NAT_CONFIG: Array<NatConfig, 1> = Array::new();
 /// Per-CPU packet counters, indexed by `Counter`.
 #[btf_map(name = "counters", pin_by_name)]
 pub static COUNTERS: PerCpuArray<u64, { COUNTER_COUNT as usize }> = PerCpuArray::new();
+
+/// Per-rule packets and bytes.
+#[btf_map(name = "rule_stats", pin_by_name)]
+pub static RULE_STATS: LruPerCpuHashMap<u32, RuleStats, { RULE_STATS_MAX as usize }> = LruPerCpuHashMap::new();
 
 /// Layout version of the pins (checked by the agent, unused by the program).
 #[btf_map(name = "meta", pin_by_name)]

@@ -6,7 +6,7 @@ use lbagent_common::*;
 use crate::{
     TC_ACT_OK, TC_ACT_SHOT,
     conntrack::{self, Lookup, NewFlow},
-    counters::count,
+    counters::{count, count_flow},
     icmp_error,
     parse::{Packet, Parsed, parse},
     rewrite::rewrite,
@@ -35,6 +35,7 @@ fn flow(ctx: &TcContext, p: &Packet) -> i32 {
     match conntrack::lookup(p, now) {
         Lookup::Hit(e) => {
             count(if e.flags & CT_F_REPLY != 0 { Counter::XlateReply } else { Counter::XlateOrig });
+            count_flow(e.dnat_rule, e.snat_rule, ctx.len() as u64);
             apply(ctx, p, &e.xlate)
         }
         Lookup::Miss { expired } => {
@@ -97,6 +98,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     match conntrack::create(p, &f, now) {
         Ok(x) => {
             count(Counter::NewFlows);
+            count_flow(f.dnat_rule, f.snat_rule, ctx.len() as u64);
             apply(ctx, p, &x)
         }
         Err(c) => {

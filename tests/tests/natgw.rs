@@ -98,6 +98,10 @@ fn fip_dnat_snat_hairpin_and_icmp() {
             .any(|(k, e)| k.zone == zone && k.proto == PROTO_ICMP && e.xlate.daddr == [10, 10, 0, 21]),
         "echo went to the FIP's internal host"
     );
+    // Per-rule statistics: the FIP's DNAT rule counted its traffic.
+    let fip_id = b.bed.reconciler.alloc.rule_ids[&format!("natgw/{}/fip/198.51.100.10", b.gw)];
+    let stats = t.rule_stats().unwrap();
+    assert!(stats.iter().any(|(id, s)| *id == fip_id && s.packets >= 4 && s.bytes > 0), "{stats:?}");
     udp_expect_refused(inet, at("198.51.100.10", 9999)).unwrap();
     udp_expect_refused(&vpc(0), at("198.51.100.1", 9999)).unwrap();
 

@@ -133,6 +133,22 @@ fn tcp_synack_reply_direction() {
 }
 
 #[test]
+fn rule_stats_count_packets_and_bytes_per_rule() {
+    let Some(mut e) = engine() else { return };
+    let q = frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"query"));
+    let a = frame(&Ip::new(SERVER, SNAT), &udp(5353, 25000, b"longer answer"));
+    e.run(&q).unwrap();
+    e.run(&a).unwrap();
+    e.run(&q).unwrap();
+    let stats: std::collections::HashMap<u32, RuleStats> = e.tables.rule_stats().unwrap().into_iter().collect();
+    let want = RuleStats { packets: 3, bytes: (2 * q.len() + a.len()) as u64 };
+    assert_eq!(stats[&2], want, "DNAT rule udp/53");
+    assert_eq!(stats[&10], want, "SNAT rule");
+    e.tables.forget_rule_stats(&[2]).unwrap();
+    assert!(e.tables.rule_stats().unwrap().iter().all(|(id, _)| *id != 2));
+}
+
+#[test]
 fn tcp_data_both_directions() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);

@@ -148,11 +148,18 @@ impl Allocations {
         id
     }
 
-    /// Releases rule ids whose key starts with `prefix` and is not in `keep`.
-    pub fn release_rules(&mut self, prefix: &str, keep: &BTreeSet<String>) -> usize {
-        let before = self.rule_ids.len();
-        self.rule_ids.retain(|k, _| !k.starts_with(prefix) || keep.contains(k));
-        before - self.rule_ids.len()
+    /// Releases rule ids whose key starts with `prefix` and is not in `keep`;
+    /// returns the released ids.
+    pub fn release_rules(&mut self, prefix: &str, keep: &BTreeSet<String>) -> Vec<u32> {
+        let mut released = Vec::new();
+        self.rule_ids.retain(|k, id| {
+            let stays = !k.starts_with(prefix) || keep.contains(k);
+            if !stays {
+                released.push(*id);
+            }
+            stays
+        });
+        released
     }
 
     pub fn release_lb(&mut self, id: &str) -> Option<LbAlloc> {

@@ -112,6 +112,14 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             }
             Value::Object(obj)
         }
+        MAP_RULE_STATS => {
+            let mut arr = Vec::new();
+            for (id, st) in t.rule_stats()? {
+                text += &format!("rule {id:<6} packets {:<10} bytes {}\n", st.packets, st.bytes);
+                arr.push(json!({"rule_id": id, "packets": st.packets, "bytes": st.bytes}));
+            }
+            Value::Array(arr)
+        }
         MAP_META => {
             text += &format!("layout_version {LAYOUT_VERSION}\n");
             json!({"layout_version": LAYOUT_VERSION})

@@ -74,7 +74,7 @@ pub enum Command {
     },
     /// Decode the pinned maps (works without the daemon).
     Maps {
-        /// Only this map (ct, dnat_rules, dnat_backends, snat_rules, nat_config, counters, meta).
+        /// Only this map (ct, dnat_rules, dnat_backends, snat_rules, nat_config, counters, rule_stats, meta).
         name: Option<String>,
         #[arg(long)]
         json: bool,

@@ -22,6 +22,17 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
         for (c, v) in t.counters().unwrap_or_default() {
             let _ = writeln!(out, "lbagent_dataplane_packets_total{{counter=\"{}\"}} {v}", c.name());
         }
+        let stats = t.rule_stats().unwrap_or_default();
+        out += "# HELP lbagent_rule_packets_total Packets translated per rule (listener, backend, FIP, DNAT, SNAT).\n";
+        out += "# TYPE lbagent_rule_packets_total counter\n";
+        let name = |id: u32| status.rule_names.get(&id).cloned().unwrap_or_else(|| format!("id/{id}"));
+        for (id, st) in &stats {
+            let _ = writeln!(out, "lbagent_rule_packets_total{{rule=\"{}\"}} {}", name(*id), st.packets);
+        }
+        out += "# TYPE lbagent_rule_bytes_total counter\n";
+        for (id, st) in &stats {
+            let _ = writeln!(out, "lbagent_rule_bytes_total{{rule=\"{}\"}} {}", name(*id), st.bytes);
+        }
     }
     let doc = &status.document;
     let ok = doc["last_apply"]["ok"].as_bool().map(|b| b as u8).unwrap_or(0);

@@ -21,6 +21,8 @@ pub struct Status {
     /// Problems of the newest state file when it was refused.
     pub rejected: Option<Problems>,
     pub document: Value,
+    /// Rule id → rule key (`natgw/<gw>/fip/<eip>`, `lb/<id>/listener/<l>` …), for metrics.
+    pub rule_names: std::collections::BTreeMap<u32, String>,
 }
 
 fn secs(t: Option<SystemTime>) -> Value {
@@ -30,6 +32,7 @@ fn secs(t: Option<SystemTime>) -> Value {
 impl Status {
     /// Recomputes the document after an apply or a refused reload.
     pub fn refresh(&mut self, applied: &Applied, alloc: &Allocations) {
+        self.rule_names = alloc.rule_ids.iter().map(|(k, id)| (*id, k.clone())).collect();
         let lbs: Vec<Value> = applied
             .lbs
             .values()

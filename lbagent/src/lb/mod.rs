@@ -49,10 +49,12 @@ pub fn ensure(
     engine.attach(zone, &ns, &h0)?;
     let up = |listener: &str, backend: &str| health.is_up(&lb.id, listener, backend);
     let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, alloc);
-    sync::dnat(&engine.tables()?, zone, &want, &mut changes)?;
-    let n = alloc.release_rules(&rules::prefix(&lb.id), &keys);
-    if n > 0 {
-        changes.push(format!("released {n} rule ids"));
+    let t = engine.tables()?;
+    sync::dnat(&t, zone, &want, &mut changes)?;
+    let released = alloc.release_rules(&rules::prefix(&lb.id), &keys);
+    if !released.is_empty() {
+        t.forget_rule_stats(&released)?;
+        changes.push(format!("released {} rule ids", released.len()));
     }
     Ok(changes)
 }
@@ -69,7 +71,8 @@ pub fn remove(engine: &mut Engine, id: &str, alloc: &mut Allocations) -> Result<
         changes.push(format!("removed rules, flushed {n} flows"));
     }
     plumb::remove(id, &mut changes)?;
-    alloc.release_rules(&rules::prefix(id), &Default::default());
+    let released = alloc.release_rules(&rules::prefix(id), &Default::default());
+    engine.tables()?.forget_rule_stats(&released)?;
     if let Some(a) = alloc.release_lb(id) {
         changes.push(format!("released inner {}, outer {}, {} mapped ports", a.inner, a.outer, a.ports.len()));
     }

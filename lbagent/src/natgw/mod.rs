@@ -42,8 +42,9 @@ pub fn ensure(
         }
     }
     let released = alloc.release_rules(&rules::prefix(&gw.name), &want.keys);
-    if released > 0 {
-        changes.push(format!("released {released} rule ids"));
+    if !released.is_empty() {
+        t.forget_rule_stats(&released)?;
+        changes.push(format!("released {} rule ids", released.len()));
     }
     Ok(changes)
 }
@@ -57,7 +58,8 @@ pub fn remove(engine: &mut Engine, prev: &NatGateway, alloc: &mut Allocations) -
     let n = sync::clear_zone(&engine.tables()?, zone)?;
     changes.push(format!("removed rules, flushed {n} flows"));
     plumb::remove(&prev.name, &mut changes)?;
-    alloc.release_rules(&rules::prefix(&prev.name), &Default::default());
+    let released = alloc.release_rules(&rules::prefix(&prev.name), &Default::default());
+    engine.tables()?.forget_rule_stats(&released)?;
     alloc.release_zone(&key);
     changes.push(format!("released zone {zone}"));
     Ok(changes)

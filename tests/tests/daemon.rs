@@ -38,6 +38,7 @@ fn example(bridge: &str, id: &str) -> String {
 struct Env {
     dir: PathBuf,
     bpffs: PathBuf,
+    metrics_port: u16,
 }
 
 impl Env {
@@ -46,7 +47,8 @@ impl Env {
         let dir = std::env::temp_dir().join(&tag);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        Env { dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag) }
+        let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Env { dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag), metrics_port }
     }
     fn state(&self) -> PathBuf {
         self.dir.join("state.yaml")
@@ -64,7 +66,8 @@ impl Env {
     fn start(&self) -> Daemon {
         let child = Command::new(lbagent_bin())
             .arg("run")
-            .args(["--state", self.state().to_str().unwrap(), "--metrics", "127.0.0.1:0", "--repair-interval", "2"])
+            .args(["--state", self.state().to_str().unwrap(), "--repair-interval", "2"])
+            .args(["--metrics", &format!("127.0.0.1:{}", self.metrics_port)])
             .args(self.common())
             .stderr(Stdio::null())
             .spawn()
@@ -73,6 +76,22 @@ impl Env {
         wait(|| self.status().is_some_and(|s| !s["last_apply"].is_null()), "daemon up and applied");
         d
     }
+    /// Runs a client command with this environment's flags; its stdout.
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(lbagent_bin()).args(args).args(self.common()).output().unwrap();
+        assert!(out.status.success(), "lbagent {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
     fn status(&self) -> Option<Value> {
         let out = Command::new(lbagent_bin()).args(["status", "--json"]).args(self.common()).output().ok()?;
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
@@ -256,6 +275,7 @@ load_balancers:
     );
     std::fs::write(env.state(), &state).unwrap();
     let daemon = env.start();
+    let id = state.lines().find_map(|l| l.trim().strip_prefix("- id: ")).unwrap().to_string();
     let vip = |port| -> std::net::SocketAddr { format!("10.60.0.5:{port}").parse().unwrap() };
     let direct = OpenConn::open(&client.ns.name, vip(9000)).unwrap();
     let proxied = OpenConn::open(&client.ns.name, vip(7000)).unwrap();
@@ -275,6 +295,24 @@ load_balancers:
     assert!(direct.ping("3").unwrap().starts_with("b "));
     assert!(proxied.ping("3").unwrap().starts_with("b "));
     assert!(ask_tcp(&client.ns.name, vip(9000)).unwrap().starts_with("b "));
+
+    // Operator commands against the live dataplane.
+    let maps: Value = serde_json::from_str(&env.cli(&["maps", "--json"])).unwrap();
+    assert!(
+        maps["dnat_rules"].as_array().unwrap().iter().any(|r| r["addr"] == "10.60.0.5" && r["port"] == 9000),
+        "{maps}"
+    );
+    assert!(maps["rule_stats"].as_array().unwrap().iter().any(|r| r["packets"].as_u64().unwrap() > 0));
+    let ct: Value =
+        serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--proto", "tcp", "--port", "9000"])).unwrap();
+    assert!(!ct.as_array().unwrap().is_empty(), "the open direct connection is tracked");
+    let metrics = env.metrics();
+    assert!(metrics.contains(&format!("lbagent_rule_packets_total{{rule=\"lb/{id}/listener/direct\"}}")), "{metrics}");
+    assert!(metrics.contains("lbagent_last_apply_success 1"));
+    let flushed = env.cli(&["conntrack", "flush", "--port", "7000"]);
+    assert!(flushed.starts_with("flushed ") && !flushed.starts_with("flushed 0 "), "{flushed}");
+    let ct: Value = serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--port", "7000"])).unwrap();
+    assert!(ct.as_array().unwrap().is_empty());
 }
 
 #[test]

@@ -1,12 +1,12 @@
 //! `lbagent conntrack list|flush [filters]`.
 
-use std::{net::Ipv4Addr, path::Path};
+use std::net::Ipv4Addr;
 
 use anyhow::{Result, anyhow};
 use clap::{Args, Subcommand};
 use lbagent_common::{CtEntry, Tuple};
 
-use super::format as fmt;
+use super::{Common, format as fmt};
 use crate::dataplane::tables::Tables;
 
 #[derive(Subcommand, Clone, Debug)]
@@ -17,14 +17,21 @@ pub enum Action {
         filter: Filter,
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        common: Common,
     },
     /// Delete tracked flows matching the filters (all flows without filters).
     Flush {
         #[command(flatten)]
         filter: Filter,
+        #[command(flatten)]
+        common: Common,
     },
     /// Delete flows idle past their timeout (the daemon does this every repair pass).
-    Gc,
+    Gc {
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
 /// Selects flows by any field of either direction's tuple.
@@ -56,10 +63,13 @@ impl Filter {
     }
 }
 
-pub fn run(bpffs: &Path, action: Action) -> Result<()> {
-    let tables = Tables::open(bpffs)?;
+pub fn run(action: Action) -> Result<()> {
+    let bpffs = match &action {
+        Action::List { common, .. } | Action::Flush { common, .. } | Action::Gc { common } => common.bpffs.clone(),
+    };
+    let tables = Tables::open(&bpffs)?;
     match action {
-        Action::List { filter, json } => {
+        Action::List { filter, json, .. } => {
             let now = fmt::monotonic_ns();
             let entries: Vec<_> = tables.conntrack()?.into_iter().filter(|(k, e)| filter.matches(k, e)).collect();
             if json {
@@ -72,8 +82,8 @@ pub fn run(bpffs: &Path, action: Action) -> Result<()> {
                 eprintln!("{} entries", entries.len());
             }
         }
-        Action::Gc => println!("collected {} idle flows", tables.gc(fmt::monotonic_ns())?),
-        Action::Flush { filter } => {
+        Action::Gc { .. } => println!("collected {} idle flows", tables.gc(fmt::monotonic_ns())?),
+        Action::Flush { filter, .. } => {
             let n = tables.flush_conntrack(|k, e| filter.matches(k, e))?;
             println!("flushed {n} flows");
         }

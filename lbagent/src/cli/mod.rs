@@ -81,12 +81,10 @@ pub enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// List or flush tracked connections.
+    /// List, flush or garbage-collect tracked connections.
     Conntrack {
         #[command(subcommand)]
         action: conntrack::Action,
-        #[command(flatten)]
-        common: Common,
     },
     /// Remove everything the agent created (stop the daemon first).
     Teardown {
@@ -138,7 +136,7 @@ pub fn main() -> Result<()> {
         },
         Command::Status { json, common } => status::run(&common.api_socket, json),
         Command::Maps { name, json, common } => maps::run(&common.bpffs, name.as_deref(), json),
-        Command::Conntrack { action, common } => conntrack::run(&common.bpffs, action),
+        Command::Conntrack { action } => conntrack::run(action),
         Command::Teardown { common } => daemon::teardown(&common.state_dir, &common.bpffs, &common.api_socket),
     }
 }

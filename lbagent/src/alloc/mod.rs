@@ -31,6 +31,10 @@ pub struct Allocations {
     /// and are unique across zones (they key backends and conntrack entries).
     #[serde(default)]
     pub rule_ids: BTreeMap<String, u32>,
+    /// Rule ids are never reused: flows of a deleted rule may still drain
+    /// under its id, and its statistics must not be mistaken for a new rule's.
+    #[serde(default)]
+    pub next_rule_id: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,13 +141,18 @@ impl Allocations {
         Ok((added, released))
     }
 
-    /// The rule id of `key`, allocating the lowest free one.
+    /// The rule id of `key`, allocating a fresh one (never a released one,
+    /// until the 32-bit space wraps).
     pub fn rule_id(&mut self, key: &str) -> u32 {
         if let Some(id) = self.rule_ids.get(key) {
             return *id;
         }
         let used: BTreeSet<u32> = self.rule_ids.values().copied().collect();
-        let id = (1..).find(|i| !used.contains(i)).unwrap();
+        let mut id = self.next_rule_id.max(1);
+        while used.contains(&id) || id == 0 {
+            id = id.wrapping_add(1);
+        }
+        self.next_rule_id = id.wrapping_add(1);
         self.rule_ids.insert(key.to_string(), id);
         id
     }
@@ -212,6 +221,16 @@ mod tests {
         assert_eq!(after["b1"], before["b1"]);
         assert_eq!(after["b3"], before["b3"]);
         assert_eq!(after["b4"], 1026, "the released port is reused");
+    }
+
+    #[test]
+    fn rule_ids_are_stable_and_never_reused() {
+        let mut a = Allocations::default();
+        assert_eq!(a.rule_id("natgw/g/fip/1"), 1);
+        assert_eq!(a.rule_id("natgw/g/snat/2"), 2);
+        assert_eq!(a.rule_id("natgw/g/fip/1"), 1);
+        assert_eq!(a.release_rules("natgw/g/", &BTreeSet::from(["natgw/g/snat/2".to_string()])), vec![1]);
+        assert_eq!(a.rule_id("natgw/g/fip/3"), 3, "1 is not handed out again");
     }
 
     #[test]

@@ -309,6 +309,9 @@ load_balancers:
     let metrics = env.metrics();
     assert!(metrics.contains(&format!("lbagent_rule_packets_total{{rule=\"lb/{id}/listener/direct\"}}")), "{metrics}");
     assert!(metrics.contains("lbagent_last_apply_success 1"));
+    let status: Value = serde_json::from_str(&env.cli(&["status", "--json"])).unwrap();
+    assert!(status["rule_stats"][format!("lb/{id}/listener/direct")]["packets"].as_u64().unwrap() > 0, "{status}");
+    assert!(env.cli(&["status"]).contains("listener direct"));
     let flushed = env.cli(&["conntrack", "flush", "--port", "7000"]);
     assert!(flushed.starts_with("flushed ") && !flushed.starts_with("flushed 0 "), "{flushed}");
     let ct: Value = serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--port", "7000"])).unwrap();

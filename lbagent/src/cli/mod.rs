@@ -134,7 +134,7 @@ pub fn main() -> Result<()> {
                 std::process::exit(2);
             }
         },
-        Command::Status { json, common } => status::run(&common.api_socket, json),
+        Command::Status { json, common } => status::run(&common.api_socket, &common.bpffs, json),
         Command::Maps { name, json, common } => maps::run(&common.bpffs, name.as_deref(), json),
         Command::Conntrack { action } => conntrack::run(action),
         Command::Teardown { common } => daemon::teardown(&common.state_dir, &common.bpffs, &common.api_socket),

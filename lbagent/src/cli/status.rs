@@ -5,16 +5,31 @@ use std::path::Path;
 use anyhow::Result;
 use serde_json::Value;
 
-use crate::daemon::api;
+use crate::{daemon::api, dataplane::tables::Tables};
 
-pub fn run(socket: &Path, json: bool) -> Result<()> {
-    let doc = api::request(socket, "status")?;
+pub fn run(socket: &Path, bpffs: &Path, json: bool) -> Result<()> {
+    let mut doc = api::request(socket, "status")?;
+    add_rule_stats(&mut doc, bpffs);
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     print!("{}", render(&doc));
     Ok(())
+}
+
+/// Live per-rule packets/bytes from the pinned maps, keyed by rule key
+/// (`doc["rules"]` maps keys to ids). Skipped when the maps are unreadable.
+fn add_rule_stats(doc: &mut Value, bpffs: &Path) {
+    let Ok(stats) = Tables::open(bpffs).and_then(|t| t.rule_stats()) else { return };
+    let by_id: std::collections::HashMap<u32, _> = stats.into_iter().collect();
+    let mut out = serde_json::Map::new();
+    for (key, id) in doc["rules"].as_object().cloned().unwrap_or_default() {
+        if let Some(st) = id.as_u64().and_then(|id| by_id.get(&(id as u32))) {
+            out.insert(key, serde_json::json!({"packets": st.packets, "bytes": st.bytes}));
+        }
+    }
+    doc["rule_stats"] = Value::Object(out);
 }
 
 fn s(v: &Value) -> String {
@@ -61,6 +76,19 @@ pub fn render(doc: &Value) -> String {
             s(&lb["links"]["ovn"]),
             s(&lb["links"]["proxy"])
         );
+        for l in lb["listeners"].as_array().into_iter().flatten() {
+            let st = &doc["rule_stats"][format!("lb/{}/listener/{}", s(&lb["id"]), s(&l["id"]))];
+            out += &format!(
+                "  listener {:<10} {}/{} {} -> {}  packets {} bytes {}\n",
+                s(&l["id"]),
+                s(&l["type"]),
+                s(&l["port"]),
+                s(&l["mode"]),
+                s(&l["backend_group"]),
+                st["packets"].as_u64().unwrap_or(0),
+                st["bytes"].as_u64().unwrap_or(0)
+            );
+        }
         for b in lb["backends"].as_array().into_iter().flatten() {
             out += &format!(
                 "  backend {:<12} {}:{} weight {} mapped port {}\n",

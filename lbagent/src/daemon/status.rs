@@ -101,6 +101,7 @@ impl Status {
             "rejected_state": self.rejected.as_ref().map(|p| p.0.iter().map(|x| x.to_string()).collect::<Vec<_>>()),
             "load_balancers": lbs,
             "nat_gateways": gws,
+            "rules": alloc.rule_ids,
         });
     }
 }

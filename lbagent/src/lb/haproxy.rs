@@ -181,23 +181,27 @@ impl Haproxy {
         }
     }
 
-    /// Stops haproxy (if running) and removes its files.
+    /// Stops haproxy (if running) and removes its files. The master runs in
+    /// its own process group (daemon mode), so the group is signalled:
+    /// SIGTERM, then SIGKILL for whatever is still there after 2.5 s.
     pub fn stop(&self) -> Result<bool> {
-        let stopped = match self.pid() {
-            Some(pid) => {
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-                for _ in 0..50 {
-                    if unsafe { libc::kill(pid, 0) } != 0 {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                true
-            }
-            None => false,
+        let Some(pid) = self.pid() else {
+            let _ = fs::remove_dir_all(&self.dir);
+            return Ok(false);
         };
+        let alive = || unsafe { libc::kill(pid, 0) } == 0;
+        unsafe { libc::kill(-pid, libc::SIGTERM) };
+        for _ in 0..50 {
+            if !alive() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if alive() {
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
         let _ = fs::remove_dir_all(&self.dir);
-        Ok(stopped)
+        Ok(true)
     }
 }
 

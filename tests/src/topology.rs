@@ -40,6 +40,8 @@ pub struct NatTopology {
     pub tables: Tables,
     pub mode: AttachMode,
     pub ifaces: [String; 2],
+    /// The client's interface (toward the NAT namespace).
+    pub client_if: String,
     pub pins: TestPins,
 }
 
@@ -107,7 +109,7 @@ impl NatTopology {
             random: true,
             rule_id: 10,
         })?;
-        Ok(NatTopology { client, nat, server, prog, tables, mode: used, ifaces: [n0, n1], pins })
+        Ok(NatTopology { client, nat, server, prog, tables, mode: used, ifaces: [n0, n1], client_if: c0, pins })
     }
 }
 

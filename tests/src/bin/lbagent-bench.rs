@@ -10,6 +10,7 @@
 //!    rule after N-1 others) vs plain routing without NAT; interleaved,
 //!    repeated, medians.
 //! 3. Time to install N rules, and to change one rule among N.
+//! 4. TCP throughput (TSO on and off) and small-packet UDP rate, iperf3.
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat).
 
@@ -181,16 +182,7 @@ fn conn_rates(counts: &[usize], reps: usize, dur: Duration, out: &mut String) ->
             rule_id: 10,
         })?;
         let ipt = NatTopology::plain()?;
-        let rules = iptables_rules(&ipt.ifaces[1], n);
-        let mut child = std::process::Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", ipt.nat.name))
-            .args(["--", "iptables-legacy-restore"])
-            .stdin(std::process::Stdio::piped())
-            .spawn()?;
-        child.stdin.take().unwrap().write_all(rules.as_bytes())?;
-        if !child.wait()?.success() {
-            bail!("iptables-legacy-restore failed");
-        }
+        iptables_restore(&ipt.nat.name, &iptables_rules(&ipt.ifaces[1], n))?;
         let route = NatTopology::plain()?;
         for t in [&ebpf, &ipt, &route] {
             accept_forever(&t.server.name)?;
@@ -211,6 +203,102 @@ fn conn_rates(counts: &[usize], reps: usize, dur: Duration, out: &mut String) ->
         let (e, i, r) = (median(e), median(i), median(r));
         writeln!(out, "| {n} | {e:.0} | {i:.0} | {r:.0} | {:.2} | {}/{}/{} |", e / i, stalls[0], stalls[1], stalls[2])?;
         eprint!(".");
+    }
+    Ok(())
+}
+
+/// An iperf3 server in a namespace, killed on drop.
+struct Iperf(std::process::Child);
+
+impl Iperf {
+    fn start(ns: &str) -> Result<Iperf> {
+        let child = std::process::Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{ns}"))
+            .args(["--", "iperf3", "-s", "-p", "5201"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context("starting iperf3 (is it installed?)")?;
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(Iperf(child))
+    }
+}
+
+impl Drop for Iperf {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One iperf3 run from `ns` to `to`; returns the parsed JSON.
+fn iperf(ns: &str, to: Ipv4Addr, extra: &[&str]) -> Result<serde_json::Value> {
+    let out = lbagent_tests::net::in_ns(ns, &[&["iperf3", "-c", &to.to_string(), "-p", "5201", "-t", "2", "-J"][..], extra].concat())?;
+    Ok(serde_json::from_str(&out)?)
+}
+
+fn throughput(reps: usize, out: &mut String) -> Result<()> {
+    writeln!(out, "\n## 4. Throughput and small-packet rate (iperf3, 2 s runs, median of {reps}, 10 rules)\n")?;
+    writeln!(out, "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) |\n|---|---:|---:|---:|")?;
+    let ebpf = NatTopology::new(AttachMode::Auto)?;
+    for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
+        ebpf.tables.set_dnat(&DnatSpec {
+            zone: ZONE,
+            addr: VIP,
+            proto,
+            port: 5201,
+            rule_id: 50 + i as u32,
+            backends: vec![(SERVER, 5201)],
+            snat: None,
+        })?;
+    }
+    for spec in filler(ZONE, 8) {
+        ebpf.tables.set_dnat(&spec)?;
+    }
+    let ipt = NatTopology::plain()?;
+    let mut rules = iptables_rules(&ipt.ifaces[1], 8);
+    rules = rules.replace(
+        "COMMIT",
+        &format!(
+            "-I PREROUTING -d {VIP}/32 -p tcp --dport 5201 -j DNAT --to-destination {SERVER}:5201\n-I PREROUTING -d {VIP}/32 -p udp --dport 5201 -j DNAT --to-destination {SERVER}:5201\n-A POSTROUTING -o {} -p udp -j SNAT --to-source {SNAT}:1024-65535\nCOMMIT",
+            ipt.ifaces[1]
+        ),
+    );
+    iptables_restore(&ipt.nat.name, &rules)?;
+    let route = NatTopology::plain()?;
+    let paths = [("eBPF engine", &ebpf, VIP), ("iptables (seed rules)", &ipt, VIP), ("plain routing, no NAT", &route, SERVER)];
+    let _servers: Vec<Iperf> = paths.iter().map(|(_, t, _)| Iperf::start(&t.server.name)).collect::<Result<_>>()?;
+    let mut rows = vec![(vec![], vec![], vec![]); 3];
+    for _ in 0..reps {
+        for (k, (_, t, to)) in paths.iter().enumerate() {
+            let c0 = t.client_if.clone();
+            let bps = |v: &serde_json::Value| v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
+            let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
+            rows[k].0.push(bps(&iperf(&t.client.name, *to, &[])?));
+            let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "off", "gso", "off"]);
+            rows[k].1.push(bps(&iperf(&t.client.name, *to, &[])?));
+            let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
+            let u = iperf(&t.client.name, *to, &["-u", "-b", "0", "-l", "64"])?;
+            let sum = &u["end"]["sum"];
+            let got = sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
+            rows[k].2.push(got / sum["seconds"].as_f64().unwrap_or(2.0) / 1e3);
+            eprint!(".");
+        }
+    }
+    for ((name, _, _), (tso, notso, udp)) in paths.iter().zip(rows) {
+        writeln!(out, "| {name} | {:.2} | {:.2} | {:.0} |", median(tso), median(notso), median(udp))?;
+    }
+    Ok(())
+}
+
+fn iptables_restore(ns: &str, rules: &str) -> Result<()> {
+    let mut child = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{ns}"))
+        .args(["--", "iptables-legacy-restore"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()?;
+    child.stdin.take().unwrap().write_all(rules.as_bytes())?;
+    if !child.wait()?.success() {
+        bail!("iptables-legacy-restore failed");
     }
     Ok(())
 }
@@ -259,6 +347,7 @@ fn main() -> Result<()> {
     program_cost(counts, 5, &mut out)?;
     conn_rates(counts, reps, Duration::from_millis(1000), &mut out)?;
     apply_times(counts, &mut out)?;
+    throughput(reps, &mut out)?;
     eprintln!();
     println!("{out}");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");

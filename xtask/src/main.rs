@@ -64,7 +64,13 @@ fn main() -> Result<()> {
         Cmd::Bench => {
             let channel = setup::ensure_all()?;
             build::all(&channel)?;
-            run(build::cargo(&channel).args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-bench"]))
+            run(build::cargo(&channel).args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-bench"]))?;
+            // Plots are optional: they need python3 with matplotlib.
+            let plotted = Command::new("python3").arg(build::root().join("docs/plot_benchmarks.py")).status();
+            if !plotted.is_ok_and(|s| s.success()) {
+                eprintln!("xtask: no plots (needs python3 with matplotlib: pip install matplotlib)");
+            }
+            Ok(())
         }
     }
 }

@@ -11,8 +11,10 @@
 //!    repeated, medians.
 //! 3. Time to install N rules, and to change one rule among N.
 //! 4. TCP throughput (TSO on and off) and small-packet UDP rate, iperf3.
+//! 5. Disruption: connections lost across agent restarts and a config change.
 //!
-//! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat).
+//! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption` picks sections.
 
 use std::{
     fmt::Write as _,
@@ -290,6 +292,127 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
     Ok(())
 }
 
+/// `lbagent run` for the disruption measurement, killed on drop.
+struct Agent {
+    child: std::process::Child,
+    args: Vec<String>,
+    common: Vec<String>,
+}
+
+impl Agent {
+    fn start(args: Vec<String>, common: Vec<String>) -> Result<Agent> {
+        let child = std::process::Command::new(lbagent_tests::lbagent_bin())
+            .arg("run")
+            .args(&args)
+            .args(&common)
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let a = Agent { child, args, common };
+        a.wait_applied()?;
+        Ok(a)
+    }
+
+    fn wait_applied(&self) -> Result<()> {
+        let t = Instant::now();
+        loop {
+            let out = std::process::Command::new(lbagent_tests::lbagent_bin()).args(["status", "--json"]).args(&self.common).output()?;
+            let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            if out.status.success() && doc["last_apply"]["ok"] == true {
+                return Ok(());
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                bail!("agent did not apply");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn restart(&mut self, sig: i32) -> Result<()> {
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+        self.child.wait()?;
+        *self = Agent::start(self.args.clone(), self.common.clone())?;
+        Ok(())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::process::Command::new(lbagent_tests::lbagent_bin()).arg("teardown").args(&self.common).output();
+    }
+}
+
+/// Connections lost across agent restarts and a config change: 40 open
+/// connections (20 direct, 20 through haproxy) must keep answering, and a
+/// client opening new connections during the event counts failures.
+fn disruption(out: &mut String) -> Result<()> {
+    use lbagent_tests::{bed::lb_id, hosts::TestHost, ovs::OvsBridge, traffic::*, unique};
+    writeln!(out, "\n## 5. Disruption (load balancer, 20 direct + 20 proxied open connections)\n")?;
+    writeln!(out, "| event | open connections lost | new connections failed / tried during the event |\n|---|---:|---:|")?;
+    let _lock = lbagent_tests::bed::HostLock::take()?;
+    let bridge = OvsBridge::new(&unique("brbd"))?;
+    let client = TestHost::on(|p| bridge.add_port(p), "10.80.0.10", 24, "")?;
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.80.0.21", 24, "")?;
+    line_echo_server(&backend.ns.name, 9000, "b")?;
+    let dir = std::env::temp_dir().join(unique("lbbench"));
+    std::fs::create_dir_all(&dir)?;
+    let state = |weight: u32| {
+        format!(
+            "version: 1\nagent: {{integration_bridge: {}}}\nload_balancers:\n  - id: {}\n    network: {{ip: 10.80.0.5, mac: \"02:00:0a:50:00:05\", prefix_len: 24, gateway: 10.80.0.1}}\n    listeners:\n      - {{id: d, type: tcp, port: 9000, backend_group: g}}\n      - {{id: p, type: tcp, port: 7000, backend_group: g, mode: proxy}}\n    backend_groups: [{{id: g, backends: [{{id: b, address: 10.80.0.21, port: 9000, weight: {weight}}}]}}]\n",
+            bridge.name, "LBID"
+        )
+    };
+    let id = lb_id();
+    let write = |w: u32| std::fs::write(dir.join("state.yaml"), state(w).replace("LBID", &id));
+    write(1)?;
+    let bpffs = format!("/sys/fs/bpf/{}", unique("lbbench"));
+    let common: Vec<String> = ["--bpffs", &bpffs, "--state-dir", &dir.join("sd").display().to_string(), "--api-socket", &dir.join("api.sock").display().to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let args: Vec<String> = ["--state", &dir.join("state.yaml").display().to_string(), "--metrics", "127.0.0.1:0"].iter().map(|s| s.to_string()).collect();
+    let mut agent = Agent::start(args, common)?;
+    let vip = |port: u16| SocketAddr::from(([10, 80, 0, 5], port));
+    let conns: Vec<OpenConn> = (0..40).map(|i| OpenConn::open(&client.ns.name, vip(if i % 2 == 0 { 9000 } else { 7000 }))).collect::<Result<_>>()?;
+    for event in ["agent killed (-9) and restarted", "agent stopped (SIGTERM) and restarted", "config change (backend weight) applied"] {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let prober = {
+            let (stop, ns) = (stop.clone(), client.ns.name.clone());
+            std::thread::spawn(move || {
+                let (mut tried, mut failed) = (0u32, 0u32);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    tried += 1;
+                    if ask_tcp(&ns, vip(if tried % 2 == 0 { 9000 } else { 7000 })).is_err() {
+                        failed += 1;
+                    }
+                }
+                (failed, tried)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        match event {
+            e if e.contains("-9") => agent.restart(libc::SIGKILL)?,
+            e if e.contains("SIGTERM") => agent.restart(libc::SIGTERM)?,
+            _ => {
+                write(2)?;
+                std::thread::sleep(Duration::from_millis(1500));
+                agent.wait_applied()?;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (failed, tried) = prober.join().map_err(|_| anyhow::anyhow!("prober panicked"))?;
+        let lost = conns.iter().filter(|c| c.ping("x").is_err()).count();
+        writeln!(out, "| {event} | {lost} of {} | {failed} / {tried} |", conns.len())?;
+        eprint!(".");
+    }
+    drop(conns);
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
 fn iptables_restore(ns: &str, rules: &str) -> Result<()> {
     let mut child = std::process::Command::new("nsenter")
         .arg(format!("--net=/run/netns/{ns}"))
@@ -344,10 +467,23 @@ fn main() -> Result<()> {
         "# lbagent benchmarks\n\nReproduce: `cargo xtask bench` (as root). Kernel {kernel}, {} CPUs. These machines are noisy: compare the columns of one row, measured side by side in one run, not absolute numbers across runs.\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
-    program_cost(counts, 5, &mut out)?;
-    conn_rates(counts, reps, Duration::from_millis(1000), &mut out)?;
-    apply_times(counts, &mut out)?;
-    throughput(reps, &mut out)?;
+    let only = std::env::var("LBAGENT_BENCH_SECTIONS").unwrap_or_default();
+    let want = |name: &str| only.is_empty() || only.split(',').any(|s| s == name);
+    if want("cost") {
+        program_cost(counts, 5, &mut out)?;
+    }
+    if want("connections") {
+        conn_rates(counts, reps, Duration::from_millis(1000), &mut out)?;
+    }
+    if want("apply") {
+        apply_times(counts, &mut out)?;
+    }
+    if want("throughput") {
+        throughput(reps, &mut out)?;
+    }
+    if want("disruption") {
+        disruption(&mut out)?;
+    }
     eprintln!();
     println!("{out}");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");

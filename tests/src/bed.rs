@@ -21,9 +21,15 @@ pub struct Bed {
 
 impl Bed {
     pub fn new() -> Result<Self> {
+        Self::with_attach(AttachMode::Auto)
+    }
+
+    /// A bed whose programs attach with `mode` (tcx here on 6.6+; netlink
+    /// is what Linux 5.x hosts use).
+    pub fn with_attach(mode: AttachMode) -> Result<Self> {
         let pins = TestPins::new();
         let state_dir = std::env::temp_dir().join(unique("lbsd"));
-        let reconciler = Reconciler::open(Host::new(pins.root.clone(), AttachMode::Auto, &state_dir), &state_dir)?;
+        let reconciler = Reconciler::open(Host::new(pins.root.clone(), mode, &state_dir), &state_dir)?;
         Ok(Bed { reconciler, pins, state_dir })
     }
 

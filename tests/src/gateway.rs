@@ -42,7 +42,10 @@ impl GwBed {
         for ip in vpc_ips {
             vpc.push(TestHost::on(|p| lan_bridge.add_port(p), ip, 24, LAN_GW_IP)?);
         }
-        Ok(GwBed { gw: unique("gw"), bed: Bed::new()?, internet, vpc, lan_bridge, ext_bridge })
+        // Gateways attach over netlink (the Linux 5.x path); load balancer
+        // tests use tcx, so both paths carry real plumbing and traffic.
+        let bed = Bed::with_attach(lbagent::dataplane::attach::AttachMode::Netlink)?;
+        Ok(GwBed { gw: unique("gw"), bed, internet, vpc, lan_bridge, ext_bridge })
     }
 
     /// A state file with this bed's bridges and the given gateway sections

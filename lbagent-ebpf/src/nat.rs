@@ -98,11 +98,24 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     match conntrack::create(p, &f, now) {
         Ok(x) => {
             count(Counter::NewFlows);
+            aya_log_ebpf::debug!(
+                ctx,
+                "zone {} new flow proto {} {:i}:{} -> {:i}:{} dnat rule {} snat rule {}",
+                t.zone,
+                t.proto,
+                u32::from_be_bytes(t.saddr),
+                t.sport,
+                u32::from_be_bytes(t.daddr),
+                t.dport,
+                f.dnat_rule,
+                f.snat_rule
+            );
             count_flow(f.dnat_rule, f.snat_rule, ctx.len() as u64);
             apply(ctx, p, &x)
         }
         Err(c) => {
             count(c);
+            aya_log_ebpf::warn!(ctx, "zone {} dropped a new flow: {}", t.zone, c as u32);
             TC_ACT_SHOT
         }
     }

@@ -56,6 +56,10 @@ pub enum Command {
         /// Seconds between repair passes that re-ensure every object.
         #[arg(long, default_value_t = 11)]
         repair_interval: u64,
+        /// eBPF-side logs (off, error, warn, info, debug, trace), shown under
+        /// the `lbagent_ebpf` target; `off` costs nothing per packet.
+        #[arg(long, default_value = "off")]
+        ebpf_log: crate::dataplane::logs::EbpfLogLevel,
         /// Conntrack table size in entries (two per flow; default 262144). Fixed
         /// for the life of the pins: a different size is refused until teardown.
         #[arg(long)]
@@ -99,7 +103,8 @@ pub fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().cmd {
-        Command::Run { state, attach, metrics, repair_interval, conntrack_max, common } => {
+        Command::Run { state, attach, metrics, repair_interval, conntrack_max, ebpf_log, common } => {
+            crate::dataplane::logs::set_level(ebpf_log);
             let opts = daemon::Options {
                 state,
                 state_dir: common.state_dir,

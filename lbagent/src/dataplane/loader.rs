@@ -33,11 +33,17 @@ impl ZoneProgram {
         pins::check_meta(root)?;
         let dir = pins::versioned_dir(root);
         let mut loader = EbpfLoader::new();
-        loader.default_map_pin_directory(&dir).override_global("ZONE", &zone, true);
+        let log_level = super::logs::level();
+        loader.default_map_pin_directory(&dir).override_global("ZONE", &zone, true).override_global(
+            aya_log::LEVEL,
+            &log_level,
+            false,
+        );
         if let Some(n) = ct_max {
             loader.map_max_entries(lbagent_common::MAP_CT, n);
         }
         let mut ebpf = loader.load(OBJECT).map_err(|e| explain(e, &dir))?;
+        super::logs::attach(&mut ebpf);
         pins::write_meta(root)?;
         let prog: &mut SchedClassifier =
             ebpf.program_mut(PROGRAM).context("program missing from object")?.try_into()?;

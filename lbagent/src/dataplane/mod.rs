@@ -7,6 +7,7 @@
 pub mod attach;
 pub mod engine;
 pub mod loader;
+pub mod logs;
 pub mod pins;
 pub mod sync;
 pub mod tables;

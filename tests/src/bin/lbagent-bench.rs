@@ -234,13 +234,19 @@ impl Drop for Iperf {
 
 /// One iperf3 run from `ns` to `to`; returns the parsed JSON.
 fn iperf(ns: &str, to: Ipv4Addr, extra: &[&str]) -> Result<serde_json::Value> {
-    let out = lbagent_tests::net::in_ns(ns, &[&["iperf3", "-c", &to.to_string(), "-p", "5201", "-t", "2", "-J"][..], extra].concat())?;
+    let out = lbagent_tests::net::in_ns(
+        ns,
+        &[&["iperf3", "-c", &to.to_string(), "-p", "5201", "-t", "2", "-J"][..], extra].concat(),
+    )?;
     Ok(serde_json::from_str(&out)?)
 }
 
 fn throughput(reps: usize, out: &mut String) -> Result<()> {
     writeln!(out, "\n## 4. Throughput and small-packet rate (iperf3, 2 s runs, median of {reps}, 10 rules)\n")?;
-    writeln!(out, "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) |\n|---|---:|---:|---:|")?;
+    writeln!(
+        out,
+        "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) |\n|---|---:|---:|---:|"
+    )?;
     let ebpf = NatTopology::new(AttachMode::Auto)?;
     for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
         ebpf.tables.set_dnat(&DnatSpec {
@@ -267,7 +273,8 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
     );
     iptables_restore(&ipt.nat.name, &rules)?;
     let route = NatTopology::plain()?;
-    let paths = [("eBPF engine", &ebpf, VIP), ("iptables (seed rules)", &ipt, VIP), ("plain routing, no NAT", &route, SERVER)];
+    let paths =
+        [("eBPF engine", &ebpf, VIP), ("iptables (seed rules)", &ipt, VIP), ("plain routing, no NAT", &route, SERVER)];
     let _servers: Vec<Iperf> = paths.iter().map(|(_, t, _)| Iperf::start(&t.server.name)).collect::<Result<_>>()?;
     let mut rows = vec![(vec![], vec![], vec![]); 3];
     for _ in 0..reps {
@@ -315,7 +322,10 @@ impl Agent {
     fn wait_applied(&self) -> Result<()> {
         let t = Instant::now();
         loop {
-            let out = std::process::Command::new(lbagent_tests::lbagent_bin()).args(["status", "--json"]).args(&self.common).output()?;
+            let out = std::process::Command::new(lbagent_tests::lbagent_bin())
+                .args(["status", "--json"])
+                .args(&self.common)
+                .output()?;
             let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
             if out.status.success() && doc["last_apply"]["ok"] == true {
                 return Ok(());
@@ -349,7 +359,10 @@ impl Drop for Agent {
 fn disruption(out: &mut String) -> Result<()> {
     use lbagent_tests::{bed::lb_id, hosts::TestHost, ovs::OvsBridge, traffic::*, unique};
     writeln!(out, "\n## 5. Disruption (load balancer, 20 direct + 20 proxied open connections)\n")?;
-    writeln!(out, "| event | open connections lost | new connections failed / tried during the event |\n|---|---:|---:|")?;
+    writeln!(
+        out,
+        "| event | open connections lost | new connections failed / tried during the event |\n|---|---:|---:|"
+    )?;
     let _lock = lbagent_tests::bed::HostLock::take()?;
     let bridge = OvsBridge::new(&unique("brbd"))?;
     let client = TestHost::on(|p| bridge.add_port(p), "10.80.0.10", 24, "")?;
@@ -367,15 +380,31 @@ fn disruption(out: &mut String) -> Result<()> {
     let write = |w: u32| std::fs::write(dir.join("state.yaml"), state(w).replace("LBID", &id));
     write(1)?;
     let bpffs = format!("/sys/fs/bpf/{}", unique("lbbench"));
-    let common: Vec<String> = ["--bpffs", &bpffs, "--state-dir", &dir.join("sd").display().to_string(), "--api-socket", &dir.join("api.sock").display().to_string()]
+    let common: Vec<String> = [
+        "--bpffs",
+        &bpffs,
+        "--state-dir",
+        &dir.join("sd").display().to_string(),
+        "--api-socket",
+        &dir.join("api.sock").display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let args: Vec<String> = ["--state", &dir.join("state.yaml").display().to_string(), "--metrics", "127.0.0.1:0"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let args: Vec<String> = ["--state", &dir.join("state.yaml").display().to_string(), "--metrics", "127.0.0.1:0"].iter().map(|s| s.to_string()).collect();
     let mut agent = Agent::start(args, common)?;
     let vip = |port: u16| SocketAddr::from(([10, 80, 0, 5], port));
-    let conns: Vec<OpenConn> = (0..40).map(|i| OpenConn::open(&client.ns.name, vip(if i % 2 == 0 { 9000 } else { 7000 }))).collect::<Result<_>>()?;
-    for event in ["agent killed (-9) and restarted", "agent stopped (SIGTERM) and restarted", "config change (backend weight) applied"] {
+    let conns: Vec<OpenConn> = (0..40)
+        .map(|i| OpenConn::open(&client.ns.name, vip(if i % 2 == 0 { 9000 } else { 7000 })))
+        .collect::<Result<_>>()?;
+    for event in [
+        "agent killed (-9) and restarted",
+        "agent stopped (SIGTERM) and restarted",
+        "config change (backend weight) applied",
+    ] {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let prober = {
             let (stop, ns) = (stop.clone(), client.ns.name.clone());

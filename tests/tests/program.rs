@@ -604,7 +604,7 @@ fn garbage_collection_frees_idle_flows_only() {
     );
     open_tcp(&mut e);
     std::thread::sleep(std::time::Duration::from_millis(2200));
-    let now = lbagent::cli::format::monotonic_ns();
+    let now = lbagent::dataplane::tables::monotonic_ns();
     assert_eq!(e.tables.gc(now).unwrap(), 1, "the idle UDP flow goes; the TCP flow (60 s) stays");
     let left = e.tables.conntrack().unwrap();
     assert_eq!(left.len(), 2);

@@ -3,6 +3,8 @@
 use std::net::Ipv4Addr;
 
 use lbagent_common::*;
+
+pub use crate::dataplane::tables::monotonic_ns;
 use serde_json::{Value, json};
 
 pub fn proto_name(p: u8) -> String {
@@ -78,11 +80,4 @@ pub fn ct_json(k: &Tuple, e: &CtEntry, now_ns: u64) -> Value {
     json!({"key": tuple_json(k), "xlate": tuple_json(&e.xlate), "state": state_name(e.state),
            "flags": ct_flags(e.flags), "dnat_rule": e.dnat_rule, "snat_rule": e.snat_rule,
            "idle_s": now_ns.saturating_sub(e.last_seen_ns) / 1_000_000_000})
-}
-
-/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -91,7 +91,7 @@ impl Daemon {
     /// Frees conntrack entries idle past their timeout.
     fn collect_garbage(&self) {
         let gc = crate::dataplane::tables::Tables::open(&self.opts.bpffs)
-            .and_then(|t| t.gc(crate::cli::format::monotonic_ns()));
+            .and_then(|t| t.gc(crate::dataplane::tables::monotonic_ns()));
         match gc {
             Ok(0) => {}
             Ok(n) => info!("conntrack: {n} idle flows collected"),

@@ -12,6 +12,14 @@ use lbagent_common::*;
 
 use super::pins;
 
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`, so of every
+/// conntrack timestamp.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub struct Tables {
     dir: PathBuf,
 }

@@ -55,6 +55,21 @@ impl Engine {
         Ok(Engine { prog, tables, pins })
     }
 
+    /// An engine for `zone` with one rule: udp 198.51.100.10:53 → 10.0.2.2:5353.
+    pub fn with_dns_rule(zone: u16, rule_id: u32) -> Result<Self> {
+        let e = Self::new(zone)?;
+        e.tables.set_dnat(&lbagent::dataplane::tables::DnatSpec {
+            zone,
+            addr: std::net::Ipv4Addr::new(198, 51, 100, 10),
+            proto: lbagent_common::PROTO_UDP,
+            port: 53,
+            rule_id,
+            backends: vec![(std::net::Ipv4Addr::new(10, 0, 2, 2), 5353)],
+            snat: None,
+        })?;
+        Ok(e)
+    }
+
     /// Runs the program once; returns its verdict and the output frame.
     pub fn run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
         let mut out = vec![0u8; frame.len() + 256];

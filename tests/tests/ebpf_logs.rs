@@ -3,11 +3,7 @@
 
 use std::sync::Mutex;
 
-use lbagent::dataplane::{
-    logs::{self, EbpfLogLevel},
-    tables::DnatSpec,
-};
-use lbagent_common::PROTO_UDP;
+use lbagent::dataplane::logs::{self, EbpfLogLevel};
 use lbagent_tests::{
     engine::Engine,
     packet::{Ip, L4, frame},
@@ -40,19 +36,7 @@ fn new_flow(e: &mut Engine, sport: u16) {
 }
 
 fn engine() -> Engine {
-    let e = Engine::new(4).unwrap();
-    e.tables
-        .set_dnat(&DnatSpec {
-            zone: 4,
-            addr: "198.51.100.10".parse().unwrap(),
-            proto: PROTO_UDP,
-            port: 53,
-            rule_id: 7,
-            backends: vec![("10.0.2.2".parse().unwrap(), 5353)],
-            snat: None,
-        })
-        .unwrap();
-    e
+    Engine::with_dns_rule(4, 7).unwrap()
 }
 
 #[test]

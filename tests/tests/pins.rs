@@ -17,19 +17,7 @@ fn udp(sport: u16, dport: u16) -> L4 {
 }
 
 fn engine_with_flow() -> Engine {
-    let e = Engine::new(3).unwrap();
-    e.tables
-        .set_dnat(&lbagent::dataplane::tables::DnatSpec {
-            zone: 3,
-            addr: "198.51.100.10".parse().unwrap(),
-            proto: PROTO_UDP,
-            port: 53,
-            rule_id: 1,
-            backends: vec![("10.0.2.2".parse().unwrap(), 5353)],
-            snat: None,
-        })
-        .unwrap();
-    e
+    Engine::with_dns_rule(3, 1).unwrap()
 }
 
 #[test]

@@ -227,3 +227,36 @@ fn broken_links_are_repaired() {
     assert!(report.changes.iter().any(|c| c.contains("removed stray link stray")), "{:?}", report.changes);
     assert_eq!(tag_and_ip(&http_get(&b.client.ns.name, at("10.30.0.6", 80)).unwrap()).0, "h23");
 }
+
+#[test]
+fn a_failed_create_is_cleaned_up_when_the_load_balancer_goes() {
+    if !require_root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let mut bed = Bed::new().unwrap();
+    let id = lb_id();
+    let state = |with: bool| {
+        let lb = format!(
+            "  - id: {id}\n    network: {{ip: 10.31.0.5, mac: \"02:00:0a:1f:00:05\", prefix_len: 24, gateway: 10.31.0.1}}\n"
+        );
+        format!(
+            "version: 1\nagent: {{integration_bridge: {}}}\nload_balancers:\n{}",
+            unique("nobr"),
+            if with { lb } else { String::new() }
+        )
+    };
+    // The bridge does not exist: plumbing fails after the namespace is made.
+    let s = lbagent::state::load_str(&state(true), lbagent::state::Format::Yaml).unwrap();
+    let report = bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), false);
+    assert!(!report.ok());
+    assert!(lbagent::netns::exists(&naming::lb_netns(&id)), "partial state on the host");
+    assert!(bed.reconciler.applied.partial_lbs.contains_key(&id));
+    // Removing it from the state tears the partial object down.
+    bed.apply(&state(false));
+    assert!(!lbagent::netns::exists(&naming::lb_netns(&id)));
+    let links = sh(&["ip", "-br", "link"]).unwrap();
+    assert!(!links.contains(&naming::lb_ovn_veth(&id).1) && !links.contains(&naming::lb_host_veth(&id).1), "{links}");
+    assert!(bed.reconciler.applied.partial_lbs.is_empty());
+    assert!(!bed.reconciler.alloc.lbs.contains_key(&id));
+}

@@ -36,6 +36,13 @@ pub struct Applied {
     pub lbs: BTreeMap<String, LoadBalancer>,
     #[serde(default)]
     pub gws: BTreeMap<String, NatGateway>,
+    /// Objects whose ensure started but has not succeeded (a failed step or a
+    /// crash mid-step may have left part of them on the host): removing them
+    /// from the state file must still tear that part down.
+    #[serde(default)]
+    pub partial_lbs: BTreeMap<String, LoadBalancer>,
+    #[serde(default)]
+    pub partial_gws: BTreeMap<String, NatGateway>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -64,8 +71,8 @@ pub enum Step {
 /// With `repair`, unchanged objects are re-ensured too.
 pub fn plan(desired: &Desired, applied: &Applied, repair: bool) -> Vec<Step> {
     let mut steps = Vec::new();
-    diff(Kind::Gw, &desired.gws, &applied.gws, repair, &mut steps);
-    diff(Kind::Lb, &desired.lbs, &applied.lbs, repair, &mut steps);
+    diff(Kind::Gw, &desired.gws, &applied.gws, &applied.partial_gws, repair, &mut steps);
+    diff(Kind::Lb, &desired.lbs, &applied.lbs, &applied.partial_lbs, repair, &mut steps);
     steps.sort_by_key(|s| !matches!(s, Step::Remove { .. }));
     steps
 }
@@ -74,10 +81,13 @@ fn diff<T: PartialEq>(
     kind: Kind,
     want: &BTreeMap<String, T>,
     have: &BTreeMap<String, T>,
+    partial: &BTreeMap<String, T>,
     repair: bool,
     out: &mut Vec<Step>,
 ) {
-    for key in have.keys().filter(|k| !want.contains_key(*k)) {
+    let gone: std::collections::BTreeSet<&String> =
+        have.keys().chain(partial.keys()).filter(|k| !want.contains_key(*k)).collect();
+    for key in gone {
         out.push(Step::Remove { kind, key: key.clone() });
     }
     for (key, spec) in want {
@@ -101,7 +111,19 @@ mod tests {
     }
 
     fn applied_from(d: &Desired) -> Applied {
-        Applied { lbs: d.lbs.clone(), gws: d.gws.clone() }
+        Applied { lbs: d.lbs.clone(), gws: d.gws.clone(), ..Default::default() }
+    }
+
+    #[test]
+    fn partially_created_objects_are_removed_too() {
+        let s = example();
+        let d = Desired::from_state(&s);
+        let applied = Applied { partial_lbs: d.lbs.clone(), ..Default::default() };
+        let p = plan(&Desired::default(), &applied, false);
+        assert_eq!(p, vec![Step::Remove { kind: Kind::Lb, key: s.load_balancers[0].id.clone() }]);
+        // Still wanted: retried as a create.
+        let p = plan(&d, &applied, false);
+        assert!(p.iter().any(|x| matches!(x, Step::Ensure { kind: Kind::Lb, reason: Reason::Create, .. })));
     }
 
     #[test]

@@ -109,19 +109,28 @@ impl<R: Realizer> Reconciler<R> {
         match step {
             Step::Ensure { kind: Kind::Lb, key, reason } => {
                 let lb = &desired.lbs[key];
+                // Recorded before touching the host, so a failure or a crash
+                // halfway still leaves a trace that removal can follow.
+                self.applied.partial_lbs.insert(key.clone(), lb.clone());
+                self.persist()?;
                 let mut changes = self.realizer.ensure_lb(lb, &mut self.alloc)?;
                 if *reason != Reason::Repair {
                     changes.insert(0, format!("{} load balancer", verb(*reason)));
                 }
+                self.applied.partial_lbs.remove(key);
                 self.applied.lbs.insert(key.clone(), lb.clone());
                 Ok(changes)
             }
             Step::Ensure { kind: Kind::Gw, key, reason } => {
                 let gw = &desired.gws[key];
-                let mut changes = self.realizer.ensure_gw(gw, self.applied.gws.get(key), &mut self.alloc)?;
+                let prev = self.applied.gws.get(key).cloned();
+                self.applied.partial_gws.insert(key.clone(), gw.clone());
+                self.persist()?;
+                let mut changes = self.realizer.ensure_gw(gw, prev.as_ref(), &mut self.alloc)?;
                 if *reason != Reason::Repair {
                     changes.insert(0, format!("{} NAT gateway", verb(*reason)));
                 }
+                self.applied.partial_gws.remove(key);
                 self.applied.gws.insert(key.clone(), gw.clone());
                 Ok(changes)
             }
@@ -129,13 +138,16 @@ impl<R: Realizer> Reconciler<R> {
                 let mut changes = self.realizer.remove_lb(key, &mut self.alloc)?;
                 changes.insert(0, "removed load balancer".into());
                 self.applied.lbs.remove(key);
+                self.applied.partial_lbs.remove(key);
                 Ok(changes)
             }
             Step::Remove { kind: Kind::Gw, key } => {
-                let prev = self.applied.gws[key].clone();
+                let prev = self.applied.gws.get(key).or_else(|| self.applied.partial_gws.get(key)).cloned();
+                let prev = prev.expect("planned removals come from applied or partial");
                 let mut changes = self.realizer.remove_gw(&prev, &mut self.alloc)?;
                 changes.insert(0, "removed NAT gateway".into());
                 self.applied.gws.remove(key);
+                self.applied.partial_gws.remove(key);
                 Ok(changes)
             }
         }

@@ -116,6 +116,12 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
                 ch.push(format!("EIP {ip} removed from {EXT_IF}"));
             }
         }
+        // Links nobody asked for go.
+        for name in nl.link_names()? {
+            if name != "lo" && name != LAN_IF && name != EXT_IF && nl.delete(&name)? {
+                ch.push(format!("removed stray link {name}"));
+            }
+        }
         sysctl::router(&[LAN_IF, EXT_IF])?;
         // Routes: default via the external gateway (onlink), VPC routes via eth0.
         let mut want = vec![Route4 { dst: Ipv4Addr::UNSPECIFIED, len: 0, via: Some(ext_gw), oif: ext, onlink: true }];

@@ -8,8 +8,21 @@ use lbagent_common::{DnatKey, SNAT_KEY_FIXED_BITS};
 
 use super::tables::{DnatSpec, SnatSpec, Tables};
 
+/// Keeps change logs readable for big configs: past `LIMIT` lines of one
+/// kind, the rest is summarised as a count.
+const LIMIT: usize = 20;
+
+fn summarise(kind: &str, lines: Vec<String>, changes: &mut Vec<String>) {
+    let n = lines.len();
+    changes.extend(lines.into_iter().take(LIMIT));
+    if n > LIMIT {
+        changes.push(format!("… and {} more {kind} changes ({n} in all)", n - LIMIT));
+    }
+}
+
 /// Upserts changed DNAT rules of `zone`, removes the ones not wanted.
-pub fn dnat(t: &Tables, zone: u16, want: &[DnatSpec], changes: &mut Vec<String>) -> Result<()> {
+pub fn dnat(t: &Tables, zone: u16, want: &[DnatSpec], out: &mut Vec<String>) -> Result<()> {
+    let mut changes = Vec::new();
     let have: Vec<_> = t.dnat_rules()?.into_iter().filter(|(k, _, _)| k.zone == zone).collect();
     for d in want {
         let same = have.iter().find(|(k, _, _)| *k == d.key()).is_some_and(|(_, r, bs)| {
@@ -27,11 +40,13 @@ pub fn dnat(t: &Tables, zone: u16, want: &[DnatSpec], changes: &mut Vec<String>)
             changes.push(format!("removed dnat {} proto {} port {}", Ipv4Addr::from(k.addr), k.proto, k.port));
         }
     }
+    summarise("dnat", changes, out);
     Ok(())
 }
 
 /// Upserts changed SNAT rules of `zone`, removes the ones not wanted.
-pub fn snat(t: &Tables, zone: u16, want: &[SnatSpec], changes: &mut Vec<String>) -> Result<()> {
+pub fn snat(t: &Tables, zone: u16, want: &[SnatSpec], out: &mut Vec<String>) -> Result<()> {
+    let mut changes = Vec::new();
     let have: Vec<_> = t.snat_rules()?.into_iter().filter(|(_, k, _)| k.zone == zone).collect();
     for s in want {
         let key = s.key();
@@ -50,6 +65,7 @@ pub fn snat(t: &Tables, zone: u16, want: &[SnatSpec], changes: &mut Vec<String>)
             changes.push(format!("removed snat {}/{}", Ipv4Addr::from(k.addr), len - SNAT_KEY_FIXED_BITS));
         }
     }
+    summarise("snat", changes, out);
     Ok(())
 }
 
@@ -58,4 +74,15 @@ pub fn clear_zone(t: &Tables, zone: u16) -> Result<usize> {
     dnat(t, zone, &[], &mut Vec::new())?;
     snat(t, zone, &[], &mut Vec::new())?;
     t.flush_conntrack(|k, _| k.zone == zone)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn long_change_lists_are_summarised() {
+        let mut out = vec![];
+        super::summarise("dnat", (0..25).map(|i| i.to_string()).collect(), &mut out);
+        assert_eq!(out.len(), 21);
+        assert_eq!(out[20], "… and 5 more dnat changes (25 in all)");
+    }
 }

@@ -368,8 +368,8 @@ fn disruption(out: &mut String) -> Result<()> {
     let client = TestHost::on(|p| bridge.add_port(p), "10.80.0.10", 24, "")?;
     let backend = TestHost::on(|p| bridge.add_port(p), "10.80.0.21", 24, "")?;
     line_echo_server(&backend.ns.name, 9000, "b")?;
-    let dir = std::env::temp_dir().join(unique("lbbench"));
-    std::fs::create_dir_all(&dir)?;
+    let tmp = TempDir::new(std::env::temp_dir().join(unique("lbbench")))?;
+    let dir = tmp.0.clone();
     let state = |weight: u32| {
         format!(
             "version: 1\nagent: {{integration_bridge: {}}}\nload_balancers:\n  - id: {}\n    network: {{ip: 10.80.0.5, mac: \"02:00:0a:50:00:05\", prefix_len: 24, gateway: 10.80.0.1}}\n    listeners:\n      - {{id: d, type: tcp, port: 9000, backend_group: g}}\n      - {{id: p, type: tcp, port: 7000, backend_group: g, mode: proxy}}\n    backend_groups: [{{id: g, backends: [{{id: b, address: 10.80.0.21, port: 9000, weight: {weight}}}]}}]\n",
@@ -438,8 +438,23 @@ fn disruption(out: &mut String) -> Result<()> {
     }
     drop(conns);
     drop(agent);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// A directory removed on drop (also when a measurement fails).
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(path: std::path::PathBuf) -> Result<Self> {
+        std::fs::create_dir_all(&path)?;
+        Ok(TempDir(path))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn iptables_restore(ns: &str, rules: &str) -> Result<()> {

@@ -104,6 +104,24 @@ fn open_tcp(e: &mut Engine) {
     );
 }
 
+/// client:24000 → VIP:80 with `flags`/`payload` on the established test flow.
+fn tcp_orig(e: &mut Engine, flags: u8, payload: &[u8]) {
+    expect(
+        e,
+        frame(&Ip::new(CLIENT, VIP), &tcp(flags, 24000, 80, payload)),
+        frame(&Ip::new(SNAT, SERVER), &tcp(flags, 24000, 8080, payload)),
+    );
+}
+
+/// The server's answer on the established test flow.
+fn tcp_reply(e: &mut Engine, flags: u8, payload: &[u8]) {
+    expect(
+        e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(flags, 8080, 24000, payload)),
+        frame(&Ip::new(VIP, CLIENT), &tcp(flags, 80, 24000, payload)),
+    );
+}
+
 fn ct_state(e: &Engine, key: Tuple) -> u8 {
     e.tables.conntrack().unwrap().into_iter().find(|(k, _)| *k == key).map(|(_, v)| v.state).expect("entry")
 }
@@ -124,11 +142,7 @@ fn tcp_syn_original_direction() {
 fn tcp_synack_reply_direction() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
-    expect(
-        &mut e,
-        frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")),
-        frame(&Ip::new(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"")),
-    );
+    tcp_reply(&mut e, SYN | ACK, b"");
     assert_eq!(ct_state(&e, orig_key()), CT_ESTABLISHED);
 }
 
@@ -153,50 +167,26 @@ fn tcp_data_both_directions() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
     let req = b"GET / HTTP/1.1\r\nHost: vip\r\n\r\n";
-    expect(
-        &mut e,
-        frame(&Ip::new(CLIENT, VIP), &tcp(ACK | PSH, 24000, 80, req)),
-        frame(&Ip::new(SNAT, SERVER), &tcp(ACK | PSH, 24000, 8080, req)),
-    );
+    tcp_orig(&mut e, ACK | PSH, req);
     let resp = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
-    expect(
-        &mut e,
-        frame(&Ip::new(SERVER, SNAT), &tcp(ACK | PSH, 8080, 24000, resp)),
-        frame(&Ip::new(VIP, CLIENT), &tcp(ACK | PSH, 80, 24000, resp)),
-    );
+    tcp_reply(&mut e, ACK | PSH, resp);
 }
 
 #[test]
 fn tcp_odd_length_payload() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
-    expect(
-        &mut e,
-        frame(&Ip::new(CLIENT, VIP), &tcp(ACK, 24000, 80, b"odd")),
-        frame(&Ip::new(SNAT, SERVER), &tcp(ACK, 24000, 8080, b"odd")),
-    );
+    tcp_orig(&mut e, ACK, b"odd");
 }
 
 #[test]
 fn tcp_fin_both_directions_closes_flow() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
-    expect(
-        &mut e,
-        frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")),
-        frame(&Ip::new(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"")),
-    );
-    expect(
-        &mut e,
-        frame(&Ip::new(CLIENT, VIP), &tcp(FIN | ACK, 24000, 80, b"")),
-        frame(&Ip::new(SNAT, SERVER), &tcp(FIN | ACK, 24000, 8080, b"")),
-    );
+    tcp_reply(&mut e, SYN | ACK, b"");
+    tcp_orig(&mut e, FIN | ACK, b"");
     assert_eq!(ct_state(&e, orig_key()), CT_ESTABLISHED, "half closed");
-    expect(
-        &mut e,
-        frame(&Ip::new(SERVER, SNAT), &tcp(FIN | ACK, 8080, 24000, b"")),
-        frame(&Ip::new(VIP, CLIENT), &tcp(FIN | ACK, 80, 24000, b"")),
-    );
+    tcp_reply(&mut e, FIN | ACK, b"");
     assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
 }
 
@@ -204,11 +194,7 @@ fn tcp_fin_both_directions_closes_flow() {
 fn tcp_rst_closes_flow() {
     let Some(mut e) = engine() else { return };
     open_tcp(&mut e);
-    expect(
-        &mut e,
-        frame(&Ip::new(SERVER, SNAT), &tcp(RST | ACK, 8080, 24000, b"")),
-        frame(&Ip::new(VIP, CLIENT), &tcp(RST | ACK, 80, 24000, b"")),
-    );
+    tcp_reply(&mut e, RST | ACK, b"");
     assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
 }
 
@@ -419,11 +405,7 @@ fn port_collision_picks_another_snat_port() {
         frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, port, b"")),
         frame(&Ip::new(VIP, CLIENT2), &tcp(SYN | ACK, 80, 24000, b"")),
     );
-    expect(
-        &mut e,
-        frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")),
-        frame(&Ip::new(VIP, CLIENT), &tcp(SYN | ACK, 80, 24000, b"")),
-    );
+    tcp_reply(&mut e, SYN | ACK, b"");
 }
 
 #[test]

@@ -16,7 +16,7 @@ pub mod maps;
 pub use maps::*;
 
 /// Version of the pinned map layout; pins live under `<bpffs>/v<LAYOUT_VERSION>/`.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;

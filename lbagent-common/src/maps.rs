@@ -2,7 +2,9 @@
 //!
 //! | map (pin name)  | type          | key          | value          | written by            | read by |
 //! |-----------------|---------------|--------------|----------------|-----------------------|---------|
-//! | `ct`            | LRU hash      | [`Tuple`]    | [`CtEntry`]    | program (new flows), agent (flush/GC) | program, `lbagent conntrack` |
+//! | `ct`            | hash          | [`Tuple`]    | [`CtEntry`]    | program (promotes established flows), agent (flush/GC) | program, `lbagent conntrack` |
+//! | `ct_new`        | LRU hash      | [`Tuple`]    | [`CtEntry`]    | program (new flows), agent (flush/GC) | program, `lbagent conntrack` |
+//! | `frags`         | LRU hash      | [`FragKey`]  | [`FragEntry`]  | program (first fragments) | program |
 //! | `dnat_rules`    | hash          | [`DnatKey`]  | [`DnatRule`]   | agent                 | program |
 //! | `dnat_backends` | hash          | [`BackendKey`] | [`Backend`]  | agent                 | program |
 //! | `snat_rules`    | LPM trie      | [`SnatKey`] (prefix = 64 + CIDR length) | [`SnatRule`] | agent | program |
@@ -18,6 +20,8 @@
 
 /// Map names; each is also the pin file name under the versioned pin dir.
 pub const MAP_CT: &str = "ct";
+pub const MAP_CT_NEW: &str = "ct_new";
+pub const MAP_FRAGS: &str = "frags";
 pub const MAP_DNAT_RULES: &str = "dnat_rules";
 pub const MAP_DNAT_BACKENDS: &str = "dnat_backends";
 pub const MAP_SNAT_RULES: &str = "snat_rules";
@@ -25,11 +29,24 @@ pub const MAP_NAT_CONFIG: &str = "nat_config";
 pub const MAP_COUNTERS: &str = "counters";
 pub const MAP_META: &str = "meta";
 pub const MAP_RULE_STATS: &str = "rule_stats";
-pub const ALL_MAPS: [&str; 8] =
-    [MAP_CT, MAP_DNAT_RULES, MAP_DNAT_BACKENDS, MAP_SNAT_RULES, MAP_NAT_CONFIG, MAP_COUNTERS, MAP_RULE_STATS, MAP_META];
+pub const ALL_MAPS: [&str; 10] = [
+    MAP_CT,
+    MAP_CT_NEW,
+    MAP_FRAGS,
+    MAP_DNAT_RULES,
+    MAP_DNAT_BACKENDS,
+    MAP_SNAT_RULES,
+    MAP_NAT_CONFIG,
+    MAP_COUNTERS,
+    MAP_RULE_STATS,
+    MAP_META,
+];
 
-/// Default sizes (`max_entries`).
+/// Default sizes (`max_entries`). `ct` holds established flows, `ct_new`
+/// flows that have not completed their handshake (see [`ct_new_max`]).
 pub const CT_MAX: u32 = 262_144;
+/// In-flight first fragments (datagrams being fragmented at once).
+pub const FRAGS_MAX: u32 = 8_192;
 pub const DNAT_RULES_MAX: u32 = 131_072;
 pub const DNAT_BACKENDS_MAX: u32 = 262_144;
 pub const SNAT_RULES_MAX: u32 = 131_072;
@@ -68,20 +85,35 @@ impl Tuple {
     }
 }
 
+/// Size of `ct_new` for a `ct` of `ct_max` entries: a quarter, at least 256.
+pub const fn ct_new_max(ct_max: u32) -> u32 {
+    let q = ct_max / 4;
+    if q < 256 { 256 } else { q }
+}
+
 /// Conntrack entry flags.
 pub const CT_F_REPLY: u8 = 1; // entry for the reply direction
 pub const CT_F_SNAT: u8 = 2; // the flow's source was translated
 pub const CT_F_DNAT: u8 = 4; // the flow's destination was translated
 pub const CT_F_FIN: u8 = 8; // a FIN was seen in this entry's direction
+pub const CT_F_SEQ: u8 = 16; // TCP: `seq_end`/`max_win` of this direction are known
 
-/// Conntrack state (coarse, enough to pick a timeout).
+/// Conntrack state, the same in both entries of a flow; it only moves
+/// forward (a new SYN on a closing flow replaces the flow).
 pub const CT_NEW: u8 = 0; // only the originator has spoken
-pub const CT_ESTABLISHED: u8 = 1; // both directions seen
-pub const CT_CLOSING: u8 = 2; // FIN in both directions, or RST
+pub const CT_REPLIED: u8 = 1; // the reply direction has answered (SYN-ACK, UDP answer)
+pub const CT_ESTABLISHED: u8 = 2; // TCP handshake completed / UDP still active 2 s after a reply
+pub const CT_CLOSING: u8 = 3; // FIN in both directions, or an in-window RST
+
+/// `CtEntry::wscale` when the direction sent no window-scale option.
+pub const CT_WSCALE_NONE: u8 = 0xff;
 
 /// One direction of a tracked flow: packets matching the key are rewritten to
 /// `xlate`. Each flow has two entries: the original tuple and the reply tuple
-/// (`xlate.reversed()` of the original entry).
+/// (`xlate.reversed()` of the original entry). Each entry's `xlate.reversed()`
+/// is the key of its pair, and the pair's `xlate.reversed()` must be this
+/// entry's key: that back-pointer is checked before either half touches the
+/// other (a pair that does not point back belongs to another flow).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtEntry {
@@ -89,16 +121,54 @@ pub struct CtEntry {
     pub xlate: Tuple,
     /// `bpf_ktime_get_ns()` of the last packet (updated at most once a second).
     pub last_seen_ns: u64,
+    /// `bpf_ktime_get_ns()` when the flow was created.
+    pub created_ns: u64,
     /// Id of the DNAT rule (or 0) and of the SNAT rule (or 0) that made the flow.
     pub dnat_rule: u32,
     pub snat_rule: u32,
+    /// TCP: sequence number after the last byte this direction sent (as seen).
+    pub seq_end: u32,
+    /// TCP: largest receive window this direction advertised, scaled.
+    pub max_win: u32,
     /// `CT_F_*` bits.
     pub flags: u8,
-    /// `CT_NEW`, `CT_ESTABLISHED` or `CT_CLOSING`.
+    /// `CT_NEW`, `CT_REPLIED`, `CT_ESTABLISHED` or `CT_CLOSING`.
     pub state: u8,
-    pub _pad0: u16,
+    /// TCP: window-scale shift this direction offered in its SYN, or `CT_WSCALE_NONE`.
+    pub wscale: u8,
+    pub _pad0: u8,
     pub _pad1: u32,
 }
+
+/// Key of a fragmented datagram: what every fragment of it carries.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragKey {
+    pub saddr: [u8; 4],
+    pub daddr: [u8; 4],
+    /// IPv4 identification (host order).
+    pub id: u16,
+    pub proto: u8,
+    pub _pad0: u8,
+    pub zone: u16,
+    pub _pad1: u16,
+}
+
+/// The ports the first fragment carried (before translation): later
+/// fragments look their flow up with them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FragEntry {
+    pub sport: u16,
+    pub dport: u16,
+    pub _pad0: u32,
+    /// `bpf_ktime_get_ns()` of the first fragment; entries older than
+    /// `FRAG_TIMEOUT_S` are ignored (the IP id may have wrapped).
+    pub seen_ns: u64,
+}
+
+/// How long a first fragment's entry serves later fragments (Linux's ipfrag_time).
+pub const FRAG_TIMEOUT_S: u64 = 30;
 
 /// Exact-match DNAT key. Looked up first with the packet's port and protocol,
 /// then with `port = 0, proto = 0` (an address-wide rule, e.g. a floating IP).
@@ -189,12 +259,20 @@ pub const SNAT_F_RANDOM: u32 = 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NatConfig {
+    /// TCP before the handshake completes (SYN sent, SYN-ACK seen).
     pub tcp_new_s: u32,
     pub tcp_established_s: u32,
+    /// TCP after FIN both ways or an RST.
     pub tcp_closing_s: u32,
+    /// UDP unanswered, or answered but not active 2 s later (a query/answer).
     pub udp_s: u32,
-    pub udp_replied_s: u32,
+    /// UDP still active 2 s after the answer (a stream).
+    pub udp_stream_s: u32,
+    /// ICMP echo.
     pub icmp_s: u32,
+    /// Every other IP protocol (GRE, ESP, SCTP, ...; address-only).
+    pub other_s: u32,
+    pub _pad0: u32,
 }
 
 impl NatConfig {
@@ -204,22 +282,28 @@ impl NatConfig {
     pub fn timeout_s(&self, proto: u8, state: u8) -> u32 {
         let or = |v: u32, d: u32| if v == 0 { d } else { v };
         match (proto, state) {
-            (crate::PROTO_TCP, CT_NEW) => or(self.tcp_new_s, DEFAULT_TCP_NEW_S),
             (crate::PROTO_TCP, CT_ESTABLISHED) => or(self.tcp_established_s, DEFAULT_TCP_ESTABLISHED_S),
-            (crate::PROTO_TCP, _) => or(self.tcp_closing_s, DEFAULT_TCP_CLOSING_S),
-            (crate::PROTO_UDP, CT_ESTABLISHED) => or(self.udp_replied_s, DEFAULT_UDP_REPLIED_S),
+            (crate::PROTO_TCP, CT_CLOSING) => or(self.tcp_closing_s, DEFAULT_TCP_CLOSING_S),
+            (crate::PROTO_TCP, _) => or(self.tcp_new_s, DEFAULT_TCP_NEW_S),
+            (crate::PROTO_UDP, CT_ESTABLISHED) => or(self.udp_stream_s, DEFAULT_UDP_STREAM_S),
             (crate::PROTO_UDP, _) => or(self.udp_s, DEFAULT_UDP_S),
-            _ => or(self.icmp_s, DEFAULT_ICMP_S),
+            (crate::PROTO_ICMP, _) => or(self.icmp_s, DEFAULT_ICMP_S),
+            _ => or(self.other_s, DEFAULT_OTHER_S),
         }
     }
 }
 
+/// Defaults follow Linux nf_conntrack where it has an equivalent
+/// (established 5 days, UDP 30 s / stream 120 s, generic 600 s).
 pub const DEFAULT_TCP_NEW_S: u32 = 60;
-pub const DEFAULT_TCP_ESTABLISHED_S: u32 = 7_440;
+pub const DEFAULT_TCP_ESTABLISHED_S: u32 = 432_000;
 pub const DEFAULT_TCP_CLOSING_S: u32 = 10;
 pub const DEFAULT_UDP_S: u32 = 30;
-pub const DEFAULT_UDP_REPLIED_S: u32 = 180;
+pub const DEFAULT_UDP_STREAM_S: u32 = 120;
 pub const DEFAULT_ICMP_S: u32 = 30;
+pub const DEFAULT_OTHER_S: u32 = 600;
+/// A UDP flow answered and still active this long after creation is a stream.
+pub const UDP_STREAM_AFTER_NS: u64 = 2_000_000_000;
 
 /// Written by the agent when it creates the pins; checked on every reuse.
 #[repr(C)]
@@ -255,9 +339,18 @@ pub enum Counter {
     DropCtInsert,
     DropRewrite,
     DropMalformed,
+    FragTranslated,
+    DropFragUntracked,
+    DropUntranslatable,
+    CtPairRepaired,
+    CtPairConflict,
+    CtPromoted,
+    CtTableFull,
+    RstIgnored,
+    FlowReopened,
 }
 
-pub const COUNTER_COUNT: u32 = 13;
+pub const COUNTER_COUNT: u32 = 22;
 
 impl Counter {
     pub const ALL: [Counter; COUNTER_COUNT as usize] = [
@@ -274,7 +367,29 @@ impl Counter {
         Counter::DropCtInsert,
         Counter::DropRewrite,
         Counter::DropMalformed,
+        Counter::FragTranslated,
+        Counter::DropFragUntracked,
+        Counter::DropUntranslatable,
+        Counter::CtPairRepaired,
+        Counter::CtPairConflict,
+        Counter::CtPromoted,
+        Counter::CtTableFull,
+        Counter::RstIgnored,
+        Counter::FlowReopened,
     ];
+
+    /// Whether the packet counted here is dropped (every other counter passes it).
+    pub const fn is_drop(self) -> bool {
+        matches!(
+            self,
+            Counter::DropNoPort
+                | Counter::DropCtInsert
+                | Counter::DropRewrite
+                | Counter::DropMalformed
+                | Counter::DropFragUntracked
+                | Counter::DropUntranslatable
+        )
+    }
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -291,6 +406,15 @@ impl Counter {
             Counter::DropCtInsert => "drop_conntrack_insert",
             Counter::DropRewrite => "drop_rewrite_failed",
             Counter::DropMalformed => "drop_malformed",
+            Counter::FragTranslated => "fragments_translated",
+            Counter::DropFragUntracked => "drop_fragment_untracked",
+            Counter::DropUntranslatable => "drop_untranslatable",
+            Counter::CtPairRepaired => "conntrack_pair_repaired",
+            Counter::CtPairConflict => "conntrack_pair_conflict",
+            Counter::CtPromoted => "conntrack_promoted",
+            Counter::CtTableFull => "conntrack_established_full",
+            Counter::RstIgnored => "tcp_rst_out_of_window",
+            Counter::FlowReopened => "flows_reopened",
         }
     }
 }
@@ -306,21 +430,26 @@ mod user {
             unsafe impl aya::Pod for $t {}
         )*};
     }
-    pod!(Tuple, CtEntry, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule, NatConfig, Meta, RuleStats);
+    pod!(
+        Tuple, CtEntry, FragKey, FragEntry, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule, NatConfig, Meta,
+        RuleStats
+    );
 }
 
 /// Compile-time proof that no type has implicit padding: the size equals the
 /// sum of the field sizes.
 const _: () = {
     assert!(core::mem::size_of::<Tuple>() == 16);
-    assert!(core::mem::size_of::<CtEntry>() == 16 + 8 + 4 + 4 + 1 + 1 + 2 + 4);
+    assert!(core::mem::size_of::<CtEntry>() == 16 + 8 + 8 + 4 + 4 + 4 + 4 + 1 + 1 + 1 + 1 + 4);
+    assert!(core::mem::size_of::<FragKey>() == 16);
+    assert!(core::mem::size_of::<FragEntry>() == 16);
     assert!(core::mem::size_of::<DnatKey>() == 4 + 2 + 1 + 1 + 2 + 2);
     assert!(core::mem::size_of::<DnatRule>() == 20);
     assert!(core::mem::size_of::<BackendKey>() == 8);
     assert!(core::mem::size_of::<Backend>() == 8);
     assert!(core::mem::size_of::<SnatKey>() == 12);
     assert!(core::mem::size_of::<SnatRule>() == 16);
-    assert!(core::mem::size_of::<NatConfig>() == 24);
+    assert!(core::mem::size_of::<NatConfig>() == 32);
     assert!(core::mem::size_of::<Meta>() == 8);
     assert!(core::mem::size_of::<RuleStats>() == 16);
 };

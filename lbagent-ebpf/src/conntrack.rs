@@ -1,9 +1,31 @@
-//! Conntrack: lookup with expiry, the coarse state machine, and creation of a
-//! flow's two entries with collision-free source port allocation.
+//! Conntrack: two tables, paired entries, the state machine, and creation of
+//! a flow's two entries with collision-free source port allocation.
 //!
-//! State machine (per flow, mirrored in both entries):
-//! `NEW` --packet in reply direction--> `ESTABLISHED`
-//! any --RST, or FIN seen in both directions--> `CLOSING` (short timeout).
+//! Tables. A flow lives in `ct_new` (LRU) until it is established, then both
+//! halves move to `ct` (a plain hash the kernel never evicts from). A flood
+//! of new flows only churns `ct_new`; established flows of every zone stay.
+//! Lookups try `ct` first. If `ct` is full, a flow stays in `ct_new`
+//! (counted `conntrack_established_full`) and keeps working.
+//!
+//! Pairing. Each entry's `xlate.reversed()` is its pair's key, and the pair's
+//! `xlate.reversed()` must lead back. Every hit checks its pair: a missing
+//! pair (evicted or deleted by hand) is re-created from this half; a pair
+//! that leads elsewhere belongs to another flow, so this half is stale and is
+//! removed (the packet then starts a new flow). No translated tuple is ever
+//! shared by two flows.
+//!
+//! Races between CPUs. Allocation claims a translated tuple by inserting its
+//! reply key into `ct_new` with `BPF_NOEXIST` and *then* checks `ct`;
+//! promotion inserts into `ct` *before* deleting from `ct_new`. So whichever
+//! order two CPUs run in, a tuple held in either table is never claimed twice.
+//! Entry fields are written without locks: two CPUs updating one flow can
+//! lose a timestamp or a sequence update, which only delays expiry or widens
+//! the RST window by one packet; the state only moves forward.
+//!
+//! State machine (mirrored in both entries; see `lbagent_common::CT_*`):
+//! `NEW` --reply--> `REPLIED` --TCP: originator's ACK; UDP/other: active 2 s
+//! after creation--> `ESTABLISHED` (promoted to `ct`); FIN both ways or an
+//! in-window RST --> `CLOSING`. A SYN on a `CLOSING` flow replaces it.
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -12,93 +34,271 @@ use aya_ebpf::{
 use lbagent_common::*;
 
 use crate::{
-    maps::{CT, NAT_CONFIG},
-    parse::{Packet, TCP_FIN, TCP_RST},
+    counters::count,
+    maps::{CT, CT_NEW_TABLE, NAT_CONFIG},
+    parse::{Kind, Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
 };
 
 const NS: u64 = 1_000_000_000;
-/// How many source ports a new flow tries before giving up.
-const PORT_TRIES: u32 = 32;
+/// Source port search: rounds, each from a fresh random offset, of this many
+/// consecutive ports (as Linux's `nf_nat_l4proto_unique_tuple`).
+const PORT_ROUNDS: u32 = 4;
+const PORT_TRIES_PER_ROUND: u32 = 32;
 
 #[inline(always)]
 pub fn now() -> u64 {
+    // SAFETY: bpf_ktime_get_ns has no preconditions.
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Idle timeout of an entry, from its protocol and state.
 #[inline(always)]
-fn timeout_ns(proto: u8, state: u8) -> u64 {
-    NAT_CONFIG.get(0).copied().unwrap_or_default().timeout_s(proto, state) as u64 * NS
+fn random() -> u32 {
+    // SAFETY: bpf_get_prandom_u32 has no preconditions.
+    unsafe { bpf_get_prandom_u32() }
+}
+
+/// Which conntrack table an entry is in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Table {
+    Established,
+    New,
 }
 
 #[inline(always)]
-fn fresh(e: &CtEntry, proto: u8, now: u64) -> bool {
-    now.wrapping_sub(e.last_seen_ns) <= timeout_ns(proto, e.state)
+fn get(t: Table, key: &Tuple) -> Option<*mut CtEntry> {
+    match t {
+        Table::Established => CT.get_ptr_mut(key),
+        Table::New => CT_NEW_TABLE.get_ptr_mut(key),
+    }
+}
+
+#[inline(always)]
+fn insert(t: Table, key: &Tuple, e: &CtEntry, flags: u64) -> bool {
+    match t {
+        Table::Established => CT.insert(key, e, flags).is_ok(),
+        Table::New => CT_NEW_TABLE.insert(key, e, flags).is_ok(),
+    }
+}
+
+#[inline(always)]
+fn remove(t: Table, key: &Tuple) {
+    let _ = match t {
+        Table::Established => CT.remove(key),
+        Table::New => CT_NEW_TABLE.remove(key),
+    };
+}
+
+/// The entry for `key` in either table (`ct` first).
+#[inline(always)]
+fn find(key: &Tuple) -> Option<(Table, *mut CtEntry)> {
+    if let Some(p) = get(Table::Established, key) {
+        return Some((Table::Established, p));
+    }
+    get(Table::New, key).map(|p| (Table::New, p))
+}
+
+#[inline(always)]
+fn config() -> NatConfig {
+    NAT_CONFIG.get(0).copied().unwrap_or_default()
+}
+
+#[inline(always)]
+fn fresh(cfg: &NatConfig, e: &CtEntry, proto: u8, now: u64) -> bool {
+    now.wrapping_sub(e.last_seen_ns) <= cfg.timeout_s(proto, e.state) as u64 * NS
+}
+
+/// `a` is after `b` in sequence space.
+#[inline(always)]
+fn after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
 }
 
 pub enum Lookup {
     /// A live entry: rewrite to this tuple.
     Hit(CtEntry),
-    /// No entry, or an expired one (already removed).
+    /// No entry, or an expired/stale/replaced one (already removed).
     Miss { expired: bool },
 }
 
-/// Finds the entry for `p`, advances the flow state and refreshes its timer.
+/// Finds the entry for `p`, checks and repairs its pair, advances the flow
+/// state and refreshes its timer.
 #[inline(always)]
 pub fn lookup(p: &Packet, now: u64) -> Lookup {
-    let Some(ptr) = CT.get_ptr_mut(&p.tuple) else { return Lookup::Miss { expired: false } };
+    let Some((table, ptr)) = find(&p.tuple) else { return Lookup::Miss { expired: false } };
+    // SAFETY: a map value pointer stays valid for the program run; fields are
+    // plain integers, and concurrent writers are tolerated (module docs).
     let e = unsafe { &mut *ptr };
+    let cfg = config();
+    let proto = p.tuple.proto;
     let pair_key = e.xlate.reversed();
-    if !fresh(e, p.tuple.proto, now) {
-        // A one-way stream keeps only one entry warm: ask the other one.
-        let pair_fresh = match unsafe { CT.get(&pair_key) } {
-            Some(pair) => fresh(pair, p.tuple.proto, now),
-            None => false,
+    let mut pair_ptr = find(&pair_key);
+    if let Some((_, pp)) = pair_ptr {
+        // SAFETY: as above.
+        if unsafe { (*pp).xlate } != p.tuple.reversed() {
+            // Our translated tuple belongs to another flow: this half is stale.
+            remove(table, &p.tuple);
+            count(Counter::CtPairConflict);
+            return Lookup::Miss { expired: false };
+        }
+    }
+    // SAFETY: as above.
+    let pair_fresh = pair_ptr.is_some_and(|(_, pp)| fresh(&cfg, unsafe { &*pp }, proto, now));
+    if !fresh(&cfg, e, proto, now) && !pair_fresh {
+        // Idle in both directions (a one-way stream keeps one half warm).
+        if let Some((pt, _)) = pair_ptr {
+            remove(pt, &pair_key);
+        }
+        remove(table, &p.tuple);
+        return Lookup::Miss { expired: true };
+    }
+    let reply_dir = e.flags & CT_F_REPLY != 0;
+    let flags = p.tcp.flags;
+    if proto == PROTO_TCP && flags & TCP_SYN != 0 && flags & TCP_ACK == 0 && !reply_dir && e.state == CT_CLOSING {
+        // A new connection reusing the tuple of a closed one.
+        if let Some((pt, _)) = pair_ptr {
+            remove(pt, &pair_key);
+        }
+        remove(table, &p.tuple);
+        count(Counter::FlowReopened);
+        return Lookup::Miss { expired: false };
+    }
+    if pair_ptr.is_none() {
+        // Lost half (LRU eviction, or deleted by hand): re-create it here.
+        let pair = CtEntry {
+            xlate: p.tuple.reversed(),
+            flags: e.flags ^ CT_F_REPLY,
+            seq_end: 0,
+            max_win: 0,
+            wscale: CT_WSCALE_NONE,
+            ..*e
         };
-        if !pair_fresh {
-            let _ = CT.remove(&pair_key);
-            let _ = CT.remove(&p.tuple);
-            return Lookup::Miss { expired: true };
+        let pair = CtEntry { flags: pair.flags & !(CT_F_FIN | CT_F_SEQ), ..pair };
+        if insert(table, &pair_key, &pair, BPF_NOEXIST as u64) {
+            count(Counter::CtPairRepaired);
+        }
+        pair_ptr = get(table, &pair_key).map(|pp| (table, pp));
+    }
+    // SAFETY: as above.
+    let pair = pair_ptr.map(|(_, pp)| unsafe { &mut *pp });
+
+    let mut state = e.state;
+    if proto == PROTO_TCP {
+        state = track_tcp(p, e, pair.as_deref(), state);
+    } else if state == CT_REPLIED && now.wrapping_sub(e.created_ns) > UDP_STREAM_AFTER_NS && p.kind != Kind::EchoReply {
+        // Still active after the answer: a stream (ICMP echo never is).
+        if proto != PROTO_ICMP {
+            state = CT_ESTABLISHED;
         }
     }
-    let mut changed = false;
-    if p.tuple.proto == PROTO_TCP && p.tcp_flags & TCP_FIN != 0 && e.flags & CT_F_FIN == 0 {
-        e.flags |= CT_F_FIN;
-        changed = true;
+    if state == CT_NEW && reply_dir {
+        state = CT_REPLIED;
     }
-    let state = next_state(e, p);
-    if state != e.state {
+    let changed = state != e.state;
+    if changed || now.wrapping_sub(e.last_seen_ns) > NS {
         e.state = state;
-        changed = true;
-    }
-    if changed {
-        if let Some(pair) = CT.get_ptr_mut(&pair_key) {
-            let pair = unsafe { &mut *pair };
-            // FIN in both directions closes the flow.
-            if e.flags & CT_F_FIN != 0 && pair.flags & CT_F_FIN != 0 {
-                e.state = CT_CLOSING;
-            }
-            if e.state > pair.state {
-                pair.state = e.state;
-                pair.last_seen_ns = now;
-            }
-        }
-    }
-    if now.wrapping_sub(e.last_seen_ns) > NS {
         e.last_seen_ns = now;
+    }
+    if let Some(pair) = pair {
+        if changed {
+            pair.state = state;
+            pair.last_seen_ns = now;
+        }
+        if table == Table::New && state == CT_ESTABLISHED {
+            promote(&p.tuple, e, &pair_key, pair);
+        }
     }
     Lookup::Hit(*e)
 }
 
+/// TCP: records the sequence space and window this direction uses, and
+/// returns the flow's next state.
 #[inline(always)]
-fn next_state(e: &CtEntry, p: &Packet) -> u8 {
-    if p.tuple.proto == PROTO_TCP && p.tcp_flags & TCP_RST != 0 {
+fn track_tcp(p: &Packet, e: &mut CtEntry, pair: Option<&CtEntry>, state: u8) -> u8 {
+    let t = &p.tcp;
+    let end = t.seq.wrapping_add(t.seq_len);
+    if t.flags & TCP_SYN != 0 {
+        e.wscale = match t.wscale {
+            Some(s) => s,
+            None => CT_WSCALE_NONE,
+        };
+    }
+    if t.flags & TCP_RST != 0 {
+        // RFC 793 / nf_conntrack: an RST counts only inside the window the
+        // receiver offered around what this side has sent. Unknown sequence
+        // state (a flow picked up mid-stream, a refused SYN) accepts it.
+        if let Some(pair) = pair {
+            if e.flags & CT_F_SEQ != 0 && pair.flags & CT_F_SEQ != 0 {
+                let win = pair.max_win;
+                let lo = e.seq_end.wrapping_sub(win).wrapping_sub(1);
+                let hi = e.seq_end.wrapping_add(win).wrapping_add(1);
+                if !(after(t.seq, lo) && after(hi, t.seq)) {
+                    count(Counter::RstIgnored);
+                    return state;
+                }
+            }
+        }
         return CT_CLOSING;
     }
-    if e.state == CT_NEW && e.flags & CT_F_REPLY != 0 {
+    // Window scaling applies only when both SYNs offered it (RFC 7323).
+    let shift = match pair {
+        Some(pair) if t.flags & TCP_SYN == 0 && e.wscale != CT_WSCALE_NONE && pair.wscale != CT_WSCALE_NONE => e.wscale,
+        _ => 0,
+    };
+    let win = (t.window as u32) << (shift & 15);
+    if win > e.max_win {
+        e.max_win = win;
+    }
+    if e.flags & CT_F_SEQ == 0 || after(end, e.seq_end) {
+        e.seq_end = end;
+        e.flags |= CT_F_SEQ;
+    }
+    if t.flags & TCP_FIN != 0 {
+        e.flags |= CT_F_FIN;
+        if pair.is_some_and(|pair| pair.flags & CT_F_FIN != 0) {
+            return CT_CLOSING;
+        }
+    }
+    let reply_dir = e.flags & CT_F_REPLY != 0;
+    if state == CT_REPLIED && !reply_dir && t.flags & TCP_ACK != 0 && t.flags & TCP_SYN == 0 {
+        // The originator acknowledged the answer: the handshake is complete.
         return CT_ESTABLISHED;
     }
-    e.state
+    state
+}
+
+/// Moves an established flow from `ct_new` to `ct` (insert first, then
+/// delete: see the module docs). When `ct` is full the flow stays.
+#[inline(always)]
+fn promote(key: &Tuple, e: &CtEntry, pair_key: &Tuple, pair: &CtEntry) {
+    if !insert(Table::Established, pair_key, pair, BPF_NOEXIST as u64) {
+        count(Counter::CtTableFull);
+        return;
+    }
+    if !insert(Table::Established, key, e, BPF_NOEXIST as u64) {
+        let _ = CT.remove(pair_key);
+        count(Counter::CtTableFull);
+        return;
+    }
+    remove(Table::New, pair_key);
+    remove(Table::New, key);
+    count(Counter::CtPromoted);
+}
+
+/// The live entry for `key` without touching its state or timer (ICMP errors
+/// and later fragments must not keep a flow alive or move it forward).
+#[inline(always)]
+pub fn peek(key: &Tuple, now: u64) -> Option<CtEntry> {
+    let (_, ptr) = find(key)?;
+    // SAFETY: a map value pointer stays valid for the program run.
+    let e = unsafe { *ptr };
+    let cfg = config();
+    if fresh(&cfg, &e, key.proto, now) {
+        return Some(e);
+    }
+    let (_, pp) = find(&e.xlate.reversed())?;
+    // SAFETY: as above.
+    let pair = unsafe { *pp };
+    if pair.xlate == key.reversed() && fresh(&cfg, &pair, key.proto, now) { Some(e) } else { None }
 }
 
 /// What a new flow should become.
@@ -113,47 +313,112 @@ pub struct NewFlow {
     pub random: bool,
 }
 
-/// Creates both entries of a new flow; returns the final translated tuple,
-/// or `None` when no source port is free (or the table refuses inserts).
+/// Frees `key` if it holds an expired flow (both halves idle): an expired
+/// flow must not keep its port from a new one.
+#[inline(always)]
+fn reclaim_expired(cfg: &NatConfig, key: &Tuple, now: u64) -> bool {
+    let Some((table, ptr)) = find(key) else { return true };
+    // SAFETY: a map value pointer stays valid for the program run.
+    let e = unsafe { *ptr };
+    if fresh(cfg, &e, key.proto, now) {
+        return false;
+    }
+    let pair_key = e.xlate.reversed();
+    if let Some((pt, pp)) = find(&pair_key) {
+        // SAFETY: as above.
+        let pair = unsafe { *pp };
+        if pair.xlate == key.reversed() {
+            if fresh(cfg, &pair, key.proto, now) {
+                return false;
+            }
+            remove(pt, &pair_key);
+        }
+    }
+    remove(table, key);
+    count(Counter::ExpiredFlows);
+    true
+}
+
+/// Claims translated tuple `x` for a new flow: its reply key goes into
+/// `ct_new`, and must not be held in `ct` (see the module docs on races).
+/// A tuple held by an expired flow is reclaimed when `reclaim` is set.
+#[inline(always)]
+fn claim(cfg: &NatConfig, x: &Tuple, reply: &CtEntry, now: u64, reclaim: bool) -> bool {
+    let rkey = x.reversed();
+    if !insert(Table::New, &rkey, reply, BPF_NOEXIST as u64) {
+        if !(reclaim && reclaim_expired(cfg, &rkey, now)) {
+            return false;
+        }
+        if !insert(Table::New, &rkey, reply, BPF_NOEXIST as u64) {
+            return false;
+        }
+    }
+    if get(Table::Established, &rkey).is_some() && !(reclaim && reclaim_expired(cfg, &rkey, now)) {
+        remove(Table::New, &rkey);
+        return false;
+    }
+    true
+}
+
+/// Creates both entries of a new flow; returns the final translated tuple.
 #[inline(always)]
 pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
+    let cfg = config();
     let orig = p.tuple;
     let mut x = f.xlate;
     let mut reply = CtEntry {
         xlate: orig.reversed(),
         last_seen_ns: now,
+        created_ns: now,
         dnat_rule: f.dnat_rule,
         snat_rule: f.snat_rule,
+        seq_end: 0,
+        max_win: 0,
         flags: f.flags | CT_F_REPLY,
         state: CT_NEW,
+        wscale: CT_WSCALE_NONE,
         _pad0: 0,
         _pad1: 0,
     };
-    let span = (f.port_max as u32).saturating_sub(f.port_min as u32) + 1;
-    // Random-fully draws the start; otherwise a per-flow hash spreads flows
-    // over the range (a plain sport start would cluster and probe long).
-    let start = if f.random { unsafe { bpf_get_prandom_u32() } } else { crate::rules::flow_hash(&orig) };
-    let keep_first = !f.random && (f.flags & CT_F_SNAT == 0 || (x.sport >= f.port_min && x.sport <= f.port_max));
-    let mut claimed = false;
-    for i in 0..PORT_TRIES {
-        if i > 0 || !keep_first {
-            x.sport = f.port_min + ((start.wrapping_add(i)) % span) as u16;
-        }
-        if CT.insert(&x.reversed(), &reply, BPF_NOEXIST as u64).is_ok() {
-            claimed = true;
-            break;
+    // Which identifier a collision may move: the source port, or the echo id.
+    let movable = p.kind == Kind::Ports || p.kind == Kind::EchoRequest;
+    let in_range = x.sport >= f.port_min && x.sport <= f.port_max;
+    let keep_first = !movable || (!f.random && (f.flags & CT_F_SNAT == 0 || in_range));
+    let mut claimed = keep_first && claim(&cfg, &x, &reply, now, true);
+    if !claimed && movable {
+        let span = (f.port_max as u32).saturating_sub(f.port_min as u32) + 1;
+        // Random-fully draws the start; otherwise a per-flow hash spreads
+        // flows over the range (a plain sport start would cluster). Each
+        // round starts afresh at random; its first port may reclaim an
+        // expired flow's tuple, the others only take free ones.
+        let mut start = if f.random { random() } else { crate::rules::flow_hash(&orig) };
+        'rounds: for _ in 0..PORT_ROUNDS {
+            x.sport = f.port_min + (start % span) as u16;
+            if claim(&cfg, &x, &reply, now, true) {
+                claimed = true;
+                break;
+            }
+            for i in 1..PORT_TRIES_PER_ROUND {
+                x.sport = f.port_min + ((start.wrapping_add(i)) % span) as u16;
+                if claim(&cfg, &x, &reply, now, false) {
+                    claimed = true;
+                    break 'rounds;
+                }
+            }
+            start = random();
         }
     }
     if !claimed {
-        return Err(Counter::DropNoPort);
+        return Err(if movable { Counter::DropNoPort } else { Counter::DropUntranslatable });
     }
     reply.flags = f.flags;
     reply.xlate = x;
-    if CT.insert(&orig, &reply, BPF_NOEXIST as u64).is_err() {
+    if !insert(Table::New, &orig, &reply, BPF_NOEXIST as u64) {
         // Another CPU created this flow first: use its translation.
-        let _ = CT.remove(&x.reversed());
-        return match unsafe { CT.get(&orig) } {
-            Some(e) => Ok(e.xlate),
+        remove(Table::New, &x.reversed());
+        return match find(&orig) {
+            // SAFETY: a map value pointer stays valid for the program run.
+            Some((_, e)) => Ok(unsafe { (*e).xlate }),
             None => Err(Counter::DropCtInsert),
         };
     }

@@ -8,26 +8,24 @@
 //! 16-bit word of the ICMP payload is folded into the ICMP checksum.
 
 use aya_ebpf::programs::TcContext;
-use lbagent_common::{Counter, PROTO_ICMP, Tuple, csum};
+use lbagent_common::{Counter, Tuple, csum};
 
 use crate::{
-    TC_ACT_OK, TC_ACT_SHOT,
-    conntrack::{self, Lookup},
+    TC_ACT_OK, TC_ACT_SHOT, conntrack,
     counters::count,
-    parse::{Embedded, Packet, read},
+    nat::unmatched,
+    parse::{Embedded, Kind, Packet, read},
     rewrite::{IP_CSUM, IP_DADDR, IP_SADDR, raw16, raw32, set_addr},
 };
 
+/// Translates an ICMP error about a tracked flow. The lookup does not touch
+/// the flow's state or timer: an error is not traffic of the flow.
 #[inline(always)]
 pub fn translate(ctx: &TcContext, p: &Packet, e: &Embedded) -> i32 {
     // The embedded packet went the other way: its reverse is this flow direction.
-    let key = Packet { tuple: e.tuple.reversed(), ..*p };
-    let x = match conntrack::lookup(&key, conntrack::now()) {
-        Lookup::Hit(entry) => entry.xlate,
-        Lookup::Miss { .. } => {
-            count(Counter::PassUnmatched);
-            return TC_ACT_OK;
-        }
+    let x = match conntrack::peek(&e.tuple.reversed(), conntrack::now()) {
+        Some(entry) => entry.xlate,
+        None => return unmatched(p),
     };
     match rewrite_error(ctx, p, e, &x) {
         Some(()) => {
@@ -66,7 +64,7 @@ fn rewrite_error(ctx: &TcContext, p: &Packet, e: &Embedded, x: &Tuple) -> Option
     // Embedded IP header.
     let mut ip_csum = old_ip_csum;
     let mut l4 = old_l4_csum.map(|(_, c)| c).unwrap_or(0);
-    let pseudo = t.proto != PROTO_ICMP;
+    let pseudo = e.kind == Kind::Ports;
     if inner.saddr != t.saddr {
         payload_store(ctx, icmp_csum, e.l3 + IP_SADDR, &t.saddr, &inner.saddr)?;
         ip_csum = csum::replace32(ip_csum, t.saddr, inner.saddr);
@@ -86,13 +84,13 @@ fn rewrite_error(ctx: &TcContext, p: &Packet, e: &Embedded, x: &Tuple) -> Option
     }
 
     // Embedded ports (or echo id).
-    if t.proto == PROTO_ICMP {
-        let (old, new) = if t.sport != 0 { (t.sport, inner.sport) } else { (t.dport, inner.dport) };
+    if e.kind == Kind::EchoRequest || e.kind == Kind::EchoReply {
+        let (old, new) = if e.kind == Kind::EchoRequest { (t.sport, inner.sport) } else { (t.dport, inner.dport) };
         if old != new {
             payload_store(ctx, icmp_csum, e.l4 + 4, &old.to_be_bytes(), &new.to_be_bytes())?;
             l4 = csum::replace16(l4, raw16(old) as u16, raw16(new) as u16);
         }
-    } else {
+    } else if e.kind == Kind::Ports {
         if inner.sport != t.sport {
             payload_store(ctx, icmp_csum, e.l4, &t.sport.to_be_bytes(), &inner.sport.to_be_bytes())?;
             l4 = csum::replace16(l4, raw16(t.sport) as u16, raw16(inner.sport) as u16);

@@ -6,13 +6,15 @@
 //! the translated destination; replies are matched by their conntrack entry on
 //! the interface they come back on. Packet flow of one packet:
 //!
-//! `parse` → (ICMP error? `icmp_error`) → `conntrack` hit → `rewrite`
-//!                                       → miss → `rules` (DNAT, SNAT) → `conntrack::create` → `rewrite`
+//! `parse` → (later fragment? `fragment`) → (ICMP error? `icmp_error`)
+//!         → `conntrack` hit → `rewrite`
+//!         → miss → `rules` (DNAT, SNAT) → `conntrack::create` → `rewrite`
 #![no_std]
 #![no_main]
 
 mod conntrack;
 mod counters;
+mod fragment;
 mod icmp_error;
 mod maps;
 mod nat;
@@ -34,7 +36,10 @@ pub(crate) fn zone() -> u16 {
 pub(crate) const TC_ACT_OK: i32 = 0;
 pub(crate) const TC_ACT_SHOT: i32 = 2;
 
+// `inline(always)`: the macro wraps this body in the exported entry point;
+// without it LLVM may keep the (large) body as a BPF-to-BPF call.
 #[classifier]
+#[inline(always)]
 pub fn lbagent_nat(ctx: TcContext) -> i32 {
     nat::process(&ctx)
 }

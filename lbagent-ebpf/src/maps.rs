@@ -7,9 +7,20 @@ use aya_ebpf::{
 };
 use lbagent_common::*;
 
-/// Conntrack: both directions of every translated flow.
+/// Conntrack of established flows (both halves). A plain hash: the kernel
+/// never evicts from it, so a flood of new flows cannot push an established
+/// flow out; entries leave by timeout (program on lookup, agent GC) or flush.
 #[btf_map(name = "ct", pin_by_name)]
-pub static CT: LruHashMap<Tuple, CtEntry, { CT_MAX as usize }> = LruHashMap::new();
+pub static CT: HashMap<Tuple, CtEntry, { CT_MAX as usize }> = HashMap::new();
+
+/// Conntrack of flows that have not completed their handshake (both halves).
+/// LRU: under a flood the oldest unconfirmed flows make room.
+#[btf_map(name = "ct_new", pin_by_name)]
+pub static CT_NEW_TABLE: LruHashMap<Tuple, CtEntry, { ct_new_max(CT_MAX) as usize }> = LruHashMap::new();
+
+/// First fragments seen: the ports later fragments of the datagram need.
+#[btf_map(name = "frags", pin_by_name)]
+pub static FRAGS: LruHashMap<FragKey, FragEntry, { FRAGS_MAX as usize }> = LruHashMap::new();
 
 /// DNAT rules by (zone, address, protocol, port).
 #[btf_map(name = "dnat_rules", pin_by_name)]

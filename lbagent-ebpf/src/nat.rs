@@ -7,8 +7,8 @@ use crate::{
     TC_ACT_OK, TC_ACT_SHOT,
     conntrack::{self, Lookup, NewFlow},
     counters::{count, count_flow},
-    icmp_error,
-    parse::{Packet, Parsed, parse},
+    fragment, icmp_error,
+    parse::{Frag, Packet, Parsed, parse},
     rewrite::rewrite,
     rules, zone,
 };
@@ -20,13 +20,35 @@ const COLLISION_PORT_MIN: u16 = 1024;
 pub fn process(ctx: &TcContext) -> i32 {
     count(Counter::Packets);
     match parse(ctx, zone()) {
-        Ok(Parsed::Flow(p)) => flow(ctx, &p),
-        Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e),
-        Err(c) => {
-            count(c);
-            TC_ACT_OK
+        Ok(Parsed::Flow(p)) if p.frag == Frag::Later => fragment::later(ctx, &p),
+        Ok(Parsed::Flow(p)) => {
+            if p.frag == Frag::First {
+                fragment::record_first(&p, conntrack::now());
+            }
+            flow(ctx, &p)
         }
+        Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e),
+        Err(c) => verdict(c),
     }
+}
+
+/// Counts `c` and returns what it means for the packet.
+#[inline(always)]
+pub fn verdict(c: Counter) -> i32 {
+    count(c);
+    if c.is_drop() { TC_ACT_SHOT } else { TC_ACT_OK }
+}
+
+/// A packet that matched no flow and opens none: passed, unless a SNAT rule
+/// covers its source, in which case passing it would leak the private
+/// address (an unsolicited echo reply, an ICMP error about nothing we
+/// translated, an address-only packet whose tuple is taken).
+#[inline(always)]
+pub fn unmatched(p: &Packet) -> i32 {
+    if rules::snat(p.tuple.zone, p.ifindex, p.tuple.saddr).is_some() {
+        return verdict(Counter::DropUntranslatable);
+    }
+    verdict(Counter::PassUnmatched)
 }
 
 #[inline(always)]
@@ -50,10 +72,8 @@ fn flow(ctx: &TcContext, p: &Packet) -> i32 {
 #[inline(always)]
 fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     let t = &p.tuple;
-    // Only echo requests open ICMP flows.
-    if t.proto == PROTO_ICMP && t.sport == 0 {
-        count(Counter::PassUnmatched);
-        return TC_ACT_OK;
+    if !p.may_open() {
+        return unmatched(p);
     }
     let mut f = NewFlow {
         xlate: *t,
@@ -65,9 +85,9 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         random: false,
     };
     let mut rule_snat: Option<DnatRule> = None;
-    if let Some(hit) = rules::dnat(t) {
+    if let Some(hit) = rules::dnat(t, p.has_ports()) {
         f.xlate.daddr = hit.backend.addr;
-        if hit.backend.port != 0 && t.proto != PROTO_ICMP {
+        if hit.backend.port != 0 && p.has_ports() {
             f.xlate.dport = hit.backend.port;
         }
         f.flags |= CT_F_DNAT;
@@ -92,8 +112,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         f.random = r.flags & DNAT_F_SNAT_RANDOM != 0;
     }
     if f.flags == 0 {
-        count(Counter::PassUnmatched);
-        return TC_ACT_OK;
+        return verdict(Counter::PassUnmatched);
     }
     match conntrack::create(p, &f, now) {
         Ok(x) => {
@@ -114,9 +133,8 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
             apply(ctx, p, &x)
         }
         Err(c) => {
-            count(c);
             aya_log_ebpf::warn!(ctx, "zone {} dropped a new flow: {}", t.zone, c as u32);
-            TC_ACT_SHOT
+            verdict(c)
         }
     }
 }

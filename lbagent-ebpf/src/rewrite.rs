@@ -10,9 +10,15 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use lbagent_common::{PROTO_ICMP, PROTO_TCP, PROTO_UDP, Tuple};
+use lbagent_common::{PROTO_TCP, PROTO_UDP, Tuple};
 
-use crate::parse::Packet;
+use crate::parse::{Frag, Kind, Packet};
+
+/// L4 checksum offsets within their headers.
+const TCP_CSUM: usize = 16;
+const UDP_CSUM: usize = 6;
+const ICMP_CSUM: usize = 2;
+const ICMP_ECHO_ID: usize = 4;
 
 pub const IP_CSUM: usize = 10;
 pub const IP_SADDR: usize = 12;
@@ -57,10 +63,14 @@ pub fn set_port(ctx: &TcContext, off: usize, csum_off: usize, flags: u64, old: u
 /// Makes the packet's tuple equal `to`.
 #[inline(always)]
 pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple) -> Result<(), i64> {
+    if p.frag == Frag::Later {
+        // No L4 header in this fragment: the first one carried the checksum.
+        return rewrite_addresses(ctx, p, to);
+    }
     let t = &p.tuple;
-    let (l4csum, flags) = match t.proto {
-        PROTO_TCP => (Some(p.l4 + 16), 0u64),
-        PROTO_UDP => (Some(p.l4 + 6), BPF_F_MARK_MANGLED_0 as u64),
+    let (l4csum, flags) = match (p.kind, t.proto) {
+        (Kind::Ports, PROTO_TCP) => (Some(p.l4 + TCP_CSUM), 0u64),
+        (Kind::Ports, PROTO_UDP) => (Some(p.l4 + UDP_CSUM), BPF_F_MARK_MANGLED_0 as u64),
         _ => (None, 0u64),
     };
     let pseudo = l4csum.map(|c| (c, flags));
@@ -70,15 +80,14 @@ pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple) -> Result<(), i64> {
     if to.daddr != t.daddr {
         set_addr(ctx, p.l3 + IP_DADDR, p.l3, t.daddr, to.daddr, pseudo)?;
     }
-    match (t.proto, l4csum) {
-        (PROTO_ICMP, _) => {
-            // Echo id: the "sport" of a request, the "dport" of a reply.
-            let (old, new) = if t.sport != 0 { (t.sport, to.sport) } else { (t.dport, to.dport) };
-            if old != new {
-                set_port(ctx, p.l4 + 4, p.l4 + 2, 0, old, new)?;
-            }
+    match (p.kind, l4csum) {
+        (Kind::EchoRequest, _) if to.sport != t.sport => {
+            set_port(ctx, p.l4 + ICMP_ECHO_ID, p.l4 + ICMP_CSUM, 0, t.sport, to.sport)?
         }
-        (_, Some(csum)) => {
+        (Kind::EchoReply, _) if to.dport != t.dport => {
+            set_port(ctx, p.l4 + ICMP_ECHO_ID, p.l4 + ICMP_CSUM, 0, t.dport, to.dport)?
+        }
+        (Kind::Ports, Some(csum)) => {
             if to.sport != t.sport {
                 set_port(ctx, p.l4, csum, flags, t.sport, to.sport)?;
             }
@@ -87,6 +96,20 @@ pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple) -> Result<(), i64> {
             }
         }
         _ => {}
+    }
+    Ok(())
+}
+
+/// Rewrites only the IPv4 addresses (address-only protocols' later
+/// fragments): the IP checksum changes, nothing else.
+#[inline(always)]
+pub fn rewrite_addresses(ctx: &TcContext, p: &Packet, to: &Tuple) -> Result<(), i64> {
+    let t = &p.tuple;
+    if to.saddr != t.saddr {
+        set_addr(ctx, p.l3 + IP_SADDR, p.l3, t.saddr, to.saddr, None)?;
+    }
+    if to.daddr != t.daddr {
+        set_addr(ctx, p.l3 + IP_DADDR, p.l3, t.daddr, to.daddr, None)?;
     }
     Ok(())
 }

@@ -12,15 +12,20 @@ pub struct DnatHit {
     pub rule: DnatRule,
 }
 
+/// The DNAT rule for a new flow: by (address, protocol, port), then
+/// address-wide. `has_ports` is false for address-only packets (ICMP, GRE,
+/// ...), which match a rule with port 0.
 #[inline(always)]
-pub fn dnat(t: &Tuple) -> Option<DnatHit> {
-    let port = if t.proto == PROTO_ICMP { 0 } else { t.dport };
+pub fn dnat(t: &Tuple, has_ports: bool) -> Option<DnatHit> {
+    let port = if has_ports { t.dport } else { 0 };
     let mut key = DnatKey { addr: t.daddr, port, proto: t.proto, _pad0: 0, zone: t.zone, _pad1: 0 };
+    // SAFETY: map values are plain data, copied out at once.
     let rule = match unsafe { DNAT_RULES.get(&key) } {
         Some(r) => *r,
         None => {
             key.port = 0;
             key.proto = 0;
+            // SAFETY: as above.
             *unsafe { DNAT_RULES.get(&key) }?
         }
     };
@@ -28,8 +33,17 @@ pub fn dnat(t: &Tuple) -> Option<DnatHit> {
         return None;
     }
     let index = flow_hash(t) % rule.backend_count;
+    // SAFETY: as above.
     let backend = *unsafe { DNAT_BACKENDS.get(&BackendKey { rule_id: rule.rule_id, index }) }?;
     Some(DnatHit { backend, rule })
+}
+
+/// Whether `addr` has an address-wide DNAT rule (a floating IP).
+#[inline(always)]
+pub fn address_wide_dnat(zone: u16, addr: [u8; 4]) -> bool {
+    let key = DnatKey { addr, port: 0, proto: 0, _pad0: 0, zone, _pad1: 0 };
+    // SAFETY: only checks presence; the value is not read.
+    unsafe { DNAT_RULES.get(&key) }.is_some()
 }
 
 #[inline(always)]

@@ -10,6 +10,15 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
     ("example is valid", "", "", &[]),
     ("version 2", "version: 1", "version: 2", &["version: unsupported version 2"]),
     ("unknown top-level field", "version: 1", "version: 1\nextra: 1", &["unknown field `extra`"]),
+    ("conntrack timeouts", "tcp_established_s: 432000", "tcp_established_s: 86400", &[]),
+    (
+        "conntrack timeout zero",
+        "udp_s: 30",
+        "udp_s: 0",
+        &["agent.conntrack.udp_s: 0 is out of range (1-2592000 seconds)"],
+    ),
+    ("conntrack timeout too long", "udp_s: 30", "udp_s: 2592001", &["agent.conntrack.udp_s: 2592001 is out of range"]),
+    ("conntrack unknown timeout", "udp_s: 30", "udp_s: 30, sctp_s: 5", &["agent.conntrack", "unknown field `sctp_s`"]),
     (
         "unknown listener field",
         "scheduler: wrr}",

@@ -5,6 +5,7 @@
 
 pub mod bed;
 pub mod engine;
+pub mod fixture;
 pub mod gateway;
 pub mod hosts;
 pub mod net;

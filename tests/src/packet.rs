@@ -83,6 +83,11 @@ pub enum L4 {
         code: u8,
         inner: Vec<u8>,
     },
+    /// Any other IP protocol (GRE, ESP, SCTP, ...) or ICMP type: bytes as given.
+    Raw {
+        proto: u8,
+        payload: Vec<u8>,
+    },
 }
 
 impl L4 {
@@ -90,6 +95,7 @@ impl L4 {
         match self {
             L4::Tcp { .. } => PROTO_TCP,
             L4::Udp { .. } => PROTO_UDP,
+            L4::Raw { proto, .. } => *proto,
             _ => PROTO_ICMP,
         }
     }
@@ -157,6 +163,7 @@ fn l4_bytes(ip: &Ip, l4: &L4) -> Vec<u8> {
             b[2..4].copy_from_slice(&c.to_be_bytes());
             b
         }
+        L4::Raw { payload, .. } => payload.clone(),
         L4::Error { kind, code, inner } => {
             let mut b = vec![*kind, *code, 0, 0, 0, 0, 0, 0];
             b.extend_from_slice(inner);
@@ -178,6 +185,35 @@ pub fn frame(ip: &Ip, l4: &L4) -> Vec<u8> {
     f.extend_from_slice(&[0x08, 0x00]);
     f.extend_from_slice(&ipv4(ip, l4));
     f
+}
+
+/// The datagram `ip`/`l4` fragmented as a router would: IP payload chunks of
+/// `chunk` bytes (a multiple of 8), DF clear, MF on all but the last, every
+/// header checksum computed. Returns Ethernet frames in order.
+pub fn fragments(ip: &Ip, l4: &L4, chunk: usize) -> Vec<Vec<u8>> {
+    assert!(chunk % 8 == 0 && ip.options.is_empty());
+    let whole = ipv4(ip, l4);
+    let body = &whole[20..];
+    let mut out = Vec::new();
+    for (i, part) in body.chunks(chunk).enumerate() {
+        let offset = i * chunk;
+        let more = offset + part.len() < body.len();
+        let mut h = whole[..20].to_vec();
+        h[2..4].copy_from_slice(&((20 + part.len()) as u16).to_be_bytes());
+        let field = (offset / 8) as u16 | if more { 0x2000 } else { 0 };
+        h[6..8].copy_from_slice(&field.to_be_bytes());
+        h[10..12].copy_from_slice(&[0, 0]);
+        let c = checksum(&h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        let mut f = Vec::new();
+        f.extend_from_slice(&DST_MAC);
+        f.extend_from_slice(&SRC_MAC);
+        f.extend_from_slice(&[0x08, 0x00]);
+        f.extend_from_slice(&h);
+        f.extend_from_slice(part);
+        out.push(f);
+    }
+    out
 }
 
 /// What a frame carries, read back from bytes.
@@ -225,7 +261,7 @@ pub fn verify_ipv4(ip: &[u8]) -> Result<(), String> {
             if checksum(l4) != 0 {
                 return Err("bad ICMP checksum".into());
             }
-            if ![0, 8].contains(&l4[0]) {
+            if [3, 11, 12].contains(&l4[0]) {
                 verify_ipv4(&l4[8..]).map_err(|e| format!("embedded packet: {e}"))?;
             }
             Ok(())

@@ -243,6 +243,45 @@ pub fn udp_echo_forever(ns: &str, port: u16) -> Result<()> {
     Ok(())
 }
 
+/// UDP server answering every datagram, forever, with `<sender>\n` and the
+/// datagram's bytes: a large datagram comes back as large (fragmented both ways).
+pub fn udp_big_echo_forever(ns: &str, port: u16) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    spawn_in(ns, move || {
+        let s = UdpSocket::bind(("0.0.0.0", port))?;
+        tx.send(()).ok();
+        let mut buf = vec![0u8; 65536];
+        loop {
+            let (n, peer) = s.recv_from(&mut buf)?;
+            let mut answer = format!("{peer}\n").into_bytes();
+            answer.extend_from_slice(&buf[..n]);
+            s.send_to(&answer, peer)?;
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), anyhow::Error>(())
+    });
+    rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
+    Ok(())
+}
+
+/// Client of `udp_big_echo_forever`: sends one `len`-byte datagram, checks
+/// the bytes that come back; returns (server's view of us, reply source).
+pub fn udp_big_ask(ns: &str, to: SocketAddr, len: usize) -> Result<(String, SocketAddr)> {
+    spawn_in(ns, move || {
+        let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let data: Vec<u8> = (0..len).map(|i| (i * 13 + i / 253) as u8).collect();
+        s.send_to(&data, to)?;
+        let mut buf = vec![0u8; 65536];
+        let (n, from) = s.recv_from(&mut buf).context("no answer to the large datagram")?;
+        let nl = buf[..n].iter().position(|b| *b == b'\n').context("no peer line")?;
+        ensure!(buf[nl + 1..n] == data[..], "answer differs ({} of {len} bytes back)", n - nl - 1);
+        Ok((String::from_utf8_lossy(&buf[..nl]).into_owned(), from))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))?
+}
+
 /// Minimal HTTP/1.1 server: every request gets `<tag> <peer>` as its body.
 pub fn http_server(ns: &str, port: u16, tag: &str) -> Result<()> {
     let tag = tag.to_string();

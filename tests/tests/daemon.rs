@@ -5,7 +5,7 @@
 
 use std::{
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
@@ -69,7 +69,7 @@ impl Env {
             .args(["--state", self.state().to_str().unwrap(), "--repair-interval", "2"])
             .args(["--metrics", &format!("127.0.0.1:{}", self.metrics_port)])
             .args(self.common())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.join("daemon.log")).unwrap())
             .spawn()
             .unwrap();
         let d = Daemon(child);
@@ -198,7 +198,10 @@ fn invalid_state_changes_nothing_and_reloads_work() {
 
     // SIGTERM: clean exit, the dataplane (pins) stays.
     assert!(daemon.stop(), "clean exit on SIGTERM");
-    assert!(env.bpffs.join("v1/ct").exists(), "pins survive a clean stop");
+    assert!(
+        lbagent::dataplane::pins::versioned_dir(&env.bpffs).join(lbagent_common::MAP_CT).exists(),
+        "pins survive a clean stop"
+    );
 
     // Restart: allocations are stable.
     let mut daemon = env.start();
@@ -211,7 +214,11 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     // Teardown is refused while running, then removes everything.
     let out = Command::new(lbagent_bin()).arg("teardown").args(env.common()).output().unwrap();
     assert!(!out.status.success());
-    assert!(daemon.stop(), "clean exit on SIGTERM");
+    assert!(
+        daemon.stop(),
+        "clean exit on SIGTERM: {}",
+        std::fs::read_to_string(env.dir.join("daemon.log")).unwrap_or_default()
+    );
     let out = Command::new(lbagent_bin()).arg("teardown").args(env.common()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!env.bpffs.exists());

@@ -114,6 +114,42 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     assert_eq!(eips[1]["used_by"][1], "snat 10.10.0.0/25");
 }
 
+/// 4 000-byte UDP datagrams (three fragments each way on 1 500-byte links)
+/// through SNAT, a port DNAT and a FIP: each side sees only public
+/// addresses and every byte comes back.
+#[test]
+fn large_udp_datagrams_are_translated_fragment_by_fragment() {
+    if !require_root() {
+        return;
+    }
+    let mut b = GwBed::new(&["10.10.0.21", "10.10.0.22"]).unwrap();
+    let inet = b.internet.ns.name.clone();
+    let (fip_host, snat_host) = (b.vpc[0].ns.name.clone(), b.vpc[1].ns.name.clone());
+    udp_big_echo_forever(&inet, 9002).unwrap();
+    udp_big_echo_forever(&fip_host, 9003).unwrap();
+    udp_big_echo_forever(&snat_host, 9004).unwrap();
+    let rules = "    fips: [{eip: eip1, internal_ip: 10.10.0.21}]
+    dnats: [{eip: eip2, protocol: udp, external_port: 5353, internal_ip: 10.10.0.22, internal_port: 9004}]
+    snats: [{eip: eip2, internal_cidr: 10.10.0.0/25}]
+";
+    b.apply(&b.state(&format!("{EIPS}{rules}")));
+    let seen = |answer: (String, SocketAddr)| (answer.0.rsplit_once(':').unwrap().0.to_string(), answer.1);
+    // SNAT: the internet host sees the EIP; the answer comes back whole.
+    let (view, _) = seen(udp_big_ask(&snat_host, at("198.51.100.1", 9002), 4000).unwrap());
+    assert_eq!(view, "198.51.100.11");
+    // FIP outbound and inbound.
+    let (view, _) = seen(udp_big_ask(&fip_host, at("198.51.100.1", 9002), 4000).unwrap());
+    assert_eq!(view, "198.51.100.10");
+    let (view, from) = seen(udp_big_ask(&inet, at("198.51.100.10", 9003), 4000).unwrap());
+    assert_eq!((view.as_str(), from), ("198.51.100.1", at("198.51.100.10", 9003)));
+    // Port DNAT: the answer's source is the EIP and its external port.
+    let (view, from) = seen(udp_big_ask(&inet, at("198.51.100.11", 5353), 4000).unwrap());
+    assert_eq!((view.as_str(), from), ("198.51.100.1", at("198.51.100.11", 5353)));
+    let t = b.bed.reconciler.realizer.engine.tables().unwrap();
+    assert!(t.counter(lbagent_common::Counter::FragTranslated).unwrap() >= 8);
+    assert_eq!(t.counter(lbagent_common::Counter::DropFragUntracked).unwrap(), 0);
+}
+
 #[test]
 fn updates_flushes_and_draining() {
     let Some(mut b) = bed() else { return };

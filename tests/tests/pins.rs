@@ -29,7 +29,8 @@ fn bpftool_dumps_named_fields() {
     let (rc, _) = e.run(&frame(&Ip::new([10, 0, 1, 2], [198, 51, 100, 10]), &udp(1234, 53))).unwrap();
     assert_eq!(rc, TC_ACT_OK);
     let dir = pins::versioned_dir(&e.pins.root);
-    let ct = sh(&["bpftool", "map", "dump", "pinned", dir.join(MAP_CT).to_str().unwrap()]).unwrap();
+    // A new flow is in ct_new (it moves to ct once established).
+    let ct = sh(&["bpftool", "map", "dump", "pinned", dir.join(MAP_CT_NEW).to_str().unwrap()]).unwrap();
     for field in ["\"saddr\"", "\"dport\"", "\"xlate\"", "\"last_seen_ns\"", "\"zone\": 3", "\"state\""] {
         assert!(ct.contains(field), "ct dump lacks {field}:\n{ct}");
     }

@@ -44,6 +44,7 @@ pub fn tuple_json(t: &Tuple) -> Value {
 pub fn state_name(s: u8) -> &'static str {
     match s {
         CT_NEW => "new",
+        CT_REPLIED => "replied",
         CT_ESTABLISHED => "established",
         CT_CLOSING => "closing",
         _ => "?",
@@ -60,6 +61,9 @@ pub fn ct_flags(f: u8) -> String {
     }
     if f & CT_F_FIN != 0 {
         v.push("fin");
+    }
+    if f & CT_F_SEQ != 0 {
+        v.push("seq");
     }
     v.join(",")
 }

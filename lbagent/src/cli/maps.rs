@@ -36,13 +36,35 @@ pub fn run(bpffs: &Path, name: Option<&str>, as_json: bool) -> Result<()> {
 pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
     let mut text = String::new();
     let value = match map {
-        MAP_CT => {
+        MAP_CT | MAP_CT_NEW => {
             let now = fmt::monotonic_ns();
-            let entries = t.conntrack()?;
+            let mut entries = t.conntrack_table(map)?;
+            entries.sort_by_key(|(k, e)| (k.zone, e.flags & CT_F_REPLY, k.saddr, k.sport, k.daddr, k.dport));
             for (k, e) in &entries {
                 text += &format!("{}\n", fmt::ct_line(k, e, now));
             }
             Value::Array(entries.iter().map(|(k, e)| fmt::ct_json(k, e, now)).collect())
+        }
+        MAP_FRAGS => {
+            let now = fmt::monotonic_ns();
+            let mut arr = Vec::new();
+            for (k, v) in t.fragments()? {
+                let age = now.saturating_sub(v.seen_ns) / 1_000_000_000;
+                text += &format!(
+                    "zone {:<3} {} {} -> {} id {} ports {}/{} age {age}s\n",
+                    k.zone,
+                    proto_name(k.proto),
+                    ip(k.saddr),
+                    ip(k.daddr),
+                    k.id,
+                    v.sport,
+                    v.dport
+                );
+                arr.push(json!({"zone": k.zone, "proto": proto_name(k.proto), "src": ip(k.saddr).to_string(),
+                                "dst": ip(k.daddr).to_string(), "id": k.id, "sport": v.sport, "dport": v.dport,
+                                "age_s": age}));
+            }
+            Value::Array(arr)
         }
         MAP_DNAT_BACKENDS => {
             let mut arr = Vec::new();
@@ -102,7 +124,7 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             let c = t.config()?;
             text += &format!("{c:?}\n");
             json!({"tcp_new_s": c.tcp_new_s, "tcp_established_s": c.tcp_established_s, "tcp_closing_s": c.tcp_closing_s,
-                   "udp_s": c.udp_s, "udp_replied_s": c.udp_replied_s, "icmp_s": c.icmp_s})
+                   "udp_s": c.udp_s, "udp_stream_s": c.udp_stream_s, "icmp_s": c.icmp_s, "other_s": c.other_s})
         }
         MAP_COUNTERS => {
             let mut obj = JsonMap::new();

@@ -179,13 +179,14 @@ pub async fn run(opts: Options) -> Result<()> {
         std::thread::spawn(move || prober(checks, health, wake));
     }
     let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, checks };
-    let mut seen = fingerprint(&opts.state);
-    d.reload("start");
-    d.apply(true);
-
+    // Handlers first: a SIGTERM that arrives during the first apply must
+    // still be a clean stop (it was the default action, death, before).
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut seen = fingerprint(&opts.state);
+    d.reload("start");
+    d.apply(true);
     let mut poll = tokio::time::interval(Duration::from_secs(1));
     let mut repair = tokio::time::interval(opts.repair_interval);
     repair.tick().await;

@@ -21,9 +21,9 @@ impl ZoneProgram {
         Self::load_sized(root, zone, None)
     }
 
-    /// Like `load`, with the conntrack table sized to `ct_max` entries
-    /// (two per flow) instead of the built-in size. Reusing pins of another
-    /// size is refused.
+    /// Like `load`, with the established conntrack table sized to `ct_max`
+    /// entries (two per flow) and the new-flow table to `ct_new_max(ct_max)`,
+    /// instead of the built-in sizes. Reusing pins of another size is refused.
     pub fn load_sized(root: &Path, zone: u16, ct_max: Option<u32>) -> Result<Self> {
         if OBJECT.is_empty() {
             bail!("this lbagent was built without its eBPF object; build with `cargo xtask build`");
@@ -41,6 +41,7 @@ impl ZoneProgram {
         );
         if let Some(n) = ct_max {
             loader.map_max_entries(lbagent_common::MAP_CT, n);
+            loader.map_max_entries(lbagent_common::MAP_CT_NEW, lbagent_common::ct_new_max(n));
         }
         let mut ebpf = loader.load(OBJECT).map_err(|e| explain(e, &dir))?;
         super::logs::attach(&mut ebpf);

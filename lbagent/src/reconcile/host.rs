@@ -70,6 +70,22 @@ impl Realizer for Host {
 
     fn configure(&mut self, agent: &AgentConfig) {
         self.bridge = agent.integration_bridge.clone();
+        let want = agent.conntrack.nat_config();
+        let pinned = crate::dataplane::pins::versioned_dir(&self.engine.bpffs).join(lbagent_common::MAP_CT).exists();
+        if !pinned && want == lbagent_common::NatConfig::default() {
+            // Nothing loaded yet and nothing to change (teardown must not load the maps).
+            return;
+        }
+        let result = self.engine.tables().and_then(|t| {
+            if t.config()? != want {
+                t.set_config(want)?;
+                tracing::info!(object = "agent", "conntrack timeouts set: {want:?}");
+            }
+            Ok(())
+        });
+        if let Err(e) = result {
+            tracing::error!(object = "agent", "writing conntrack timeouts: {e:#}");
+        }
     }
 
     fn ensure_gw(

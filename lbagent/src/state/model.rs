@@ -27,11 +27,61 @@ pub struct AgentConfig {
     /// OVS bridge for VPC ports.
     #[serde(default = "default_bridge")]
     pub integration_bridge: String,
+    /// Conntrack idle timeouts (seconds); absent fields keep the defaults.
+    #[serde(default)]
+    pub conntrack: ConntrackTimeouts,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
-        AgentConfig { integration_bridge: default_bridge() }
+        AgentConfig { integration_bridge: default_bridge(), conntrack: ConntrackTimeouts::default() }
+    }
+}
+
+/// `agent.conntrack`: idle timeouts in seconds (defaults in
+/// `lbagent_common::DEFAULT_*`, documented in docs/state-file.md).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConntrackTimeouts {
+    pub tcp_new_s: Option<u32>,
+    pub tcp_established_s: Option<u32>,
+    pub tcp_closing_s: Option<u32>,
+    pub udp_s: Option<u32>,
+    pub udp_stream_s: Option<u32>,
+    pub icmp_s: Option<u32>,
+    pub other_s: Option<u32>,
+}
+
+/// Longest idle timeout the state file may set (30 days).
+pub const MAX_CONNTRACK_TIMEOUT_S: u32 = 2_592_000;
+
+impl ConntrackTimeouts {
+    /// Every field with its name, for validation and the engine config.
+    pub fn fields(&self) -> [(&'static str, Option<u32>); 7] {
+        [
+            ("tcp_new_s", self.tcp_new_s),
+            ("tcp_established_s", self.tcp_established_s),
+            ("tcp_closing_s", self.tcp_closing_s),
+            ("udp_s", self.udp_s),
+            ("udp_stream_s", self.udp_stream_s),
+            ("icmp_s", self.icmp_s),
+            ("other_s", self.other_s),
+        ]
+    }
+
+    /// The engine's `nat_config` value (0 = the program's default).
+    pub fn nat_config(&self) -> lbagent_common::NatConfig {
+        let v = |o: Option<u32>| o.unwrap_or(0);
+        lbagent_common::NatConfig {
+            tcp_new_s: v(self.tcp_new_s),
+            tcp_established_s: v(self.tcp_established_s),
+            tcp_closing_s: v(self.tcp_closing_s),
+            udp_s: v(self.udp_s),
+            udp_stream_s: v(self.udp_stream_s),
+            icmp_s: v(self.icmp_s),
+            other_s: v(self.other_s),
+            _pad0: 0,
+        }
     }
 }
 

@@ -58,6 +58,16 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
         c.err("version", format!("unsupported version {} (this agent reads version 1)", s.version));
     }
     c.ok("agent.integration_bridge", check_ifname(&s.agent.integration_bridge));
+    for (name, v) in s.agent.conntrack.fields() {
+        if let Some(v) = v
+            && !(1..=MAX_CONNTRACK_TIMEOUT_S).contains(&v)
+        {
+            c.err(
+                format!("agent.conntrack.{name}"),
+                format!("{v} is out of range (1-{MAX_CONNTRACK_TIMEOUT_S} seconds)"),
+            );
+        }
+    }
     let mut lb_ids = HashSet::new();
     for (i, lb) in s.load_balancers.iter().enumerate() {
         let p = format!("load_balancers[{i}]");

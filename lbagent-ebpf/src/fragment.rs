@@ -1,0 +1,82 @@
+//! IPv4 fragments. Only the first fragment carries the L4 header, so it
+//! records its (pre-translation) ports under the datagram's identity
+//! (addresses, IP id, protocol, zone); later fragments take the ports from
+//! there, find the same conntrack entry and get the same address
+//! translation (they have no ports or L4 checksum to rewrite).
+//!
+//! A later fragment whose first fragment was not seen (reordered, or the
+//! entry is older than `FRAG_TIMEOUT_S`) cannot be matched to a flow: it is
+//! dropped when it would need translation (its source is in a SNAT rule, or
+//! its destination is a floating IP), so a private address never leaks, and
+//! passed otherwise. Like Cilium, and unlike Linux (which reassembles), the
+//! first fragment must come first.
+
+use aya_ebpf::{bindings::BPF_ANY, programs::TcContext};
+use lbagent_common::*;
+
+use crate::{
+    TC_ACT_OK, TC_ACT_SHOT, conntrack,
+    counters::{count, count_flow},
+    maps::FRAGS,
+    parse::Packet,
+    rewrite::rewrite_addresses,
+    rules,
+};
+
+#[inline(always)]
+fn key(p: &Packet) -> FragKey {
+    let t = &p.tuple;
+    FragKey { saddr: t.saddr, daddr: t.daddr, id: p.ip_id, proto: t.proto, _pad0: 0, zone: t.zone, _pad1: 0 }
+}
+
+/// Remembers the first fragment's ports for the fragments that follow.
+#[inline(always)]
+pub fn record_first(p: &Packet, now: u64) {
+    let v = FragEntry { sport: p.tuple.sport, dport: p.tuple.dport, _pad0: 0, seen_ns: now };
+    let _ = FRAGS.insert(&key(p), &v, BPF_ANY as u64);
+}
+
+/// A non-first fragment: translated like its first fragment was.
+#[inline(always)]
+pub fn later(ctx: &TcContext, p: &Packet) -> i32 {
+    let now = conntrack::now();
+    let first = match FRAGS.get_ptr(&key(p)) {
+        // SAFETY: a map value pointer stays valid for the program run.
+        Some(v) => unsafe { *v },
+        None => return untracked(p),
+    };
+    if now.wrapping_sub(first.seen_ns) > FRAG_TIMEOUT_S * 1_000_000_000 {
+        return untracked(p);
+    }
+    let mut t = p.tuple;
+    t.sport = first.sport;
+    t.dport = first.dport;
+    let Some(e) = conntrack::peek(&t, now) else {
+        // The first fragment was not translated either.
+        count(Counter::PassFragment);
+        return TC_ACT_OK;
+    };
+    count_flow(e.dnat_rule, e.snat_rule, ctx.len() as u64);
+    match rewrite_addresses(ctx, p, &e.xlate) {
+        Ok(()) => {
+            count(Counter::FragTranslated);
+            TC_ACT_OK
+        }
+        Err(_) => {
+            count(Counter::DropRewrite);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+/// A later fragment with no first fragment on record.
+#[inline(always)]
+fn untracked(p: &Packet) -> i32 {
+    let t = &p.tuple;
+    if rules::snat(t.zone, p.ifindex, t.saddr).is_some() || rules::address_wide_dnat(t.zone, t.daddr) {
+        count(Counter::DropFragUntracked);
+        return TC_ACT_SHOT;
+    }
+    count(Counter::PassFragment);
+    TC_ACT_OK
+}

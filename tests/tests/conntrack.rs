@@ -1,0 +1,299 @@
+//! Conntrack as a whole flow: paired halves that are repaired, never shared
+//! and never split; established flows kept apart from new ones; the TCP and
+//! UDP lifecycles; ports freed by expired flows. Program tests
+//! (BPF_PROG_TEST_RUN) on the shared fixture.
+
+use std::collections::HashSet;
+
+use lbagent_common::*;
+use lbagent_tests::{
+    engine::{Engine, TC_ACT_OK},
+    fixture::*,
+    packet::{self, ACK, Ip, L4, RST, SYN, frame},
+    require_root,
+};
+
+fn udp_key(sport: u16) -> Tuple {
+    Tuple { saddr: CLIENT, daddr: VIP, sport, dport: 53, proto: PROTO_UDP, _pad0: 0, zone: ZONE }
+}
+
+fn entry(e: &Engine, key: &Tuple) -> Option<CtEntry> {
+    e.tables.conntrack().unwrap().into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// Every original entry's translated tuple is held by exactly one flow, and
+/// every reply entry points back at its original.
+fn assert_pairs_consistent(e: &Engine) {
+    let all = e.tables.conntrack().unwrap();
+    let by_key: std::collections::HashMap<_, _> = all.iter().copied().collect();
+    let mut xlates = HashSet::new();
+    for (k, v) in &all {
+        if v.flags & CT_F_REPLY == 0 {
+            assert!(xlates.insert(v.xlate), "translated tuple {:?} shared", v.xlate);
+            let reply = by_key.get(&v.xlate.reversed()).unwrap_or_else(|| panic!("{k:?} has no reply half"));
+            assert_eq!(reply.xlate, k.reversed(), "reply half of {k:?} points elsewhere");
+        }
+    }
+}
+
+fn tcp_seq(flags: u8, sport: u16, dport: u16, seq: u32) -> L4 {
+    L4::Tcp { sport, dport, seq, ack: 0, flags, payload: vec![] }
+}
+
+/// SYN, SYN-ACK, ACK on the fixture's TCP flow.
+fn establish(e: &mut Engine) {
+    open_tcp(e);
+    tcp_reply(e, SYN | ACK, b"");
+    tcp_orig(e, ACK, b"");
+}
+
+#[test]
+fn lost_reply_half_is_recreated_and_the_flow_keeps_its_tuple() {
+    let Some(mut e) = engine() else { return };
+    let q = |p: &[u8]| frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, p));
+    expect(&mut e, q(b"one"), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"one")));
+    let xlate = entry(&e, &udp_key(25000)).unwrap().xlate;
+    assert!(e.tables.remove_conntrack_entry(&xlate.reversed()).unwrap(), "reply half removed by hand");
+    expect(&mut e, q(b"two"), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"two")));
+    assert_eq!(e.tables.counter(Counter::CtPairRepaired).unwrap(), 1);
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &udp(5353, 25000, b"answer")),
+        frame(&Ip::new(VIP, CLIENT), &udp(53, 25000, b"answer")),
+    );
+    assert_pairs_consistent(&e);
+}
+
+#[test]
+fn lost_original_half_is_recreated_from_the_reply_not_reallocated() {
+    let Some(mut e) = engine() else { return };
+    e.tables.set_snat(&snat((CLIENT, 32), SNAT, (40000, 40999), true, 11)).unwrap();
+    let port = {
+        let (_, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q"))).unwrap();
+        packet::summary(&out).sport
+    };
+    assert!(e.tables.remove_conntrack_entry(&udp_key(25000)).unwrap(), "original half removed by hand");
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &udp(5353, port, b"a")),
+        frame(&Ip::new(VIP, CLIENT), &udp(53, 25000, b"a")),
+    );
+    // The next packet of the flow keeps its (random) port: repaired, not re-allocated.
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q2")),
+        frame(&Ip::new(SNAT, SERVER), &udp(port, 5353, b"q2")),
+    );
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 1);
+    assert_pairs_consistent(&e);
+}
+
+#[test]
+fn a_lost_half_never_lets_two_flows_share_a_tuple() {
+    let Some(mut e) = engine() else { return };
+    establish(&mut e);
+    // Flow A (client:24000 -> snat:24000) loses its reply half...
+    let a = entry(&e, &orig_key()).unwrap();
+    e.tables.remove_conntrack_entry(&a.xlate.reversed()).unwrap();
+    // ...and flow B, whose natural port is the same, takes the free tuple.
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT2, VIP), &tcp(SYN, 24000, 80, b"")),
+        frame(&Ip::new(SNAT, SERVER), &tcp(SYN, 24000, 8080, b"")),
+    );
+    // A's next packet finds its tuple owned by B: A moves, B keeps it.
+    let (rc, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &tcp(ACK, 24000, 80, b"more"))).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    assert_ne!(packet::summary(&out).sport, 24000, "A was moved off B's tuple");
+    assert_eq!(e.tables.counter(Counter::CtPairConflict).unwrap(), 1);
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")),
+        frame(&Ip::new(VIP, CLIENT2), &tcp(SYN | ACK, 80, 24000, b"")),
+    );
+    assert_pairs_consistent(&e);
+}
+
+#[test]
+fn established_flows_survive_a_flood_of_new_flows() {
+    if !require_root() {
+        return;
+    }
+    let mut e = Engine::with_ct_max(ZONE, Some(1024)).unwrap();
+    e.tables.set_dnat(&dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080)])).unwrap();
+    let clients: Vec<[u8; 4]> = (0..10).map(|i| [192, 0, 2, 10 + i]).collect();
+    for c in &clients {
+        e.run(&frame(&Ip::new(*c, VIP), &tcp(SYN, 40000, 80, b""))).unwrap();
+        e.run(&frame(&Ip::new(SERVER, *c), &tcp(SYN | ACK, 8080, 40000, b""))).unwrap();
+        e.run(&frame(&Ip::new(*c, VIP), &tcp(ACK, 40000, 80, b""))).unwrap();
+    }
+    assert_eq!(e.tables.counter(Counter::CtPromoted).unwrap(), 10);
+    // A SYN flood: 4 000 half-open flows, 16 times what ct_new holds.
+    for i in 0..4000u32 {
+        let src = [203, 0, 113, (i % 200) as u8 + 1];
+        e.run(&frame(&Ip::new(src, VIP), &tcp(SYN, 1024 + (i / 200) as u16, 80, b""))).unwrap();
+    }
+    assert!(e.tables.conntrack_table(MAP_CT_NEW).unwrap().len() <= ct_new_max(1024) as usize);
+    for c in &clients {
+        expect(
+            &mut e,
+            frame(&Ip::new(SERVER, *c), &tcp(ACK, 8080, 40000, b"still here")),
+            frame(&Ip::new(VIP, *c), &tcp(ACK, 80, 40000, b"still here")),
+        );
+    }
+    assert_eq!(e.tables.conntrack_table(MAP_CT).unwrap().len(), 20, "both halves of all 10 flows");
+}
+
+#[test]
+fn one_way_stream_keeps_its_port_through_table_churn() {
+    if !require_root() {
+        return;
+    }
+    // ct_new holds 256 entries: 128 flows; 3 000 one-shot flows churn it.
+    let mut e = Engine::with_ct_max(ZONE, Some(64)).unwrap();
+    e.tables.set_dnat(&dnat(PROTO_UDP, 53, 2, &[(SERVER, 5353)])).unwrap();
+    e.tables.set_snat(&snat(([10, 0, 0, 0], 8), SNAT, (20000, 29999), true, 10)).unwrap();
+    let stream = frame(&Ip::new(CLIENT, VIP), &udp(5000, 53, b"stream"));
+    let (_, out) = e.run(&stream).unwrap();
+    let port = packet::summary(&out).sport;
+    for i in 0..3000u32 {
+        let src = [10, 1, (i / 250) as u8, (i % 250) as u8 + 1];
+        let (rc, _) = e.run(&frame(&Ip::new(src, VIP), &udp(6000, 53, b"x"))).unwrap();
+        assert_eq!(rc, TC_ACT_OK);
+        if i % 10 == 0 {
+            let (_, out) = e.run(&stream).unwrap();
+            assert_eq!(packet::summary(&out).sport, port, "the stream moved after {i} other flows");
+        }
+    }
+    // The LRU evicts halves of idle one-shot flows on its own; what must hold
+    // is that no two whole flows hold one tuple and the stream is whole.
+    assert_whole_flows_unique(&e);
+    let key = Tuple { saddr: CLIENT, daddr: VIP, sport: 5000, dport: 53, proto: PROTO_UDP, _pad0: 0, zone: ZONE };
+    let stream = entry(&e, &key).expect("stream's original half");
+    assert_eq!(entry(&e, &stream.xlate.reversed()).expect("stream's reply half").xlate, key.reversed());
+}
+
+/// Among flows whose halves point at each other, no translated tuple repeats.
+fn assert_whole_flows_unique(e: &Engine) {
+    let all = e.tables.conntrack().unwrap();
+    let by_key: std::collections::HashMap<_, _> = all.iter().copied().collect();
+    let mut xlates = HashSet::new();
+    for (k, v) in &all {
+        let whole = by_key.get(&v.xlate.reversed()).is_some_and(|p| p.xlate == k.reversed());
+        if v.flags & CT_F_REPLY == 0 && whole {
+            assert!(xlates.insert(v.xlate), "translated tuple {:?} held by two whole flows", v.xlate);
+        }
+    }
+}
+
+#[test]
+fn syn_on_a_closed_flow_starts_a_new_flow() {
+    let Some(mut e) = engine() else { return };
+    establish(&mut e);
+    tcp_reply(&mut e, RST | ACK, b"");
+    assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
+    open_tcp(&mut e);
+    assert_eq!(ct_state(&e, orig_key()), CT_NEW);
+    assert_eq!(e.tables.counter(Counter::FlowReopened).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 2);
+}
+
+#[test]
+fn rst_outside_the_window_does_not_close_the_flow() {
+    let Some(mut e) = engine() else { return };
+    establish(&mut e);
+    // The server's side has sent up to seq 1001; a RST 10 MB away is spoofed.
+    let spoofed = tcp_seq(RST, 8080, 24000, 1000 + 10_000_000);
+    let (rc, out) = e.run(&frame(&Ip::new(SERVER, SNAT), &spoofed)).unwrap();
+    assert_eq!(rc, TC_ACT_OK, "still translated: the endpoint judges it");
+    assert_eq!(out, frame(&Ip::new(VIP, CLIENT), &tcp_seq(RST, 80, 24000, 1000 + 10_000_000)));
+    assert_eq!(ct_state(&e, orig_key()), CT_ESTABLISHED);
+    assert_eq!(e.tables.counter(Counter::RstIgnored).unwrap(), 1);
+    // An in-window RST closes it.
+    e.run(&frame(&Ip::new(SERVER, SNAT), &tcp_seq(RST, 8080, 24000, 1001))).unwrap();
+    assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
+}
+
+#[test]
+fn icmp_errors_neither_refresh_nor_advance_a_flow() {
+    let Some(mut e) = engine() else { return };
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")),
+        frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")),
+    );
+    let before = entry(&e, &udp_key(25000)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let sent = packet::ipv4(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q"));
+    let (rc, _) = e.run(&frame(&Ip::new(SERVER, SNAT), &L4::Error { kind: 3, code: 3, inner: sent })).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(e.tables.counter(Counter::IcmpErrorXlated).unwrap(), 1);
+    let after = entry(&e, &udp_key(25000)).unwrap();
+    assert_eq!((after.state, after.last_seen_ns), (before.state, before.last_seen_ns));
+    let reply = entry(&e, &before.xlate.reversed()).unwrap();
+    assert_eq!(reply.state, CT_NEW, "an error from the server is not an answer");
+}
+
+#[test]
+fn udp_query_answer_stays_short_a_stream_becomes_established() {
+    let Some(mut e) = engine() else { return };
+    let q = frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q"));
+    let a = frame(&Ip::new(SERVER, SNAT), &udp(5353, 25000, b"a"));
+    e.run(&q).unwrap();
+    e.run(&a).unwrap();
+    assert_eq!(ct_state(&e, udp_key(25000)), CT_REPLIED, "a query/answer keeps the 30 s timeout");
+    let cfg = e.tables.config().unwrap();
+    assert_eq!(cfg.timeout_s(PROTO_UDP, CT_REPLIED), 30);
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    e.run(&q).unwrap();
+    assert_eq!(ct_state(&e, udp_key(25000)), CT_ESTABLISHED, "still active after 2 s: a stream");
+    assert_eq!(cfg.timeout_s(PROTO_UDP, CT_ESTABLISHED), 120);
+    assert_eq!(e.tables.conntrack_table(MAP_CT).unwrap().len(), 2, "promoted to the established table");
+    assert!(e.tables.conntrack_table(MAP_CT_NEW).unwrap().is_empty());
+    expect(&mut e, a, frame(&Ip::new(VIP, CLIENT), &udp(53, 25000, b"a")));
+}
+
+#[test]
+fn an_expired_flow_frees_its_port_for_a_new_one() {
+    let Some(mut e) = engine() else { return };
+    e.tables.set_config(NatConfig { udp_s: 1, ..Default::default() }).unwrap();
+    e.tables.set_snat(&snat((CLIENT, 32), SNAT, (30000, 30000), false, 11)).unwrap();
+    let (rc, _) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(1111, 53, b"a"))).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    // Nothing looked the old flow up or collected it: allocation reclaims it.
+    let (rc, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(2222, 53, b"b"))).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    assert_eq!(packet::summary(&out).sport, 30000);
+    assert_eq!(e.tables.counter(Counter::DropNoPort).unwrap(), 0);
+    assert_eq!(e.tables.counter(Counter::ExpiredFlows).unwrap(), 1);
+}
+
+#[test]
+fn a_busy_range_is_used_to_its_last_port() {
+    let Some(mut e) = engine() else { return };
+    e.tables.set_snat(&snat((CLIENT, 32), SNAT, (31000, 31031), true, 11)).unwrap();
+    let mut ports = HashSet::new();
+    for sport in 0..32u16 {
+        let (rc, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(2000 + sport, 53, b"x"))).unwrap();
+        assert_eq!(rc, TC_ACT_OK, "flow {sport} found a port");
+        assert!(ports.insert(packet::summary(&out).sport));
+    }
+    assert_eq!(ports.len(), 32);
+    let (rc, _) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(3000, 53, b"x"))).unwrap();
+    assert_eq!(rc, lbagent_tests::engine::TC_ACT_SHOT, "the 33rd finds none");
+}
+
+#[test]
+fn flush_and_gc_never_delete_a_half_that_belongs_to_another_flow() {
+    let Some(mut e) = engine() else { return };
+    establish(&mut e);
+    let a = entry(&e, &orig_key()).unwrap();
+    e.tables.remove_conntrack_entry(&a.xlate.reversed()).unwrap();
+    // B takes A's tuple; flushing A (by its key) must leave B whole.
+    e.run(&frame(&Ip::new(CLIENT2, VIP), &tcp(SYN, 24000, 80, b""))).unwrap();
+    let n = e.tables.flush_conntrack(|k, _| *k == orig_key()).unwrap();
+    assert_eq!(n, 1);
+    assert_pairs_consistent(&e);
+    assert_eq!(e.tables.conntrack().unwrap().len(), 2, "B's two halves");
+}

@@ -148,7 +148,11 @@ nat_gateways:
         println!("\n== lbagent maps {map}");
         print!("{}", agent.cli(&["maps", map])?);
     }
-    println!("\n== the same maps with bpftool, typed by BTF: bpftool map dump pinned {bpffs}/v1/ct");
+    println!(
+        "\n== the same maps with bpftool, typed by BTF: bpftool map dump pinned {}/v{}/ct",
+        bpffs,
+        lbagent_common::LAYOUT_VERSION
+    );
     drop(agent);
     drop((client, b1, b2, internet));
     let _ = std::fs::remove_dir_all(&dir);

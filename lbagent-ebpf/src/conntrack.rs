@@ -163,16 +163,16 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
         return Lookup::Miss { expired: false };
     }
     if pair_ptr.is_none() {
-        // Lost half (LRU eviction, or deleted by hand): re-create it here.
+        // Lost half (LRU eviction, or deleted by hand): re-create it here,
+        // without this direction's TCP sequence state.
         let pair = CtEntry {
             xlate: p.tuple.reversed(),
-            flags: e.flags ^ CT_F_REPLY,
+            flags: (e.flags ^ CT_F_REPLY) & !(CT_F_FIN | CT_F_SEQ),
             seq_end: 0,
             max_win: 0,
             wscale: CT_WSCALE_NONE,
             ..*e
         };
-        let pair = CtEntry { flags: pair.flags & !(CT_F_FIN | CT_F_SEQ), ..pair };
         if insert(table, &pair_key, &pair, BPF_NOEXIST as u64) {
             count(Counter::CtPairRepaired);
         }
@@ -226,15 +226,16 @@ fn track_tcp(p: &Packet, e: &mut CtEntry, pair: Option<&CtEntry>, state: u8) -> 
         // RFC 793 / nf_conntrack: an RST counts only inside the window the
         // receiver offered around what this side has sent. Unknown sequence
         // state (a flow picked up mid-stream, a refused SYN) accepts it.
-        if let Some(pair) = pair {
-            if e.flags & CT_F_SEQ != 0 && pair.flags & CT_F_SEQ != 0 {
-                let win = pair.max_win;
-                let lo = e.seq_end.wrapping_sub(win).wrapping_sub(1);
-                let hi = e.seq_end.wrapping_add(win).wrapping_add(1);
-                if !(after(t.seq, lo) && after(hi, t.seq)) {
-                    count(Counter::RstIgnored);
-                    return state;
-                }
+        if let Some(pair) = pair
+            && e.flags & CT_F_SEQ != 0
+            && pair.flags & CT_F_SEQ != 0
+        {
+            let win = pair.max_win;
+            let lo = e.seq_end.wrapping_sub(win).wrapping_sub(1);
+            let hi = e.seq_end.wrapping_add(win).wrapping_add(1);
+            if !(after(t.seq, lo) && after(hi, t.seq)) {
+                count(Counter::RstIgnored);
+                return state;
             }
         }
         return CT_CLOSING;

@@ -100,10 +100,10 @@ fn rewrite_error(ctx: &TcContext, p: &Packet, e: &Embedded, x: &Tuple) -> Option
             l4 = csum::replace16(l4, raw16(t.dport) as u16, raw16(inner.dport) as u16);
         }
     }
-    if let Some((off, old)) = old_l4_csum {
-        if l4 != old {
-            payload_store(ctx, icmp_csum, off, &old.to_ne_bytes(), &l4.to_ne_bytes())?;
-        }
+    if let Some((off, old)) = old_l4_csum
+        && l4 != old
+    {
+        payload_store(ctx, icmp_csum, off, &old.to_ne_bytes(), &l4.to_ne_bytes())?;
     }
     Some(())
 }

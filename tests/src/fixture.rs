@@ -130,3 +130,22 @@ pub fn ct_state(e: &Engine, key: Tuple) -> u8 {
 pub fn orig_key() -> Tuple {
     Tuple { saddr: CLIENT, daddr: VIP, sport: 24000, dport: 80, proto: PROTO_TCP, _pad0: 0, zone: ZONE }
 }
+
+/// The floating IP 198.51.100.20 ↔ server2: an address-wide DNAT rule and
+/// the /32 SNAT rule back, as the NAT gateway programs a FIP.
+pub const FIP: [u8; 4] = [198, 51, 100, 20];
+
+pub fn fip(e: &Engine) {
+    e.tables
+        .set_dnat(&DnatSpec {
+            zone: ZONE,
+            addr: a(FIP),
+            proto: 0,
+            port: 0,
+            rule_id: 30,
+            backends: vec![(a(SERVER2), 0)],
+            snat: None,
+        })
+        .unwrap();
+    e.tables.set_snat(&snat((SERVER2, 32), FIP, (1024, 65535), false, 31)).unwrap();
+}

@@ -3,34 +3,17 @@
 //! address-only in both directions; SNAT never lets one leave with a private
 //! source. Program tests (BPF_PROG_TEST_RUN) on the shared fixture.
 
-use lbagent::dataplane::tables::DnatSpec;
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_OK, TC_ACT_SHOT},
+    engine::{TC_ACT_OK, TC_ACT_SHOT},
     fixture::*,
     packet::{self, Ip, L4, frame},
 };
 
 const OTHER: [u8; 4] = [203, 0, 113, 5];
-const FIP: [u8; 4] = [198, 51, 100, 20];
 
 fn raw(proto: u8, payload: &[u8]) -> L4 {
     L4::Raw { proto, payload: payload.to_vec() }
-}
-
-fn fip(e: &Engine) {
-    e.tables
-        .set_dnat(&DnatSpec {
-            zone: ZONE,
-            addr: a(FIP),
-            proto: 0,
-            port: 0,
-            rule_id: 30,
-            backends: vec![(a(SERVER2), 0)],
-            snat: None,
-        })
-        .unwrap();
-    e.tables.set_snat(&snat((SERVER2, 32), FIP, (1024, 65535), false, 31)).unwrap();
 }
 
 /// GRE, ESP, SCTP (its CRC does not cover addresses) and an ICMP timestamp request.

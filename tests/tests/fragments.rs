@@ -3,7 +3,6 @@
 //! fragments of the translated datagram; fragments that cannot be matched
 //! never leave with a private address.
 
-use lbagent::dataplane::tables::DnatSpec;
 use lbagent_common::*;
 use lbagent_tests::{
     engine::{Engine, TC_ACT_OK, TC_ACT_SHOT},
@@ -12,7 +11,6 @@ use lbagent_tests::{
 };
 
 const OTHER: [u8; 4] = [203, 0, 113, 5];
-const FIP: [u8; 4] = [198, 51, 100, 20];
 
 /// Runs every fragment; each must pass and equal the expected fragment.
 fn expect_all(e: &mut Engine, input: &[Vec<u8>], expected: &[Vec<u8>]) {
@@ -57,21 +55,6 @@ fn udp_datagram_through_snat_with_a_moved_port() {
     expect_all(&mut e, &q[1..], &want[1..]);
     let a = fragments(&Ip::new(OTHER, SNAT), &udp(9999, port, &data), 1480);
     expect_all(&mut e, &a, &fragments(&Ip::new(OTHER, CLIENT), &udp(9999, 5000, &data), 1480));
-}
-
-fn fip(e: &Engine) {
-    e.tables
-        .set_dnat(&DnatSpec {
-            zone: ZONE,
-            addr: a(FIP),
-            proto: 0,
-            port: 0,
-            rule_id: 30,
-            backends: vec![(a(SERVER2), 0)],
-            snat: None,
-        })
-        .unwrap();
-    e.tables.set_snat(&snat((SERVER2, 32), FIP, (1024, 65535), false, 31)).unwrap();
 }
 
 #[test]

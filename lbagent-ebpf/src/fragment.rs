@@ -15,12 +15,12 @@ use aya_ebpf::{bindings::BPF_ANY, programs::TcContext};
 use lbagent_common::*;
 
 use crate::{
-    TC_ACT_OK, TC_ACT_SHOT, conntrack,
-    counters::{count, count_flow},
+    conntrack,
+    counters::count_flow,
     maps::FRAGS,
     parse::Packet,
     rewrite::rewrite_addresses,
-    rules,
+    verdict::{untracked_fragment, verdict},
 };
 
 #[inline(always)]
@@ -43,40 +43,21 @@ pub fn later(ctx: &TcContext, p: &Packet) -> i32 {
     let first = match FRAGS.get_ptr(&key(p)) {
         // SAFETY: a map value pointer stays valid for the program run.
         Some(v) => unsafe { *v },
-        None => return untracked(p),
+        None => return untracked_fragment(p),
     };
     if now.wrapping_sub(first.seen_ns) > FRAG_TIMEOUT_S * 1_000_000_000 {
-        return untracked(p);
+        return untracked_fragment(p);
     }
     let mut t = p.tuple;
     t.sport = first.sport;
     t.dport = first.dport;
     let Some(e) = conntrack::peek(&t, now) else {
         // The first fragment was not translated either.
-        count(Counter::PassFragment);
-        return TC_ACT_OK;
+        return verdict(Counter::PassFragment);
     };
     count_flow(e.dnat_rule, e.snat_rule, ctx.len() as u64);
     match rewrite_addresses(ctx, p, &e.xlate) {
-        Ok(()) => {
-            count(Counter::FragTranslated);
-            TC_ACT_OK
-        }
-        Err(_) => {
-            count(Counter::DropRewrite);
-            TC_ACT_SHOT
-        }
+        Ok(()) => verdict(Counter::FragTranslated),
+        Err(_) => verdict(Counter::DropRewrite),
     }
-}
-
-/// A later fragment with no first fragment on record.
-#[inline(always)]
-fn untracked(p: &Packet) -> i32 {
-    let t = &p.tuple;
-    if rules::snat(t.zone, p.ifindex, t.saddr).is_some() || rules::address_wide_dnat(t.zone, t.daddr) {
-        count(Counter::DropFragUntracked);
-        return TC_ACT_SHOT;
-    }
-    count(Counter::PassFragment);
-    TC_ACT_OK
 }

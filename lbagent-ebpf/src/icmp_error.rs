@@ -13,9 +13,9 @@ use lbagent_common::{Counter, Tuple, csum};
 use crate::{
     TC_ACT_OK, TC_ACT_SHOT, conntrack,
     counters::count,
-    nat::unmatched,
     parse::{Embedded, Kind, Packet, read},
     rewrite::{IP_CSUM, IP_DADDR, IP_SADDR, raw16, raw32, set_addr},
+    verdict::unmatched,
 };
 
 /// Translates an ICMP error about a tracked flow. The lookup does not touch

@@ -24,6 +24,7 @@ mod nat;
 mod parse;
 mod rewrite;
 mod rules;
+mod verdict;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};
 

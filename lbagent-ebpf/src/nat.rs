@@ -10,7 +10,9 @@ use crate::{
     fragment, icmp_error,
     parse::{Frag, Packet, Parsed, parse},
     rewrite::rewrite,
-    rules, zone,
+    rules,
+    verdict::{unmatched, verdict},
+    zone,
 };
 
 /// Lowest port a translated flow that is not SNAT'ed moves to on a collision.
@@ -30,25 +32,6 @@ pub fn process(ctx: &TcContext) -> i32 {
         Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e),
         Err(c) => verdict(c),
     }
-}
-
-/// Counts `c` and returns what it means for the packet.
-#[inline(always)]
-pub fn verdict(c: Counter) -> i32 {
-    count(c);
-    if c.is_drop() { TC_ACT_SHOT } else { TC_ACT_OK }
-}
-
-/// A packet that matched no flow and opens none: passed, unless a SNAT rule
-/// covers its source, in which case passing it would leak the private
-/// address (an unsolicited echo reply, an ICMP error about nothing we
-/// translated, an address-only packet whose tuple is taken).
-#[inline(always)]
-pub fn unmatched(p: &Packet) -> i32 {
-    if rules::snat(p.tuple.zone, p.ifindex, p.tuple.saddr).is_some() {
-        return verdict(Counter::DropUntranslatable);
-    }
-    verdict(Counter::PassUnmatched)
 }
 
 #[inline(always)]

@@ -4,7 +4,7 @@
 use std::{collections::HashSet, net::Ipv4Addr};
 
 use anyhow::Result;
-use lbagent_common::{DnatKey, SNAT_KEY_FIXED_BITS};
+use lbagent_common::{Backend, CT_F_REPLY, DnatKey, DnatRule, PROTO_UDP, SNAT_KEY_FIXED_BITS};
 
 use super::tables::{DnatSpec, SnatSpec, Tables};
 
@@ -20,10 +20,22 @@ fn summarise(kind: &str, lines: Vec<String>, changes: &mut Vec<String>) {
     }
 }
 
-/// Upserts changed DNAT rules of `zone`, removes the ones not wanted.
+/// Upserts changed DNAT rules of `zone`, removes the ones not wanted, and
+/// flushes the UDP flows of backends that left a rule.
+///
+/// Removals run first: a rule id that moved to another key (a listener's
+/// port, type or VIP changed) shares its backend entries with the new key,
+/// and removing the old key afterwards would delete them.
 pub fn dnat(t: &Tables, zone: u16, want: &[DnatSpec], out: &mut Vec<String>) -> Result<()> {
     let mut changes = Vec::new();
     let have: Vec<_> = t.dnat_rules()?.into_iter().filter(|(k, _, _)| k.zone == zone).collect();
+    let wanted: HashSet<DnatKey> = want.iter().map(|d| d.key()).collect();
+    for (k, _, _) in &have {
+        if !wanted.contains(k) {
+            t.remove_dnat(k)?;
+            changes.push(format!("removed dnat {} proto {} port {}", Ipv4Addr::from(k.addr), k.proto, k.port));
+        }
+    }
     for d in want {
         let same = have.iter().find(|(k, _, _)| *k == d.key()).is_some_and(|(_, r, bs)| {
             *r == d.rule() && bs.iter().map(|b| (Ipv4Addr::from(b.addr), b.port)).collect::<Vec<_>>() == d.backends
@@ -33,15 +45,34 @@ pub fn dnat(t: &Tables, zone: u16, want: &[DnatSpec], out: &mut Vec<String>) -> 
             changes.push(format!("dnat {} proto {} port {} -> {:?}", d.addr, d.proto, d.port, d.backends));
         }
     }
-    let wanted: HashSet<DnatKey> = want.iter().map(|d| d.key()).collect();
-    for (k, _, _) in &have {
-        if !wanted.contains(k) {
-            t.remove_dnat(k)?;
-            changes.push(format!("removed dnat {} proto {} port {}", Ipv4Addr::from(k.addr), k.proto, k.port));
+    let gone = udp_backends_gone(&have, want);
+    if !gone.is_empty() {
+        let n = t.flush_conntrack(|k, e| {
+            let (id, addr) = (e.dnat_rule, e.xlate.daddr);
+            e.flags & CT_F_REPLY == 0
+                && k.proto == PROTO_UDP
+                && (gone.contains(&(id, addr, e.xlate.dport)) || gone.contains(&(id, addr, 0)))
+        })?;
+        if n > 0 {
+            changes.push(format!("flushed {n} UDP flows of backends that left"));
         }
     }
     summarise("dnat", changes, out);
     Ok(())
+}
+
+/// (rule id, backend address, port) of UDP backends in `have` that no
+/// wanted rule with that id keeps. UDP has no end of connection: without a
+/// flush, a client that keeps sending stays on a removed or failed backend
+/// (kube-proxy flushes for the same reason). TCP flows drain instead.
+fn udp_backends_gone(have: &[(DnatKey, DnatRule, Vec<Backend>)], want: &[DnatSpec]) -> HashSet<(u32, [u8; 4], u16)> {
+    let kept: HashSet<(u32, [u8; 4], u16)> =
+        want.iter().flat_map(|d| d.backends.iter().map(|(a, p)| (d.rule_id, a.octets(), *p))).collect();
+    have.iter()
+        .filter(|(k, _, _)| k.proto == PROTO_UDP)
+        .flat_map(|(_, r, bs)| bs.iter().map(|b| (r.rule_id, b.addr, b.port)))
+        .filter(|g| !kept.contains(g))
+        .collect()
 }
 
 /// Upserts changed SNAT rules of `zone`, removes the ones not wanted.

@@ -6,8 +6,10 @@
 //! - SNAT: longest prefix on the LAN interface, random ports ("random-fully");
 //!   a FIP's /32 wins over a SNAT of the same single address;
 //! - deleting a FIP flushes its flows; deleting a DNAT identity (or replacing
-//!   an exclusive target) flushes that identity's flows; deleting a SNAT or
-//!   one share backend flushes nothing.
+//!   an exclusive target) flushes that identity's flows; deleting a SNAT (or
+//!   moving it to another EIP) flushes its flows, which would otherwise keep
+//!   sending from the old address; removing one share backend flushes its
+//!   UDP flows only (`dataplane::sync`), TCP flows drain.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -67,6 +69,15 @@ fn fip_snat_key(gw: &str, internal: Ipv4Addr) -> String {
 
 fn dnat_key(gw: &str, eip: Ipv4Addr, p: Protocol, port: u32) -> String {
     format!("natgw/{gw}/dnat/{eip}/{}/{port}", if p == Protocol::Tcp { "tcp" } else { "udp" })
+}
+
+fn snat_key(gw: &str, cidr: (Ipv4Addr, u8)) -> String {
+    format!("natgw/{gw}/snat/{}/{}", cidr.0, cidr.1)
+}
+
+/// CIDR SNATs as internal CIDR → EIP address.
+fn snats(gw: &NatGateway) -> BTreeMap<(Ipv4Addr, u8), Ipv4Addr> {
+    gw.snats.iter().filter_map(|s| Some((parse_cidr(&s.internal_cidr).ok()?, eip_ip(gw, &s.eip)?))).collect()
 }
 
 /// FIPs as (eip address, internal address).
@@ -135,12 +146,11 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
             snat: Some(RuleSnat::hairpin(ifs.lan)),
         });
     }
-    for s in &gw.snats {
-        let (Some(eip), Ok(cidr)) = (eip_ip(gw, &s.eip), parse_cidr(&s.internal_cidr)) else { continue };
+    for (cidr, eip) in snats(gw) {
         if cidr.1 == 32 && fips.iter().any(|(_, i)| *i == cidr.0) {
             continue; // the FIP's own SNAT wins
         }
-        let rule_id = id(format!("natgw/{}/snat/{}/{}", gw.name, cidr.0, cidr.1), &mut r);
+        let rule_id = id(snat_key(&gw.name, cidr), &mut r);
         r.snats.push(SnatSpec { zone, ifindex: ifs.lan, cidr, to: eip, ports: SNAT_PORTS, random: true, rule_id });
     }
     r
@@ -166,6 +176,12 @@ pub fn flushes(prev: &NatGateway, next: Option<&NatGateway>, alloc: &Allocations
         };
         if gone {
             out.extend(id(dnat_key(&prev.name, ident.0, ident.1, ident.2)));
+        }
+    }
+    let next_snats = next.map(snats).unwrap_or_default();
+    for (cidr, eip) in snats(prev) {
+        if next_snats.get(&cidr) != Some(&eip) {
+            out.extend(id(snat_key(&prev.name, cidr)));
         }
     }
     out
@@ -207,23 +223,30 @@ mod tests {
         rules(&prev, 5, IFS, &mut a);
         let fip_id = a.rule_ids[&fip_key("gw1", Ipv4Addr::new(198, 51, 100, 10))];
         let ssh_id = a.rule_ids[&dnat_key("gw1", Ipv4Addr::new(198, 51, 100, 11), Protocol::Tcp, 2222)];
-        // Deleting a FIP flushes it; deleting a SNAT or a share backend flushes nothing.
+        let snat_id = a.rule_ids[&snat_key("gw1", (Ipv4Addr::new(10, 10, 0, 0), 24))];
+        // Deleting a FIP flushes it; deleting a SNAT flushes it (its flows
+        // would keep sending from the EIP); a share backend flushes nothing here.
         let mut next = prev.clone();
         next.fips.clear();
         next.snats.clear();
         next.dnats.pop();
         let f = flushes(&prev, Some(&next), &a);
         assert!(f.contains(&fip_id));
+        assert!(f.contains(&snat_id));
         assert!(!f.contains(&ssh_id));
-        assert_eq!(f.len(), 2, "fip dnat + fip snat only: {f:?}");
+        assert_eq!(f.len(), 3, "fip dnat + fip snat + snat: {f:?}");
+        // Moving a SNAT to another EIP flushes it too.
+        let mut next = prev.clone();
+        next.snats[0].eip = "eip1".into();
+        assert!(flushes(&prev, Some(&next), &a).contains(&snat_id));
         // Deleting a DNAT identity flushes it; so does replacing an exclusive target.
         let mut next = prev.clone();
         next.dnats[0].internal_ip = "10.10.0.99".into();
         assert!(flushes(&prev, Some(&next), &a).contains(&ssh_id));
         next.dnats.remove(0);
         assert!(flushes(&prev, Some(&next), &a).contains(&ssh_id));
-        // Removing the gateway flushes every FIP and identity.
-        assert_eq!(flushes(&prev, None, &a).len(), 4);
+        // Removing the gateway flushes every FIP, identity and SNAT.
+        assert_eq!(flushes(&prev, None, &a).len(), 5);
     }
 
     #[test]

@@ -1,0 +1,64 @@
+//! `dataplane::sync` against the real maps and program: rule changes never
+//! open a window (a rule id moved to another key keeps its backends) and UDP
+//! flows leave a backend that left its rule, while TCP flows drain.
+
+use lbagent::dataplane::{sync, tables::DnatSpec};
+use lbagent_common::*;
+use lbagent_tests::{
+    engine::Engine,
+    fixture::*,
+    packet::{self, Ip, SYN, frame},
+};
+
+fn sync_dnat(e: &Engine, want: &[DnatSpec]) -> Vec<String> {
+    let mut out = Vec::new();
+    sync::dnat(&e.tables, ZONE, want, &mut out).unwrap();
+    out
+}
+
+#[test]
+fn a_rule_id_moved_to_another_port_keeps_its_backends() {
+    let Some(mut e) = engine() else { return };
+    // A listener's port changes from 5000 to 5001; its rule id stays.
+    sync_dnat(&e, &[dnat(PROTO_TCP, 5000, 40, &[(SERVER, 8080)])]);
+    sync_dnat(&e, &[dnat(PROTO_TCP, 5001, 40, &[(SERVER, 8080)])]);
+    let rules = e.tables.dnat_rules().unwrap();
+    let (_, _, backends) = rules.iter().find(|(k, _, _)| k.port == 5001 && k.zone == ZONE).unwrap();
+    assert_eq!(backends.len(), 1, "the moved rule kept its backend");
+    expect(
+        &mut e,
+        frame(&Ip::new([192, 0, 2, 7], VIP), &tcp(SYN, 33000, 5001, b"")),
+        frame(&Ip::new([192, 0, 2, 7], SERVER), &tcp(SYN, 33000, 8080, b"")),
+    );
+}
+
+#[test]
+fn udp_flows_leave_a_removed_backend_and_tcp_flows_drain() {
+    let Some(mut e) = engine() else { return };
+    let both = [(SERVER, 5353), (SERVER2, 5353)];
+    sync_dnat(&e, &[dnat(PROTO_UDP, 53, 2, &both), dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080), (SERVER2, 8080)])]);
+    let client = [192, 0, 2, 9];
+    let mut on_server2 = Vec::new();
+    for sport in 1000..1032u16 {
+        let (_, out) = e.run(&frame(&Ip::new(client, VIP), &udp(sport, 53, b"q"))).unwrap();
+        if packet::summary(&out).dst == SERVER2 {
+            on_server2.push(sport);
+        }
+    }
+    let (_, out) = e.run(&frame(&Ip::new(client, VIP), &tcp(SYN, 2000, 80, b""))).unwrap();
+    let tcp_backend = packet::summary(&out).dst;
+    assert!(!on_server2.is_empty(), "some UDP flows on the backend we remove");
+    // SERVER2 leaves both rules (removed, or down in its health check).
+    let changes =
+        sync_dnat(&e, &[dnat(PROTO_UDP, 53, 2, &[(SERVER, 5353)]), dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080)])]);
+    assert!(
+        changes.iter().any(|c| c == &format!("flushed {} UDP flows of backends that left", on_server2.len())),
+        "{changes:?}"
+    );
+    for sport in &on_server2 {
+        let (_, out) = e.run(&frame(&Ip::new(client, VIP), &udp(*sport, 53, b"q"))).unwrap();
+        assert_eq!(packet::summary(&out).dst, SERVER, "UDP flow {sport} moved to the remaining backend");
+    }
+    let (_, out) = e.run(&frame(&Ip::new(client, VIP), &tcp(SYN, 2000, 80, b""))).unwrap();
+    assert_eq!(packet::summary(&out).dst, tcp_backend, "the TCP flow keeps its backend (drains)");
+}

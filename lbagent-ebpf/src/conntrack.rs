@@ -130,8 +130,15 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
     let e = unsafe { &mut *ptr };
     let cfg = config();
     let proto = p.tuple.proto;
+    let flags = p.tcp.flags;
+    let refresh = now.wrapping_sub(e.last_seen_ns) > NS;
     let pair_key = e.xlate.reversed();
-    let mut pair_ptr = find(&pair_key);
+    // The pair is normally in the same table (the other one during a promotion).
+    let other = if table == Table::New { Table::Established } else { Table::New };
+    let mut pair_ptr = match get(table, &pair_key) {
+        Some(pp) => Some((table, pp)),
+        None => get(other, &pair_key).map(|pp| (other, pp)),
+    };
     if let Some((_, pp)) = pair_ptr {
         // SAFETY: as above.
         if unsafe { (*pp).xlate } != p.tuple.reversed() {
@@ -152,7 +159,6 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
         return Lookup::Miss { expired: true };
     }
     let reply_dir = e.flags & CT_F_REPLY != 0;
-    let flags = p.tcp.flags;
     if proto == PROTO_TCP && flags & TCP_SYN != 0 && flags & TCP_ACK == 0 && !reply_dir && e.state == CT_CLOSING {
         // A new connection reusing the tuple of a closed one.
         if let Some((pt, _)) = pair_ptr {
@@ -184,17 +190,15 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
     let mut state = e.state;
     if proto == PROTO_TCP {
         state = track_tcp(p, e, pair.as_deref(), state);
-    } else if state == CT_REPLIED && now.wrapping_sub(e.created_ns) > UDP_STREAM_AFTER_NS && p.kind != Kind::EchoReply {
+    } else if state == CT_REPLIED && proto != PROTO_ICMP && now.wrapping_sub(e.created_ns) > UDP_STREAM_AFTER_NS {
         // Still active after the answer: a stream (ICMP echo never is).
-        if proto != PROTO_ICMP {
-            state = CT_ESTABLISHED;
-        }
+        state = CT_ESTABLISHED;
     }
     if state == CT_NEW && reply_dir {
         state = CT_REPLIED;
     }
     let changed = state != e.state;
-    if changed || now.wrapping_sub(e.last_seen_ns) > NS {
+    if changed || refresh {
         e.state = state;
         e.last_seen_ns = now;
     }

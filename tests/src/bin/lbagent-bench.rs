@@ -56,7 +56,7 @@ fn filler(zone: u16, n: usize) -> impl Iterator<Item = DnatSpec> {
 
 fn program_cost(counts: &[usize], reps: usize, out: &mut String) -> Result<()> {
     writeln!(out, "\n## 1. Per-packet program cost (BPF_PROG_TEST_RUN, ns/packet, median of {reps})\n")?;
-    writeln!(out, "| DNAT rules | established flow | unmatched packet |\n|---:|---:|---:|")?;
+    writeln!(out, "| DNAT rules | established flow | unanswered flow | unmatched packet |\n|---:|---:|---:|---:|")?;
     for &n in counts {
         let mut e = Engine::new(ZONE)?;
         for spec in filler(ZONE, n) {
@@ -72,12 +72,22 @@ fn program_cost(counts: &[usize], reps: usize, out: &mut String) -> Result<()> {
             snat: None,
         })?;
         let udp = |dport| L4::Udp { sport: 4000, dport, payload: vec![0; 64], zero_csum: false };
+        let udp_from = |sport, dport| L4::Udp { sport, dport, payload: vec![0; 64], zero_csum: false };
         let flow = frame(&Ip::new([10, 0, 1, 2], VIP.octets()), &udp(53));
+        let answer = frame(&Ip::new(SERVER.octets(), [10, 0, 1, 2]), &udp_from(5353, 4000));
+        let oneway = frame(&Ip::new([10, 0, 1, 3], VIP.octets()), &udp(53));
         let miss = frame(&Ip::new([10, 0, 1, 2], VIP.octets()), &udp(54));
-        e.run(&flow)?; // creates the flow; the timed runs hit conntrack
+        // An established flow: query, answer, and still active 2 s later (a
+        // UDP stream); an unanswered one; the timed runs hit conntrack.
+        e.run(&flow)?;
+        e.run(&answer)?;
+        std::thread::sleep(Duration::from_millis(2100));
+        e.run(&flow)?;
+        e.run(&oneway)?;
         let hit: Vec<f64> = (0..reps).map(|_| e.time(&flow, 200_000)).collect::<Result<_>>()?;
+        let new: Vec<f64> = (0..reps).map(|_| e.time(&oneway, 200_000)).collect::<Result<_>>()?;
         let miss: Vec<f64> = (0..reps).map(|_| e.time(&miss, 200_000)).collect::<Result<_>>()?;
-        writeln!(out, "| {n} | {:.1} | {:.1} |", median(hit), median(miss))?;
+        writeln!(out, "| {n} | {:.1} | {:.1} | {:.1} |", median(hit), median(new), median(miss))?;
         eprint!(".");
     }
     Ok(())

@@ -1,8 +1,10 @@
-//! `dataplane::sync` against the real maps and program: rule changes never
-//! open a window (a rule id moved to another key keeps its backends) and UDP
-//! flows leave a backend that left its rule, while TCP flows drain.
+//! Rule sync (`dataplane::sync` through the agent's `Engine`) against the
+//! real maps and program: rule changes never open a window (a rule id moved
+//! to another key keeps its backends), UDP flows leave a backend that left
+//! its rule while TCP flows drain, and a pass repairs what changed behind
+//! the agent's back.
 
-use lbagent::dataplane::{sync, tables::DnatSpec};
+use lbagent::dataplane::{attach::AttachMode, engine, tables::DnatSpec};
 use lbagent_common::*;
 use lbagent_tests::{
     engine::Engine,
@@ -10,9 +12,11 @@ use lbagent_tests::{
     packet::{self, Ip, SYN, frame},
 };
 
+/// One sync of the fixture's zone, as a pass of the agent does it.
 fn sync_dnat(e: &Engine, want: &[DnatSpec]) -> Vec<String> {
+    let mut agent = engine::Engine::new(e.pins.root.clone(), AttachMode::Netlink);
     let mut out = Vec::new();
-    sync::dnat(&e.tables, ZONE, want, &mut out).unwrap();
+    agent.sync_zone(ZONE, want, None, &mut out).unwrap();
     out
 }
 
@@ -61,4 +65,24 @@ fn udp_flows_leave_a_removed_backend_and_tcp_flows_drain() {
     }
     let (_, out) = e.run(&frame(&Ip::new(client, VIP), &tcp(SYN, 2000, 80, b""))).unwrap();
     assert_eq!(packet::summary(&out).dst, tcp_backend, "the TCP flow keeps its backend (drains)");
+}
+
+#[test]
+fn a_pass_reads_the_maps_once_and_repairs_what_changed_behind_its_back() {
+    let Some(e) = engine() else { return };
+    let mut agent = engine::Engine::new(e.pins.root.clone(), AttachMode::Netlink);
+    let rule = dnat(PROTO_TCP, 443, 41, &[(SERVER, 8443)]);
+    let mut out = Vec::new();
+    agent.sync_zone(ZONE, std::slice::from_ref(&rule), None, &mut out).unwrap();
+    assert!(out.iter().any(|c| c.contains("port 443")), "{out:?}");
+    // Someone deletes the rule by hand; within a pass the agent trusts what it wrote...
+    e.tables.remove_dnat(&rule.key()).unwrap();
+    out.clear();
+    agent.sync_zone(ZONE, std::slice::from_ref(&rule), None, &mut out).unwrap();
+    assert!(out.is_empty(), "{out:?}");
+    // ...and the next pass reads the maps again and puts it back.
+    agent.begin_pass();
+    agent.sync_zone(ZONE, std::slice::from_ref(&rule), None, &mut out).unwrap();
+    assert_eq!(out, ["dnat 198.51.100.10 proto 6 port 443 -> [(10.0.2.2, 8443)]"]);
+    assert!(e.tables.dnat_rules().unwrap().iter().any(|(k, _, _)| *k == rule.key()));
 }

@@ -149,6 +149,8 @@ fn prober(
 
 pub async fn run(opts: Options) -> Result<()> {
     std::fs::create_dir_all(&opts.state_dir).with_context(|| format!("creating {}", opts.state_dir.display()))?;
+    let nofile = crate::dataplane::loader::raise_nofile();
+    tracing::debug!("open file limit {nofile}");
     // Load the object once up front: it creates or reuses (after checking)
     // the pinned maps, and fails fast on a verifier or pin problem.
     ZoneProgram::load_sized(&opts.bpffs, 0, opts.conntrack_max).context("preparing the dataplane")?;

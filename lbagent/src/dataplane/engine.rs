@@ -1,5 +1,6 @@
 //! The engine as the realizers use it: one program instance per zone (loaded
-//! on first use, kept for the life of the agent), attachments, and the tables.
+//! on first use, kept for the life of the agent), attachments, the tables,
+//! and each zone's rule entries read once per pass.
 
 use std::{collections::HashMap, path::PathBuf};
 
@@ -9,7 +10,8 @@ use super::{
     attach::{self, AttachMode, Hook},
     loader::ZoneProgram,
     pins,
-    tables::Tables,
+    sync::{self, DnatEntry, SnatEntry},
+    tables::{DnatSpec, SnatSpec, Tables},
 };
 
 pub struct Engine {
@@ -18,11 +20,85 @@ pub struct Engine {
     /// Conntrack size (entries, two per flow); `None` = the built-in size.
     pub ct_max: Option<u32>,
     programs: HashMap<u16, ZoneProgram>,
+    /// Every zone's rule entries, read from the maps at the first sync of a
+    /// pass and kept equal to what the syncs write; `None` = read again.
+    rules: Option<ZoneRules>,
+}
+
+/// DNAT and SNAT entries of the maps, by zone.
+#[derive(Default)]
+struct ZoneRules {
+    dnat: HashMap<u16, Vec<DnatEntry>>,
+    snat: HashMap<u16, Vec<SnatEntry>>,
+}
+
+impl ZoneRules {
+    fn read(t: &Tables) -> Result<Self> {
+        let mut r = ZoneRules::default();
+        for e in t.dnat_rules()? {
+            r.dnat.entry(e.0.zone).or_default().push(e);
+        }
+        for e in t.snat_rules()? {
+            r.snat.entry(e.1.zone).or_default().push(e);
+        }
+        Ok(r)
+    }
 }
 
 impl Engine {
     pub fn new(bpffs: PathBuf, mode: AttachMode) -> Self {
-        Engine { bpffs, mode, ct_max: None, programs: HashMap::new() }
+        Engine { bpffs, mode, ct_max: None, programs: HashMap::new(), rules: None }
+    }
+
+    /// Starts a pass: the next sync reads the maps again (one read for all
+    /// zones), so a repair pass also repairs entries changed behind our back.
+    pub fn begin_pass(&mut self) {
+        self.rules = None;
+    }
+
+    fn zone_rules(&mut self, t: &Tables) -> Result<&mut ZoneRules> {
+        if self.rules.is_none() {
+            self.rules = Some(ZoneRules::read(t)?);
+        }
+        Ok(self.rules.as_mut().unwrap())
+    }
+
+    /// Makes `zone`'s DNAT and SNAT entries equal `dnats` and `snats`,
+    /// writing only what differs; `snats: None` leaves SNAT alone.
+    pub fn sync_zone(
+        &mut self,
+        zone: u16,
+        dnats: &[DnatSpec],
+        snats: Option<&[SnatSpec]>,
+        changes: &mut Vec<String>,
+    ) -> Result<()> {
+        let t = self.tables()?;
+        let rules = self.zone_rules(&t)?;
+        let have_dnat = rules.dnat.remove(&zone).unwrap_or_default();
+        let have_snat = rules.snat.remove(&zone).unwrap_or_default();
+        let result = sync::dnat(&t, &have_dnat, dnats, changes).and_then(|()| match snats {
+            Some(snats) => sync::snat(&t, &have_snat, snats, changes),
+            None => Ok(()),
+        });
+        match result {
+            Ok(()) => {
+                rules.dnat.insert(zone, dnats.iter().map(sync::dnat_entry).collect());
+                let snat_now = match snats {
+                    Some(snats) => snats.iter().map(sync::snat_entry).collect(),
+                    None => have_snat,
+                };
+                rules.snat.insert(zone, snat_now);
+            }
+            // Half written: read the maps again next time.
+            Err(_) => self.rules = None,
+        }
+        result
+    }
+
+    /// Removes every rule of `zone` and flushes its flows; returns the flow count.
+    pub fn clear_zone(&mut self, zone: u16) -> Result<usize> {
+        self.sync_zone(zone, &[], Some(&[]), &mut Vec::new())?;
+        self.tables()?.flush_conntrack(|k, _| k.zone == zone)
     }
 
     pub fn tables(&self) -> Result<Tables> {

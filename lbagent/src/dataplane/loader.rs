@@ -49,6 +49,14 @@ impl ZoneProgram {
         let prog: &mut SchedClassifier =
             ebpf.program_mut(PROGRAM).context("program missing from object")?.try_into()?;
         prog.load().context("loading the NAT program (verifier)")?;
+        // The loaded program holds its maps in the kernel and every user
+        // opens them by pin: close this object's map fds, so a zone costs
+        // one program fd (plus a log ring when eBPF logs are on), not one
+        // fd per map (200 zones stay far below a 1 024 fd limit).
+        let names: Vec<String> = ebpf.maps().map(|(name, _)| name.to_string()).collect();
+        for name in names {
+            drop(ebpf.take_map(&name));
+        }
         Ok(Self { zone, ebpf })
     }
 
@@ -71,5 +79,25 @@ fn explain(e: EbpfError, dir: &Path) -> anyhow::Error {
 /// Kernels < 5.11 charge BPF memory to RLIMIT_MEMLOCK.
 fn raise_memlock() {
     let lim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    // SAFETY: setrlimit reads a valid rlimit; failure leaves the old limit.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (a host with hundreds
+/// of load balancers and gateways holds a program fd per zone, netlink and
+/// namespace fds, and the metrics and API sockets). Returns the new soft limit.
+pub fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into a valid rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+        // SAFETY: setrlimit reads a valid rlimit; failure leaves the old limit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return raised.rlim_cur;
+        }
+    }
+    lim.rlim_cur
 }

@@ -1,10 +1,13 @@
 //! Make one zone's rule entries equal a desired list, touching only entries
 //! that differ (config changes never reload programs or disturb other rules).
+//! What the zone has is given by the caller (`engine::Engine` reads the maps
+//! once per pass for every zone), so a pass costs O(all rules), not
+//! zones × all rules.
 
 use std::{collections::HashSet, net::Ipv4Addr};
 
 use anyhow::Result;
-use lbagent_common::{Backend, CT_F_REPLY, DnatKey, DnatRule, PROTO_UDP, SNAT_KEY_FIXED_BITS};
+use lbagent_common::{Backend, CT_F_REPLY, DnatKey, DnatRule, PROTO_UDP, SNAT_KEY_FIXED_BITS, SnatKey, SnatRule};
 
 use super::tables::{DnatSpec, SnatSpec, Tables};
 
@@ -26,11 +29,10 @@ fn summarise(kind: &str, lines: Vec<String>, changes: &mut Vec<String>) {
 /// Removals run first: a rule id that moved to another key (a listener's
 /// port, type or VIP changed) shares its backend entries with the new key,
 /// and removing the old key afterwards would delete them.
-pub fn dnat(t: &Tables, zone: u16, want: &[DnatSpec], out: &mut Vec<String>) -> Result<()> {
+pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<String>) -> Result<()> {
     let mut changes = Vec::new();
-    let have: Vec<_> = t.dnat_rules()?.into_iter().filter(|(k, _, _)| k.zone == zone).collect();
     let wanted: HashSet<DnatKey> = want.iter().map(|d| d.key()).collect();
-    for (k, _, _) in &have {
+    for (k, _, _) in have {
         if !wanted.contains(k) {
             t.remove_dnat(k)?;
             changes.push(format!("removed dnat {} proto {} port {}", Ipv4Addr::from(k.addr), k.proto, k.port));
@@ -45,7 +47,7 @@ pub fn dnat(t: &Tables, zone: u16, want: &[DnatSpec], out: &mut Vec<String>) -> 
             changes.push(format!("dnat {} proto {} port {} -> {:?}", d.addr, d.proto, d.port, d.backends));
         }
     }
-    let gone = udp_backends_gone(&have, want);
+    let gone = udp_backends_gone(have, want);
     if !gone.is_empty() {
         let n = t.flush_conntrack(|k, e| {
             let (id, addr) = (e.dnat_rule, e.xlate.daddr);
@@ -65,7 +67,7 @@ pub fn dnat(t: &Tables, zone: u16, want: &[DnatSpec], out: &mut Vec<String>) -> 
 /// wanted rule with that id keeps. UDP has no end of connection: without a
 /// flush, a client that keeps sending stays on a removed or failed backend
 /// (kube-proxy flushes for the same reason). TCP flows drain instead.
-fn udp_backends_gone(have: &[(DnatKey, DnatRule, Vec<Backend>)], want: &[DnatSpec]) -> HashSet<(u32, [u8; 4], u16)> {
+fn udp_backends_gone(have: &[DnatEntry], want: &[DnatSpec]) -> HashSet<(u32, [u8; 4], u16)> {
     let kept: HashSet<(u32, [u8; 4], u16)> =
         want.iter().flat_map(|d| d.backends.iter().map(|(a, p)| (d.rule_id, a.octets(), *p))).collect();
     have.iter()
@@ -75,22 +77,22 @@ fn udp_backends_gone(have: &[(DnatKey, DnatRule, Vec<Backend>)], want: &[DnatSpe
         .collect()
 }
 
-/// Upserts changed SNAT rules of `zone`, removes the ones not wanted.
-pub fn snat(t: &Tables, zone: u16, want: &[SnatSpec], out: &mut Vec<String>) -> Result<()> {
+/// Upserts changed SNAT rules of a zone (`have`: its entries), removes the
+/// ones not wanted.
+pub fn snat(t: &Tables, have: &[SnatEntry], want: &[SnatSpec], out: &mut Vec<String>) -> Result<()> {
     let mut changes = Vec::new();
-    let have: Vec<_> = t.snat_rules()?.into_iter().filter(|(_, k, _)| k.zone == zone).collect();
     for s in want {
         let key = s.key();
-        let same =
-            have.iter().find(|(len, k, _)| *len == key.prefix_len() && *k == key.data()).is_some_and(|(_, _, r)| {
-                r.addr == s.to.octets() && r.rule_id == s.rule_id && (r.port_min, r.port_max) == s.ports
-            });
+        let same = have
+            .iter()
+            .find(|(len, k, _)| *len == key.prefix_len() && *k == key.data())
+            .is_some_and(|(_, _, r)| *r == s.rule());
         if !same {
             t.set_snat(s)?;
             changes.push(format!("snat {}/{} -> {}", s.cidr.0, s.cidr.1, s.to));
         }
     }
-    for (len, k, _) in &have {
+    for (len, k, _) in have {
         if !want.iter().any(|s| s.key().prefix_len() == *len && s.key().data() == *k) {
             t.remove_snat_key(*len, *k)?;
             changes.push(format!("removed snat {}/{}", Ipv4Addr::from(k.addr), len - SNAT_KEY_FIXED_BITS));
@@ -100,11 +102,21 @@ pub fn snat(t: &Tables, zone: u16, want: &[SnatSpec], out: &mut Vec<String>) -> 
     Ok(())
 }
 
-/// Removes every rule of `zone` and flushes its flows; returns the flow count.
-pub fn clear_zone(t: &Tables, zone: u16) -> Result<usize> {
-    dnat(t, zone, &[], &mut Vec::new())?;
-    snat(t, zone, &[], &mut Vec::new())?;
-    t.flush_conntrack(|k, _| k.zone == zone)
+/// A DNAT rule as stored: key, rule, backends.
+pub type DnatEntry = (DnatKey, DnatRule, Vec<Backend>);
+/// A SNAT rule as stored: LPM prefix length, key, rule.
+pub type SnatEntry = (u32, SnatKey, SnatRule);
+
+/// The stored form of a wanted DNAT rule (what `dnat` leaves in the maps).
+pub fn dnat_entry(d: &DnatSpec) -> DnatEntry {
+    let backends = d.backends.iter().map(|(a, p)| Backend { addr: a.octets(), port: *p, _pad0: 0 }).collect();
+    (d.key(), d.rule(), backends)
+}
+
+/// The stored form of a wanted SNAT rule.
+pub fn snat_entry(s: &SnatSpec) -> SnatEntry {
+    let key = s.key();
+    (key.prefix_len(), key.data(), s.rule())
 }
 
 #[cfg(test)]

@@ -88,6 +88,17 @@ impl DnatSpec {
 }
 
 impl SnatSpec {
+    /// The map value for this rule.
+    pub fn rule(&self) -> SnatRule {
+        SnatRule {
+            addr: self.to.octets(),
+            port_min: self.ports.0,
+            port_max: self.ports.1,
+            rule_id: self.rule_id,
+            flags: if self.random { SNAT_F_RANDOM } else { 0 },
+        }
+    }
+
     pub fn key(&self) -> Key<SnatKey> {
         let (addr, len) = self.cidr;
         let masked = u32::from(addr) & mask(len);
@@ -164,14 +175,7 @@ impl Tables {
     }
 
     pub fn set_snat(&self, spec: &SnatSpec) -> Result<()> {
-        let rule = SnatRule {
-            addr: spec.to.octets(),
-            port_min: spec.ports.0,
-            port_max: spec.ports.1,
-            rule_id: spec.rule_id,
-            flags: if spec.random { SNAT_F_RANDOM } else { 0 },
-        };
-        self.snat_map()?.insert(&spec.key(), &rule, 0)?;
+        self.snat_map()?.insert(&spec.key(), &spec.rule(), 0)?;
         Ok(())
     }
 

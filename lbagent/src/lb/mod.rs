@@ -10,11 +10,7 @@ pub mod rules;
 use anyhow::{Context, Result};
 
 use crate::{
-    alloc::Allocations,
-    dataplane::{engine::Engine, sync},
-    naming,
-    reconcile::host::host_addresses,
-    state::model::LoadBalancer,
+    alloc::Allocations, dataplane::engine::Engine, naming, reconcile::host::host_addresses, state::model::LoadBalancer,
 };
 
 /// Allocates what the load balancer needs and makes the host match it.
@@ -49,8 +45,8 @@ pub fn ensure(
     engine.attach(zone, &ns, &h0)?;
     let up = |listener: &str, backend: &str| health.is_up(&lb.id, listener, backend);
     let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, alloc);
+    engine.sync_zone(zone, &want, None, &mut changes)?;
     let t = engine.tables()?;
-    sync::dnat(&t, zone, &want, &mut changes)?;
     let released = alloc.release_rules(&rules::prefix(&lb.id), &keys);
     if !released.is_empty() {
         t.forget_rule_stats(&released)?;
@@ -67,7 +63,7 @@ pub fn remove(engine: &mut Engine, id: &str, alloc: &mut Allocations) -> Result<
         let (o0, _) = naming::lb_ovn_veth(id);
         let (h0, _) = naming::lb_host_veth(id);
         engine.release(zone, &ns, &[&o0, &h0]);
-        let n = sync::clear_zone(&engine.tables()?, zone)?;
+        let n = engine.clear_zone(zone)?;
         changes.push(format!("removed rules, flushed {n} flows"));
     }
     plumb::remove(id, &mut changes)?;

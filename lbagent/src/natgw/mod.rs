@@ -7,12 +7,7 @@ pub mod rules;
 
 use anyhow::Result;
 
-use crate::{
-    alloc::Allocations,
-    dataplane::{engine::Engine, sync},
-    naming,
-    state::model::NatGateway,
-};
+use crate::{alloc::Allocations, dataplane::engine::Engine, naming, state::model::NatGateway};
 
 pub fn ensure(
     engine: &mut Engine,
@@ -29,9 +24,8 @@ pub fn ensure(
     engine.attach(zone, &ns, plumb::EXT_IF)?;
 
     let want = rules::rules(gw, zone, rules::Ifaces { lan, ext }, alloc);
+    engine.sync_zone(zone, &want.dnats, Some(&want.snats), &mut changes)?;
     let t = engine.tables()?;
-    sync::dnat(&t, zone, &want.dnats, &mut changes)?;
-    sync::snat(&t, zone, &want.snats, &mut changes)?;
     // Flush what the reference flushes, after the rules changed.
     if let Some(prev) = prev {
         let ids = rules::flushes(prev, Some(gw), alloc);
@@ -55,7 +49,7 @@ pub fn remove(engine: &mut Engine, prev: &NatGateway, alloc: &mut Allocations) -
     let Some(zone) = alloc.zones.get(&key).copied() else { return Ok(changes) };
     let ns = naming::gw_netns(&prev.name);
     engine.release(zone, &ns, &[plumb::LAN_IF, plumb::EXT_IF]);
-    let n = sync::clear_zone(&engine.tables()?, zone)?;
+    let n = engine.clear_zone(zone)?;
     changes.push(format!("removed rules, flushed {n} flows"));
     plumb::remove(&prev.name, &mut changes)?;
     let released = alloc.release_rules(&rules::prefix(&prev.name), &Default::default());

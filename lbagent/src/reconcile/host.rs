@@ -70,6 +70,7 @@ impl Realizer for Host {
 
     fn configure(&mut self, agent: &AgentConfig) {
         self.bridge = agent.integration_bridge.clone();
+        self.engine.begin_pass();
         let want = agent.conntrack.nat_config();
         let pinned = crate::dataplane::pins::versioned_dir(&self.engine.bpffs).join(lbagent_common::MAP_CT).exists();
         if !pinned && want == lbagent_common::NatConfig::default() {

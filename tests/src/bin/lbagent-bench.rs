@@ -12,9 +12,12 @@
 //! 3. Time to install N rules, and to change one rule among N.
 //! 4. TCP throughput (TSO on and off) and small-packet UDP rate, iperf3.
 //! 5. Disruption: connections lost across agent restarts and a config change.
+//! 6. Scale: a repair pass over 500 zones × 25 rules (maps read once per pass,
+//!    against reading them per zone as before), and conntrack GC over a full
+//!    table.
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption` picks sections.
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,scale` picks sections.
 
 use std::{
     fmt::Write as _,
@@ -509,6 +512,75 @@ fn apply_times(counts: &[usize], out: &mut String) -> Result<()> {
     Ok(())
 }
 
+/// 6. A repair pass at 500 zones × 25 rules and GC over a full conntrack table.
+fn scale(out: &mut String) -> Result<()> {
+    use lbagent::dataplane::{engine::Engine as AgentEngine, pins, tables::monotonic_ns};
+    use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CT_MAX, CtEntry, MAP_CT, NatConfig, Tuple};
+    const ZONES: u16 = 500;
+    const RULES: usize = 25;
+    let e = Engine::new(ZONE)?;
+    let mut agent = AgentEngine::new(e.pins.root.clone(), AttachMode::Netlink);
+    let want: Vec<Vec<DnatSpec>> = (1..=ZONES).map(|z| filler(z, RULES).collect()).collect();
+    let pass = |agent: &mut AgentEngine| -> Result<f64> {
+        let t = Instant::now();
+        agent.begin_pass();
+        for (i, w) in want.iter().enumerate() {
+            agent.sync_zone(i as u16 + 1, w, Some(&[]), &mut Vec::new())?;
+        }
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    };
+    let apply = pass(&mut agent)?;
+    let repair = median((0..3).map(|_| pass(&mut agent)).collect::<Result<_>>()?);
+    // Before: every zone's sync read every zone's rules.
+    let per_zone = {
+        let t = Instant::now();
+        for z in 1..=ZONES {
+            let n = e.tables.dnat_rules()?.into_iter().filter(|(k, _, _)| k.zone == z).count()
+                + e.tables.snat_rules()?.into_iter().filter(|(_, k, _)| k.zone == z).count();
+            assert_eq!(n, RULES);
+        }
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    eprint!(".");
+    // A full established table: CT_MAX entries, both halves of CT_MAX / 2 flows.
+    let path = pins::versioned_dir(&e.pins.root).join(MAP_CT);
+    let mut ct: aya::maps::HashMap<_, Tuple, CtEntry> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(aya::maps::MapData::from_pin(&path)?))?;
+    let now = monotonic_ns();
+    for i in 0..CT_MAX / 2 {
+        let c = [10, (i >> 16) as u8, (i >> 8) as u8, i as u8];
+        let orig = Tuple { saddr: c, daddr: VIP.octets(), sport: 1000, dport: 80, proto: PROTO_TCP, _pad0: 0, zone: 1 };
+        let x = Tuple { daddr: SERVER.octets(), ..orig };
+        let entry = CtEntry {
+            xlate: x,
+            last_seen_ns: now,
+            created_ns: now,
+            flags: CT_F_DNAT,
+            state: CT_ESTABLISHED,
+            ..Default::default()
+        };
+        ct.insert(&orig, &entry, 0)?;
+        ct.insert(&x.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..entry }, 0)?;
+    }
+    let t = Instant::now();
+    let kept = e.tables.gc(monotonic_ns())?;
+    let gc_idle = t.elapsed().as_secs_f64() * 1e3;
+    e.tables.set_config(NatConfig { tcp_established_s: 1, ..Default::default() })?;
+    std::thread::sleep(Duration::from_millis(2100));
+    let t = Instant::now();
+    let freed = e.tables.gc(monotonic_ns())?;
+    let gc_full = t.elapsed().as_secs_f64() * 1e3;
+    eprint!(".");
+    writeln!(out, "\n## 6. Scale: {ZONES} zones × {RULES} rules, a full conntrack table ({CT_MAX} entries)\n")?;
+    writeln!(out, "| what | ms |\n|---|---:|")?;
+    writeln!(out, "| first apply (every rule written) | {apply:.1} |")?;
+    writeln!(out, "| repair pass, nothing changed (maps read once per pass; median of 3) | {repair:.1} |")?;
+    writeln!(out, "| the same reads done per zone, as before | {per_zone:.1} |")?;
+    writeln!(out, "| GC of the full table, nothing idle ({kept} flows freed) | {gc_idle:.1} |")?;
+    writeln!(out, "| GC of the full table, every flow idle ({freed} flows freed) | {gc_full:.1} |")?;
+    Ok(())
+}
+
 fn main() -> Result<()> {
     if !require_root() {
         bail!("benchmarks load eBPF and create namespaces: run them as root");
@@ -537,6 +609,9 @@ fn main() -> Result<()> {
     }
     if want("disruption") {
         disruption(&mut out)?;
+    }
+    if want("scale") {
+        scale(&mut out)?;
     }
     eprintln!();
     println!("{out}");

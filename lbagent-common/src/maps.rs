@@ -97,6 +97,7 @@ pub const CT_F_SNAT: u8 = 2; // the flow's source was translated
 pub const CT_F_DNAT: u8 = 4; // the flow's destination was translated
 pub const CT_F_FIN: u8 = 8; // a FIN was seen in this entry's direction
 pub const CT_F_SEQ: u8 = 16; // TCP: `seq_end`/`max_win` of this direction are known
+pub const CT_F_LOCAL: u8 = 32; // a connection of the namespace's own (seen at egress)
 
 /// Conntrack state, the same in both entries of a flow; it only moves
 /// forward (a new SYN on a closing flow replaces the flow).
@@ -348,9 +349,11 @@ pub enum Counter {
     CtTableFull,
     RstIgnored,
     FlowReopened,
+    LocalIcmpErrorXlated,
+    LocalFlows,
 }
 
-pub const COUNTER_COUNT: u32 = 22;
+pub const COUNTER_COUNT: u32 = 24;
 
 impl Counter {
     pub const ALL: [Counter; COUNTER_COUNT as usize] = [
@@ -376,6 +379,8 @@ impl Counter {
         Counter::CtTableFull,
         Counter::RstIgnored,
         Counter::FlowReopened,
+        Counter::LocalIcmpErrorXlated,
+        Counter::LocalFlows,
     ];
 
     /// Whether the packet counted here is dropped (every other counter passes it).
@@ -415,6 +420,8 @@ impl Counter {
             Counter::CtTableFull => "conntrack_established_full",
             Counter::RstIgnored => "tcp_rst_out_of_window",
             Counter::FlowReopened => "flows_reopened",
+            Counter::LocalIcmpErrorXlated => "icmp_errors_local_translated",
+            Counter::LocalFlows => "local_flows",
         }
     }
 }

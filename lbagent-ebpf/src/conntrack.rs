@@ -371,12 +371,18 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
     let cfg = config();
     let orig = p.tuple;
     let mut x = f.xlate;
+    // Read opaquely: with both ids constant 0 (the egress program's local
+    // flows) LLVM would merge them with the zero fields that follow into a
+    // `memset` call, which the BPF target cannot link.
+    // SAFETY: reads of two plain fields of a live reference.
+    let (dnat_rule, snat_rule) =
+        unsafe { (core::ptr::read_volatile(&f.dnat_rule), core::ptr::read_volatile(&f.snat_rule)) };
     let mut reply = CtEntry {
         xlate: orig.reversed(),
         last_seen_ns: now,
         created_ns: now,
-        dnat_rule: f.dnat_rule,
-        snat_rule: f.snat_rule,
+        dnat_rule,
+        snat_rule,
         seq_end: 0,
         max_win: 0,
         flags: f.flags | CT_F_REPLY,

@@ -2,7 +2,7 @@
 //! the VPC load balancer and the VPC NAT gateway.
 //!
 //! The program runs at clsact *ingress* of every interface of a zone's
-//! namespace. Translating before the routing decision lets the kernel route on
+//! namespace (a small companion, `lbagent_nat_egress`, at egress). Translating before the routing decision lets the kernel route on
 //! the translated destination; replies are matched by their conntrack entry on
 //! the interface they come back on. Packet flow of one packet:
 //!
@@ -17,6 +17,7 @@
 
 mod conntrack;
 mod counters;
+mod egress;
 mod fragment;
 mod icmp_error;
 mod maps;
@@ -46,6 +47,13 @@ pub(crate) const TC_ACT_SHOT: i32 = 2;
 #[inline(always)]
 pub fn lbagent_nat(ctx: TcContext) -> i32 {
     nat::process(&ctx)
+}
+
+/// At clsact egress of the same interfaces: errors the namespace generates.
+#[classifier]
+#[inline(always)]
+pub fn lbagent_nat_egress(ctx: TcContext) -> i32 {
+    egress::process(&ctx)
 }
 
 #[cfg(not(test))]

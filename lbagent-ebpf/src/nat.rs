@@ -7,7 +7,8 @@ use crate::{
     TC_ACT_OK, TC_ACT_SHOT,
     conntrack::{self, Lookup, NewFlow},
     counters::{count, count_flow},
-    fragment, icmp_error,
+    fragment,
+    icmp_error::{self, Side},
     parse::{Frag, Packet, Parsed, parse},
     rewrite::rewrite,
     rules,
@@ -29,7 +30,7 @@ pub fn process(ctx: &TcContext) -> i32 {
             }
             flow(ctx, &p)
         }
-        Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e),
+        Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e, Side::Ingress),
         Err(c) => verdict(c),
     }
 }

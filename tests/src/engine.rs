@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aya::programs::{TestRun, TestRunOptions};
-use lbagent::dataplane::{loader::ZoneProgram, pins, tables::Tables};
+use lbagent::dataplane::{attach::Direction, loader::ZoneProgram, pins, tables::Tables};
 
 use crate::unique;
 
@@ -72,8 +72,14 @@ impl Engine {
 
     /// Runs the program once; returns its verdict and the output frame.
     pub fn run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+        self.run_on(Direction::Ingress, frame)
+    }
+
+    /// Runs the program of one side (ingress: the NAT engine; egress: what
+    /// the namespace sends) once; returns its verdict and the output frame.
+    pub fn run_on(&mut self, dir: Direction, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
         let mut out = vec![0u8; frame.len() + 256];
-        let res = self.prog.program().test_run(TestRunOptions {
+        let res = self.prog.program_for(dir).test_run(TestRunOptions {
             data_in: Some(frame),
             data_out: Some(&mut out),
             ..TestRunOptions::default()

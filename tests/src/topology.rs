@@ -82,7 +82,8 @@ impl NatTopology {
         let mut used = mode.unwrap_or_default();
         for ifn in [&n0, &n1] {
             if let Some(mode) = mode {
-                used = attach::attach(prog.program(), &pins.root, &Hook { netns: Some(&nat.name), ifname: ifn }, mode)?;
+                let hook = Hook { netns: Some(&nat.name), ifname: ifn, direction: attach::Direction::Ingress };
+                used = attach::attach(prog.program(), &pins.root, &hook, mode)?;
             }
         }
         let tables = Tables::open(&pins.root)?;

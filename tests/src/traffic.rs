@@ -141,10 +141,22 @@ pub struct OpenConn {
 impl OpenConn {
     /// Connects from `ns` to `to`, where a `line_echo_server` answers.
     pub fn open(ns: &str, to: SocketAddr) -> Result<OpenConn> {
+        Self::open_with(ns, to, None)
+    }
+
+    /// Like `open`, from the local address and port `from`.
+    pub fn open_from(ns: &str, from: SocketAddr, to: SocketAddr) -> Result<OpenConn> {
+        Self::open_with(ns, to, Some(from))
+    }
+
+    fn open_with(ns: &str, to: SocketAddr, from: Option<SocketAddr>) -> Result<OpenConn> {
         let (tx, crx) = std::sync::mpsc::channel::<Option<String>>();
         let (ctx, rx) = std::sync::mpsc::channel();
         spawn_in(ns, move || {
-            let s = TcpStream::connect_timeout(&to, Duration::from_secs(5));
+            let s = match from {
+                None => TcpStream::connect_timeout(&to, Duration::from_secs(5)),
+                Some(from) => connect_from(from, to),
+            };
             let mut s = match s {
                 Ok(s) => {
                     ctx.send(Ok("connected".into())).ok();
@@ -183,6 +195,39 @@ impl OpenConn {
 impl Drop for OpenConn {
     fn drop(&mut self) {
         let _ = self.tx.send(None);
+    }
+}
+
+/// A blocking TCP connection from the bound address `from` to `to` (IPv4).
+fn connect_from(from: SocketAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let sockaddr = |a: SocketAddr| {
+        let SocketAddr::V4(a) = a else { unreachable!("IPv4 only") };
+        libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: a.port().to_be(),
+            sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
+            sin_zero: [0; 8],
+        }
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a fresh fd with valid sockaddr_in values;
+    // the fd is owned by the TcpStream (or closed) on every path.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        let one: libc::c_int = 1;
+        libc::setsockopt(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, (&one as *const libc::c_int).cast(), 4);
+        let (f, t) = (sockaddr(from), sockaddr(to));
+        if libc::bind(fd, (&f as *const libc::sockaddr_in).cast(), len) != 0
+            || libc::connect(fd, (&t as *const libc::sockaddr_in).cast(), len) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
     }
 }
 

@@ -209,6 +209,28 @@ fn load_balancer_seed_parity_and_lifecycle() {
     let _ = &b.backends;
 }
 
+/// A connection the load balancer's namespace opens itself from the VIP (as
+/// a health probe does) and a client flow that would be SNAT'ed to the same
+/// VIP:port → backend tuple never collide: the client flow moves (the
+/// egress program tracks the namespace's own connections).
+#[test]
+fn own_connections_never_collide_with_client_flows() {
+    let Some(mut b) = lb_bed() else { return };
+    let only_r1 = "          - {id: r1, address: 10.30.0.21, port: 9000}\n";
+    b.apply(&b.state3(G1, only_r1, true));
+    let ns = naming::lb_netns(&b.ids[0]);
+    let local = OpenConn::open_from(&ns, at("10.30.0.5", 45000), at("10.30.0.21", 9000)).unwrap();
+    assert_eq!(local.ping("probe").unwrap(), "h21 10.30.0.5:45000");
+    let client = OpenConn::open_from(&b.client.ns.name, at("10.30.0.10", 45000), at("10.30.0.5", 9000)).unwrap();
+    let (tag, seen) =
+        client.ping("client").unwrap().split_once(' ').map(|(t, p)| (t.to_string(), p.to_string())).unwrap();
+    assert_eq!(tag, "h21");
+    assert!(seen.starts_with("10.30.0.5:") && seen != "10.30.0.5:45000", "the client flow moved: {seen}");
+    // Both keep working.
+    assert_eq!(local.ping("probe again").unwrap(), "h21 10.30.0.5:45000");
+    assert_eq!(client.ping("again").unwrap(), format!("h21 {seen}"));
+}
+
 #[test]
 fn broken_links_are_repaired() {
     let Some(mut b) = lb_bed() else { return };

@@ -150,6 +150,34 @@ fn large_udp_datagrams_are_translated_fragment_by_fragment() {
     assert_eq!(t.counter(lbagent_common::Counter::DropFragUntracked).unwrap(), 0);
 }
 
+/// ICMP errors the gateway itself sends about a translated packet quote
+/// what the sender sent (the egress program): path MTU discovery and
+/// traceroute work through a FIP.
+#[test]
+fn gateway_icmp_errors_quote_what_the_sender_sent() {
+    let Some(b) = bed() else { return };
+    let gw_ns = b.netns();
+    lbagent_tests::net::in_ns(&gw_ns, &["ip", "link", "set", "eth0", "mtu", "1200"]).unwrap();
+    // ping exits 1 without an echo reply; its output is in the error.
+    let ping = |args: &[&str]| {
+        let mut v = vec!["ping", "-n", "-c", "1", "-W", "2"];
+        v.extend_from_slice(args);
+        match b.internet.ns.exec(&v) {
+            Ok(out) => out,
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let out = ping(&["-M", "do", "-s", "1300", "198.51.100.10"]);
+    assert!(out.contains("Frag needed") && out.contains("mtu = 1200"), "{out}");
+    let out = ping(&["-t", "1", "198.51.100.10"]);
+    assert!(out.contains("Time to live exceeded"), "{out}");
+    let t = b.bed.reconciler.realizer.engine.tables().unwrap();
+    assert!(t.counter(lbagent_common::Counter::LocalIcmpErrorXlated).unwrap() >= 2);
+    // The right size still goes through.
+    let out = ping(&["-M", "do", "-s", "1100", "198.51.100.10"]);
+    assert!(out.contains("1 received"), "{out}");
+}
+
 #[test]
 fn updates_flushes_and_draining() {
     let Some(mut b) = bed() else { return };

@@ -1,6 +1,6 @@
 //! Many zones on one host: 200 zones (namespaces) attached by one agent
-//! engine under a 1 024 open-file soft limit. A zone must cost the agent one
-//! program fd, not one fd per pinned map.
+//! engine under a 1 024 open-file soft limit. A zone costs the agent its two
+//! program fds and the object's BTF fd, not one fd per pinned map.
 
 use lbagent::dataplane::{attach::AttachMode, engine::Engine};
 use lbagent_tests::{engine::TestPins, net::Netns, require_root, unique};
@@ -40,7 +40,7 @@ fn two_hundred_zones_under_a_1024_fd_limit() {
     }
     let per_zone = (open_fds() - before) as f64 / ZONES as f64;
     eprintln!("{per_zone:.2} fds per zone");
-    assert!(per_zone <= 2.0, "{per_zone:.2} fds held per zone");
+    assert!(per_zone <= 3.0, "{per_zone:.2} fds held per zone");
     for ns in [&namespaces[0], &namespaces[ZONES as usize / 2], &namespaces[ZONES as usize - 1]] {
         let filters = ns.exec(&["tc", "filter", "show", "dev", "d0", "ingress"]).unwrap();
         assert!(filters.contains("lbagent_nat"), "{}: {filters}", ns.name);

@@ -65,6 +65,9 @@ pub fn ct_flags(f: u8) -> String {
     if f & CT_F_SEQ != 0 {
         v.push("seq");
     }
+    if f & CT_F_LOCAL != 0 {
+        v.push("local");
+    }
     v.join(",")
 }
 

@@ -1,4 +1,5 @@
-//! Attaching the zone program at clsact ingress of an interface in a namespace.
+//! Attaching the zone's programs at clsact ingress (the NAT engine) and
+//! egress (ICMP errors the namespace generates) of an interface in a namespace.
 //!
 //! Attachments outlive the agent: netlink filters stay on the qdisc, tcx links
 //! are pinned under `<bpffs>/v<N>/links/`. Re-attaching replaces the program
@@ -67,22 +68,56 @@ impl fmt::Display for AttachMode {
     }
 }
 
-/// An interface (in a namespace, or the host's when `netns` is `None`).
+/// Which side of an interface a program runs on, and which program it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl Direction {
+    pub const BOTH: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+    /// The program of the object that runs on this side.
+    pub fn program(self) -> &'static str {
+        match self {
+            Direction::Ingress => super::PROGRAM,
+            Direction::Egress => super::PROGRAM_EGRESS,
+        }
+    }
+
+    fn attach_type(self) -> TcAttachType {
+        match self {
+            Direction::Ingress => TcAttachType::Ingress,
+            Direction::Egress => TcAttachType::Egress,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+}
+
+/// One side of an interface (in a namespace, or the host's when `netns` is `None`).
 #[derive(Clone, Debug)]
 pub struct Hook<'a> {
     pub netns: Option<&'a str>,
     pub ifname: &'a str,
+    pub direction: Direction,
 }
 
 impl Hook<'_> {
     /// File name of this hook's pinned tcx link.
     pub fn link_pin_name(&self) -> String {
         // bpffs refuses names with dots.
-        format!("{}_{}_ingress", self.netns.unwrap_or("host"), self.ifname)
+        format!("{}_{}_{}", self.netns.unwrap_or("host"), self.ifname, self.direction.name())
     }
 }
 
-/// Attaches (or replaces in place) `prog` at ingress of `hook`.
+/// Attaches (or replaces in place) `prog` at `hook`.
 pub fn attach(prog: &mut SchedClassifier, bpffs: &Path, hook: &Hook<'_>, mode: AttachMode) -> Result<AttachMode> {
     let mode = mode.resolve();
     let pin = pins::links_dir(bpffs).join(hook.link_pin_name());
@@ -92,8 +127,8 @@ pub fn attach(prog: &mut SchedClassifier, bpffs: &Path, hook: &Hook<'_>, mode: A
     let new_link = netns::run_in(hook.netns, || {
         let ifindex = netns::ifindex(hook.ifname)?;
         match mode {
-            AttachMode::Tcx => attach_tcx(prog, ifindex, &pin),
-            _ => attach_netlink(prog, ifindex).map(|()| None),
+            AttachMode::Tcx => attach_tcx(prog, ifindex, hook.direction, &pin),
+            _ => attach_netlink(prog, ifindex, hook.direction).map(|()| None),
         }
     })
     .with_context(ctx)?;
@@ -103,13 +138,13 @@ pub fn attach(prog: &mut SchedClassifier, bpffs: &Path, hook: &Hook<'_>, mode: A
     Ok(mode)
 }
 
-fn attach_netlink(prog: &mut SchedClassifier, ifindex: u32) -> Result<()> {
+fn attach_netlink(prog: &mut SchedClassifier, ifindex: u32, dir: Direction) -> Result<()> {
     match tc::qdisc_add_clsact(ifindex) {
         Ok(()) | Err(tc::TcError::AlreadyAttached) => {}
         Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
         Err(e) => return Err(e).context("adding clsact qdisc"),
     }
-    let parent = TcHandle::from(TcAttachType::Ingress);
+    let parent = TcHandle::from(dir.attach_type());
     let existing = SchedClassifierLink::attached(ifindex, parent, NL_PRIORITY, NL_HANDLE, None)?;
     let id = match prog.attach_to_link(existing) {
         Ok(id) => id,
@@ -128,7 +163,7 @@ fn attach_netlink(prog: &mut SchedClassifier, ifindex: u32) -> Result<()> {
 
 /// Replaces the program of an existing pinned link, or creates a link and
 /// returns it for pinning.
-fn attach_tcx(prog: &mut SchedClassifier, ifindex: u32, pin: &Path) -> Result<Option<FdLink>> {
+fn attach_tcx(prog: &mut SchedClassifier, ifindex: u32, dir: Direction, pin: &Path) -> Result<Option<FdLink>> {
     if pin.exists() {
         let link: FdLink = PinnedLink::from_pin(pin)?.into();
         match prog.attach_to_link(SchedClassifierLink::try_from(link)?) {
@@ -140,7 +175,7 @@ fn attach_tcx(prog: &mut SchedClassifier, ifindex: u32, pin: &Path) -> Result<Op
             Err(_) => std::fs::remove_file(pin).with_context(|| format!("removing severed link {}", pin.display()))?,
         }
     }
-    let id = prog.attach(ifindex, TcAttach::Tcx { attach_type: TcAttachType::Ingress, order: LinkOrder::default() })?;
+    let id = prog.attach(ifindex, TcAttach::Tcx { attach_type: dir.attach_type(), order: LinkOrder::default() })?;
     Ok(Some(prog.take_link(id)?.try_into()?))
 }
 
@@ -153,7 +188,7 @@ pub fn detach(bpffs: &Path, hook: &Hook<'_>) -> Result<()> {
     }
     netns::run_in(hook.netns, || {
         let Ok(ifindex) = netns::ifindex(hook.ifname) else { return Ok(()) };
-        let parent = TcHandle::from(TcAttachType::Ingress);
+        let parent = TcHandle::from(hook.direction.attach_type());
         let link = SchedClassifierLink::attached(ifindex, parent, NL_PRIORITY, NL_HANDLE, None)?;
         let _ = link.detach();
         Ok(())

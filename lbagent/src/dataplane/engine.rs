@@ -7,7 +7,7 @@ use std::{collections::HashMap, path::PathBuf};
 use anyhow::Result;
 
 use super::{
-    attach::{self, AttachMode, Hook},
+    attach::{self, AttachMode, Direction, Hook},
     loader::ZoneProgram,
     pins,
     sync::{self, DnatEntry, SnatEntry},
@@ -108,21 +108,26 @@ impl Engine {
         Tables::open(&self.bpffs)
     }
 
-    /// Attaches (or replaces in place) zone `zone`'s program at ingress of
-    /// `ifname` in `netns`.
+    /// Attaches (or replaces in place) zone `zone`'s programs at ingress and
+    /// egress of `ifname` in `netns`.
     pub fn attach(&mut self, zone: u16, netns: &str, ifname: &str) -> Result<()> {
         if !self.programs.contains_key(&zone) {
             self.programs.insert(zone, ZoneProgram::load_sized(&self.bpffs, zone, self.ct_max)?);
         }
         let prog = self.programs.get_mut(&zone).unwrap();
-        attach::attach(prog.program(), &self.bpffs, &Hook { netns: Some(netns), ifname }, self.mode)?;
+        for direction in Direction::BOTH {
+            let hook = Hook { netns: Some(netns), ifname, direction };
+            attach::attach(prog.program_for(direction), &self.bpffs, &hook, self.mode)?;
+        }
         Ok(())
     }
 
     /// Detaches from interfaces of a namespace about to go and forgets the zone.
     pub fn release(&mut self, zone: u16, netns: &str, ifnames: &[&str]) {
         for ifname in ifnames {
-            let _ = attach::detach(&self.bpffs, &Hook { netns: Some(netns), ifname });
+            for direction in Direction::BOTH {
+                let _ = attach::detach(&self.bpffs, &Hook { netns: Some(netns), ifname, direction });
+            }
         }
         self.programs.remove(&zone);
     }

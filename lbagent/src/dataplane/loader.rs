@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use aya::{Ebpf, EbpfError, EbpfLoader, maps::MapError, programs::SchedClassifier};
 
-use super::{OBJECT, PROGRAM, pins};
+use super::{OBJECT, attach::Direction, pins};
 
 /// The NAT program loaded for one zone. Dropping it does not detach anything
 /// (attachments are owned by the kernel; see `attach`).
@@ -46,13 +46,16 @@ impl ZoneProgram {
         let mut ebpf = loader.load(OBJECT).map_err(|e| explain(e, &dir))?;
         super::logs::attach(&mut ebpf);
         pins::write_meta(root)?;
-        let prog: &mut SchedClassifier =
-            ebpf.program_mut(PROGRAM).context("program missing from object")?.try_into()?;
-        prog.load().context("loading the NAT program (verifier)")?;
+        for dir in [Direction::Ingress, Direction::Egress] {
+            let prog: &mut SchedClassifier =
+                ebpf.program_mut(dir.program()).context("program missing from object")?.try_into()?;
+            prog.load().with_context(|| format!("loading {} (verifier)", dir.program()))?;
+        }
         // The loaded program holds its maps in the kernel and every user
         // opens them by pin: close this object's map fds, so a zone costs
-        // one program fd (plus a log ring when eBPF logs are on), not one
-        // fd per map (200 zones stay far below a 1 024 fd limit).
+        // its two program fds and the object's BTF fd (plus a log ring when
+        // eBPF logs are on), not one fd per map (200 zones stay far below a
+        // 1 024 fd limit).
         let names: Vec<String> = ebpf.maps().map(|(name, _)| name.to_string()).collect();
         for name in names {
             drop(ebpf.take_map(&name));
@@ -60,8 +63,13 @@ impl ZoneProgram {
         Ok(Self { zone, ebpf })
     }
 
+    /// The ingress program (the NAT engine).
     pub fn program(&mut self) -> &mut SchedClassifier {
-        self.ebpf.program_mut(PROGRAM).unwrap().try_into().unwrap()
+        self.program_for(Direction::Ingress)
+    }
+
+    pub fn program_for(&mut self, dir: Direction) -> &mut SchedClassifier {
+        self.ebpf.program_mut(dir.program()).unwrap().try_into().unwrap()
     }
 }
 

@@ -15,8 +15,10 @@ pub mod tables;
 /// The eBPF object, embedded at build time.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lbagent-ebpf.o"));
 
-/// Name of the TC program in the object.
+/// Name of the TC program in the object (clsact ingress).
 pub const PROGRAM: &str = "lbagent_nat";
+/// Name of its companion at clsact egress (ICMP errors the namespace generates).
+pub const PROGRAM_EGRESS: &str = "lbagent_nat_egress";
 
 /// Default bpffs directory for lbagent's pins.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/lbagent";

@@ -1,0 +1,93 @@
+//! The namespace's egress: what the namespace itself sends.
+//!
+//! ICMP errors it generates while forwarding a packet the ingress program
+//! translated (frag needed on a smaller MTU, TTL exceeded) quote the
+//! *translated* header; the sender only knows the original one, so PMTU
+//! discovery and traceroute would break. They are translated back here like
+//! errors from a peer.
+//!
+//! Connections of the namespace's own sockets (a load balancer's health
+//! probes from its VIP, a gateway's own traffic) get conntrack entries like
+//! translated flows, so a client flow can never be given their tuple; a
+//! socket whose tuple a client flow already holds has its source port moved
+//! instead (as Linux NATs a local connection that clashes). Their answers
+//! come back through the ingress program's conntrack hit.
+//!
+//! Forwarded packets (no socket) pass untouched: the ingress program did
+//! the work.
+
+use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
+use lbagent_common::*;
+
+use crate::{
+    TC_ACT_OK,
+    conntrack::{self, Lookup, NewFlow},
+    counters::count,
+    icmp_error::{self, Side},
+    parse::{Frag, Kind, Packet, Parsed, TCP_SYN, parse},
+    rewrite::rewrite,
+    verdict::verdict,
+    zone,
+};
+
+/// Lowest source port a clashing local connection moves to.
+const LOCAL_PORT_MIN: u16 = 1024;
+
+#[inline(always)]
+pub fn process(ctx: &TcContext) -> i32 {
+    match parse(ctx, zone()) {
+        Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e, Side::Egress),
+        Ok(Parsed::Flow(p)) if p.frag == Frag::None && from_socket(ctx) => own_connection(ctx, &p),
+        _ => TC_ACT_OK,
+    }
+}
+
+/// Whether a socket of the namespace sent the packet (forwarded ones have none).
+#[inline(always)]
+fn from_socket(ctx: &TcContext) -> bool {
+    // SAFETY: the context pointer of a TC program is a valid __sk_buff; the
+    // verifier turns this read into a (nullable) socket pointer we only test.
+    let sk = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).__bindgen_anon_2.sk };
+    !sk.is_null()
+}
+
+/// Tracks (and if it clashes, moves) a connection the namespace opens.
+#[inline(always)]
+fn own_connection(ctx: &TcContext, p: &Packet) -> i32 {
+    let now = conntrack::now();
+    let x = match conntrack::lookup(p, now) {
+        Lookup::Hit(e) => e.xlate,
+        Lookup::Miss { .. } => {
+            // Only what opens a connection: a SYN (or SYN-ACK of a local
+            // listener), a UDP datagram, an echo request.
+            let opens = match p.kind {
+                Kind::Ports => p.tuple.proto != PROTO_TCP || p.tcp.flags & TCP_SYN != 0,
+                Kind::EchoRequest => true,
+                _ => false,
+            };
+            if !opens {
+                return TC_ACT_OK;
+            }
+            let f = NewFlow {
+                xlate: p.tuple,
+                flags: CT_F_LOCAL,
+                dnat_rule: 0,
+                snat_rule: 0,
+                port_min: LOCAL_PORT_MIN,
+                port_max: u16::MAX,
+                random: false,
+            };
+            match conntrack::create(p, &f, now) {
+                Ok(x) => {
+                    count(Counter::LocalFlows);
+                    x
+                }
+                Err(c) => return verdict(c),
+            }
+        }
+    };
+    match rewrite(ctx, p, &x) {
+        Ok(()) => TC_ACT_OK,
+        Err(_) => verdict(Counter::DropRewrite),
+    }
+}

@@ -327,6 +327,98 @@ pub fn udp_big_ask(ns: &str, to: SocketAddr, len: usize) -> Result<(String, Sock
     .map_err(|_| anyhow::anyhow!("client thread panicked"))?
 }
 
+/// A raw IPv4 socket for protocol `proto` (the kernel writes the IP header;
+/// reads return it).
+fn raw_socket(proto: u8) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: socket() returns a fresh fd or -1; the fd is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto as libc::c_int) };
+    ensure!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+    // SAFETY: fd is a valid, unowned descriptor.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let tv = libc::timeval { tv_sec: 3, tv_usec: 0 };
+    // SAFETY: setsockopt reads a valid timeval of the given size.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&fd),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+    Ok(fd)
+}
+
+fn raw_send(fd: &std::os::fd::OwnedFd, to: Ipv4Addr, payload: &[u8]) -> Result<()> {
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: u32::from(to).to_be() },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sendto reads `payload` and a valid sockaddr_in.
+    let n = unsafe {
+        libc::sendto(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            payload.as_ptr().cast(),
+            payload.len(),
+            0,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    ensure!(n == payload.len() as isize, "raw sendto: {}", std::io::Error::last_os_error());
+    Ok(())
+}
+
+/// Receives one packet whose payload starts with `prefix`: (source, payload).
+fn raw_recv(fd: &std::os::fd::OwnedFd, prefix: &[u8]) -> Result<(Ipv4Addr, Vec<u8>)> {
+    let mut buf = vec![0u8; 65536];
+    loop {
+        // SAFETY: recv writes at most buf.len() bytes into buf.
+        let n = unsafe { libc::recv(std::os::fd::AsRawFd::as_raw_fd(fd), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        ensure!(n > 0, "raw recv: {}", std::io::Error::last_os_error());
+        let pkt = &buf[..n as usize];
+        let ihl = ((pkt[0] & 0x0f) as usize) * 4;
+        let src = Ipv4Addr::new(pkt[12], pkt[13], pkt[14], pkt[15]);
+        if pkt[ihl..].starts_with(prefix) {
+            return Ok((src, pkt[ihl..].to_vec()));
+        }
+    }
+}
+
+/// Answers, forever, every IP-protocol-`proto` packet starting with `ask`
+/// with `said <source address seen>`.
+pub fn raw_ip_echo_forever(ns: &str, proto: u8) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    spawn_in(ns, move || {
+        let fd = raw_socket(proto)?;
+        tx.send(()).ok();
+        loop {
+            let Ok((src, _)) = raw_recv(&fd, b"ask") else { continue };
+            raw_send(&fd, src, format!("said {src}").as_bytes())?;
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), anyhow::Error>(())
+    });
+    rx.recv_timeout(Duration::from_secs(5)).context("raw server did not start")?;
+    Ok(())
+}
+
+/// Sends one IP-protocol-`proto` packet to `to` from `ns`; returns (the
+/// source the far end saw, the source of its answer).
+pub fn raw_ip_ask(ns: &str, proto: u8, to: Ipv4Addr) -> Result<(String, Ipv4Addr)> {
+    spawn_in(ns, move || {
+        let fd = raw_socket(proto)?;
+        raw_send(&fd, to, b"ask")?;
+        let (from, payload) = raw_recv(&fd, b"said ")?;
+        Ok((String::from_utf8_lossy(&payload[5..]).into_owned(), from))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))?
+}
+
 /// Minimal HTTP/1.1 server: every request gets `<tag> <peer>` as its body.
 pub fn http_server(ns: &str, port: u16, tag: &str) -> Result<()> {
     let tag = tag.to_string();

@@ -150,6 +150,25 @@ fn large_udp_datagrams_are_translated_fragment_by_fragment() {
     assert_eq!(t.counter(lbagent_common::Counter::DropFragUntracked).unwrap(), 0);
 }
 
+/// Protocols without ports (GRE, ESP, SCTP) through a FIP, both ways and
+/// whoever starts: the internal host sees the real peer, the peer sees the EIP.
+#[test]
+fn a_floating_ip_carries_every_ip_protocol() {
+    let Some(b) = bed() else { return };
+    let (inet, fip_host) = (&b.internet.ns.name, &b.vpc[0].ns.name);
+    let (eip, peer) = (std::net::Ipv4Addr::new(198, 51, 100, 10), std::net::Ipv4Addr::new(198, 51, 100, 1));
+    for proto in [47u8, 50, 132] {
+        raw_ip_echo_forever(fip_host, proto).unwrap();
+        raw_ip_echo_forever(inet, proto).unwrap();
+        // The peer starts: DNAT to the internal host, the answer SNAT'ed back.
+        let (seen, from) = raw_ip_ask(inet, proto, eip).unwrap();
+        assert_eq!((seen.as_str(), from), ("198.51.100.1", eip), "protocol {proto} inbound");
+        // The internal host starts.
+        let (seen, from) = raw_ip_ask(fip_host, proto, peer).unwrap();
+        assert_eq!((seen.as_str(), from), ("198.51.100.10", peer), "protocol {proto} outbound");
+    }
+}
+
 /// ICMP errors the gateway itself sends about a translated packet quote
 /// what the sender sent (the egress program): path MTU discovery and
 /// traceroute work through a FIP.

@@ -225,14 +225,15 @@ pub struct Backend {
     pub _pad0: u16,
 }
 
-/// Data part of the SNAT LPM key: zone and ingress interface must match fully
+/// Data part of the SNAT LPM key: zone and egress interface must match fully
 /// (64 bits), then the source address by prefix: `prefix_len = 64 + cidr_len`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SnatKey {
     pub zone: u16,
     pub _pad0: u16,
-    /// Interface the packet arrived on (in the zone's namespace).
+    /// Interface the flow leaves by (in the zone's namespace; the program
+    /// asks the FIB, `bpf_fib_lookup`), like iptables' `-o`.
     pub ifindex: u32,
     pub addr: [u8; 4],
 }

@@ -43,10 +43,10 @@ pub fn later(ctx: &TcContext, p: &Packet) -> i32 {
     let first = match FRAGS.get_ptr(&key(p)) {
         // SAFETY: a map value pointer stays valid for the program run.
         Some(v) => unsafe { *v },
-        None => return untracked_fragment(p),
+        None => return untracked_fragment(ctx, p),
     };
     if now.wrapping_sub(first.seen_ns) > FRAG_TIMEOUT_S * 1_000_000_000 {
-        return untracked_fragment(p);
+        return untracked_fragment(ctx, p);
     }
     let mut t = p.tuple;
     t.sport = first.sport;

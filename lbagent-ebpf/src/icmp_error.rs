@@ -38,7 +38,7 @@ pub fn translate(ctx: &TcContext, p: &Packet, e: &Embedded, side: Side) -> i32 {
     let x = match conntrack::peek(&e.tuple.reversed(), conntrack::now()) {
         Some(entry) => entry.xlate,
         None if side == Side::Egress => return TC_ACT_OK,
-        None => return unmatched(p),
+        None => return unmatched(ctx, p),
     };
     match rewrite_error(ctx, p, e, &x) {
         Some(()) => {

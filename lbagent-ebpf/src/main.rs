@@ -24,6 +24,7 @@ mod maps;
 mod nat;
 mod parse;
 mod rewrite;
+mod route;
 mod rules;
 mod verdict;
 

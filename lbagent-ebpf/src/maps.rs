@@ -30,7 +30,7 @@ pub static DNAT_RULES: HashMap<DnatKey, DnatRule, { DNAT_RULES_MAX as usize }> =
 #[btf_map(name = "dnat_backends", pin_by_name)]
 pub static DNAT_BACKENDS: HashMap<BackendKey, Backend, { DNAT_BACKENDS_MAX as usize }> = HashMap::new();
 
-/// SNAT rules by (zone, ingress interface, source prefix).
+/// SNAT rules by (zone, egress interface, source prefix).
 #[btf_map(name = "snat_rules", pin_by_name)]
 pub static SNAT_RULES: LpmTrie<SnatKey, SnatRule, { SNAT_RULES_MAX as usize }> = LpmTrie::new();
 

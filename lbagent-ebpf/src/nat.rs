@@ -11,6 +11,7 @@ use crate::{
     icmp_error::{self, Side},
     parse::{Frag, Packet, Parsed, parse},
     rewrite::rewrite,
+    route::route,
     rules,
     verdict::{unmatched, verdict},
     zone,
@@ -57,7 +58,7 @@ fn flow(ctx: &TcContext, p: &Packet) -> i32 {
 fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     let t = &p.tuple;
     if !p.may_open() {
-        return unmatched(p);
+        return unmatched(ctx, p);
     }
     let mut f = NewFlow {
         xlate: *t,
@@ -80,7 +81,10 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
             rule_snat = Some(hit.rule);
         }
     }
-    if let Some(s) = rules::snat(t.zone, p.ifindex, t.saddr) {
+    // SNAT rules are keyed on the interface the flow leaves by (after DNAT);
+    // nothing delivered to the namespace itself is SNAT'ed.
+    let out = route(ctx, &f.xlate, p.ifindex).snat_ifindex(p.ifindex);
+    if let Some(s) = out.and_then(|out| rules::snat(t.zone, out, t.saddr)) {
         f.xlate.saddr = s.addr;
         f.flags |= CT_F_SNAT;
         f.snat_rule = s.rule_id;

@@ -1,5 +1,5 @@
 //! Rule lookups for new flows: DNAT by exact key (then address-wide), SNAT by
-//! longest source prefix on the ingress interface.
+//! longest source prefix on the interface the flow leaves by (`route`).
 
 use aya_ebpf::btf_maps::lpm_trie::Key;
 use lbagent_common::*;

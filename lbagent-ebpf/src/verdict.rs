@@ -2,9 +2,10 @@
 //! passed or dropped by what its counter means. Dropped whenever passing it
 //! would leak a private address.
 
+use aya_ebpf::programs::TcContext;
 use lbagent_common::Counter;
 
-use crate::{TC_ACT_OK, TC_ACT_SHOT, counters::count, parse::Packet, rules};
+use crate::{TC_ACT_OK, TC_ACT_SHOT, counters::count, parse::Packet, route::route, rules};
 
 /// Counts `c` and returns what it means for the packet.
 #[inline(always)]
@@ -18,8 +19,8 @@ pub fn verdict(c: Counter) -> i32 {
 /// address (an unsolicited echo reply, an ICMP error about nothing we
 /// translated, an address-only packet whose tuple is taken).
 #[inline(always)]
-pub fn unmatched(p: &Packet) -> i32 {
-    if rules::snat(p.tuple.zone, p.ifindex, p.tuple.saddr).is_some() {
+pub fn unmatched(ctx: &TcContext, p: &Packet) -> i32 {
+    if snat_covers(ctx, p) {
         return verdict(Counter::DropUntranslatable);
     }
     verdict(Counter::PassUnmatched)
@@ -28,10 +29,20 @@ pub fn unmatched(p: &Packet) -> i32 {
 /// A later fragment whose first fragment is not on record: dropped when it
 /// would need translation (a SNAT source, a floating-IP destination).
 #[inline(always)]
-pub fn untracked_fragment(p: &Packet) -> i32 {
-    let t = &p.tuple;
-    if rules::snat(t.zone, p.ifindex, t.saddr).is_some() || rules::address_wide_dnat(t.zone, t.daddr) {
+pub fn untracked_fragment(ctx: &TcContext, p: &Packet) -> i32 {
+    if snat_covers(ctx, p) || rules::address_wide_dnat(p.tuple.zone, p.tuple.daddr) {
         return verdict(Counter::DropFragUntracked);
     }
     verdict(Counter::PassFragment)
+}
+
+/// Whether a SNAT rule covers the packet's source on the interface it will
+/// leave by (nothing covers what is delivered to the namespace itself).
+#[inline(always)]
+fn snat_covers(ctx: &TcContext, p: &Packet) -> bool {
+    let t = &p.tuple;
+    match route(ctx, t, p.ifindex).snat_ifindex(p.ifindex) {
+        Some(out) => rules::snat(t.zone, out, t.saddr).is_some(),
+        None => false,
+    }
 }

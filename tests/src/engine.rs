@@ -1,5 +1,7 @@
 //! The NAT program loaded for one zone with its own pin directory, run on
-//! crafted packets with `BPF_PROG_TEST_RUN`. Pins are removed on drop.
+//! crafted packets with `BPF_PROG_TEST_RUN` inside a network namespace of
+//! the test's own (the program consults the FIB). Pins and the namespace
+//! are removed on drop.
 
 use std::path::PathBuf;
 
@@ -7,7 +9,50 @@ use anyhow::Result;
 use aya::programs::{TestRun, TestRunOptions};
 use lbagent::dataplane::{attach::Direction, loader::ZoneProgram, pins, tables::Tables};
 
-use crate::unique;
+use crate::{net::Netns, unique};
+
+/// The test's own network namespace, entered by the calling thread:
+/// `BPF_PROG_TEST_RUN` runs packets in the caller's namespace, so this is
+/// the FIB the program's route lookups see. `lo` (ifindex 1) is where test
+/// packets arrive; a veth pair gives `v0` 10.0.1.1/24 (clients) and `v1`
+/// 10.0.2.1/24 with the default route (servers, everything else).
+pub struct TestNet {
+    home: std::fs::File,
+    _ns: Netns,
+}
+
+impl TestNet {
+    pub fn enter() -> Result<Self> {
+        let ns = Netns::new(&unique("lbat"))?;
+        for cmd in [
+            &["ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1"][..],
+            &["ip", "addr", "add", "10.0.1.1/24", "dev", "v0"],
+            &["ip", "addr", "add", "10.0.2.1/24", "dev", "v1"],
+            &["ip", "link", "set", "v0", "up"],
+            &["ip", "link", "set", "v1", "up"],
+            &["ip", "route", "add", "default", "via", "10.0.2.254", "dev", "v1", "onlink"],
+            &["sysctl", "-qw", "net.ipv4.ip_forward=1"],
+        ] {
+            ns.exec(cmd)?;
+        }
+        let home = std::fs::File::open("/proc/thread-self/ns/net")?;
+        let target = lbagent::netns::open(&ns.name)?;
+        nix::sched::setns(target, nix::sched::CloneFlags::CLONE_NEWNET)?;
+        Ok(TestNet { home, _ns: ns })
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        let _ = nix::sched::setns(&self.home, nix::sched::CloneFlags::CLONE_NEWNET);
+    }
+}
+
+/// Ifindex of `v1` in the calling thread's namespace: where the test net
+/// routes servers and the internet (SNAT rules are keyed on it).
+pub fn out_ifindex() -> u32 {
+    lbagent::netns::ifindex("v1").expect("inside a TestNet")
+}
 
 /// Unique bpffs directory for one test; removed (with all pins) on drop.
 pub struct TestPins {
@@ -37,6 +82,8 @@ pub struct Engine {
     pub prog: ZoneProgram,
     pub tables: Tables,
     pub pins: TestPins,
+    // Last: the thread leaves the namespace after everything else is gone.
+    pub net: TestNet,
 }
 
 pub const TC_ACT_OK: u32 = 0;
@@ -49,10 +96,11 @@ impl Engine {
 
     /// An engine whose conntrack table holds `ct_max` entries.
     pub fn with_ct_max(zone: u16, ct_max: Option<u32>) -> Result<Self> {
+        let net = TestNet::enter()?;
         let pins = TestPins::new();
         let prog = ZoneProgram::load_sized(&pins.root, zone, ct_max)?;
         let tables = Tables::open(&pins.root)?;
-        Ok(Engine { prog, tables, pins })
+        Ok(Engine { prog, tables, pins, net })
     }
 
     /// An engine for `zone` with one rule: udp 198.51.100.10:53 → 10.0.2.2:5353.

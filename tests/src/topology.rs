@@ -87,7 +87,8 @@ impl NatTopology {
             }
         }
         let tables = Tables::open(&pins.root)?;
-        let n0_index = lbagent::netns::run_in(Some(&nat.name), || lbagent::netns::ifindex(&n0))?;
+        // SNAT is keyed on the interface flows leave by: n1, toward the server.
+        let n1_index = lbagent::netns::run_in(Some(&nat.name), || lbagent::netns::ifindex(&n1))?;
         let rule = |proto, port, id, to: u16| DnatSpec {
             zone: ZONE,
             addr: VIP,
@@ -103,7 +104,7 @@ impl NatTopology {
         tables.set_dnat(&rule(PROTO_ICMP, 0, 4, 0))?;
         tables.set_snat(&SnatSpec {
             zone: ZONE,
-            ifindex: n0_index,
+            ifindex: n1_index,
             cidr: (Ipv4Addr::new(10, 0, 1, 0), 24),
             to: SNAT,
             ports: (20000, 29999),

@@ -173,7 +173,12 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     std::fs::write(env.state(), &invalid).unwrap();
     wait(|| env.status().is_some_and(|s| s["rejected_state"].is_array()), "refusal");
     daemon.signal(libc::SIGHUP);
-    std::thread::sleep(Duration::from_millis(2500)); // a repair pass runs too
+    // A repair pass runs too (every 2 s; waited for, not slept on: a busy
+    // machine makes a pass take longer).
+    wait(
+        || env.status().is_some_and(|s| s["applies"].as_u64().unwrap() > applies),
+        "repair passes keep running on the last good state",
+    );
     let after = env.status().unwrap();
     let problems: Vec<String> =
         after["rejected_state"].as_array().unwrap().iter().map(|p| p.as_str().unwrap().to_string()).collect();

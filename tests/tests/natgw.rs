@@ -81,10 +81,19 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     }
     assert_eq!(seen.len(), 200);
 
-    // Hairpin: a VPC host outside every SNAT rule reaches an EIP of its own
-    // gateway and is SNAT'ed to that EIP; a host inside a SNAT CIDR uses it.
+    // Hairpin: a VPC host reaching an EIP of its own gateway is SNAT'ed to
+    // the EIP it asked for, inside a SNAT CIDR or not (SNAT is keyed on the
+    // egress interface, like `-o net1`: a hairpin leaves by eth0).
     assert_eq!(who(&ask_tcp(&vpc(3), at("198.51.100.10", 7000)).unwrap()), ("vpc0".into(), "198.51.100.10".into()));
-    assert_eq!(who(&ask_tcp(&vpc(1), at("198.51.100.10", 7000)).unwrap()), ("vpc0".into(), "198.51.100.11".into()));
+    assert_eq!(who(&ask_tcp(&vpc(1), at("198.51.100.10", 7000)).unwrap()), ("vpc0".into(), "198.51.100.10".into()));
+    // A host in a SNAT CIDR reaches the gateway's own LAN address: ping
+    // answers and a closed port refuses at once (not SNAT'ed, no timeout).
+    let out = b.vpc[1].ns.exec(&["ping", "-c", "1", "-W", "2", lbagent_tests::gateway::LAN_GW_IP]).unwrap();
+    assert!(out.contains("1 received"), "{out}");
+    let started = std::time::Instant::now();
+    let err = ask_tcp(&vpc(1), at(lbagent_tests::gateway::LAN_GW_IP, 9)).unwrap_err();
+    assert!(format!("{err:#}").contains("refused"), "{err:#}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
 
     // ICMP: ping through the FIP reaches the internal host; errors translate both ways.
     let out = b.internet.ns.exec(&["ping", "-c", "2", "-W", "2", "198.51.100.10"]).unwrap();

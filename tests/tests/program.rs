@@ -342,6 +342,22 @@ fn longest_prefix_snat_wins() {
     assert_eq!(packet::summary(&out).src, [10, 0, 2, 16]);
 }
 
+/// SNAT rules are keyed on the interface a flow leaves by: a SNAT client
+/// reaching the namespace's own address, or a host routed back out the
+/// client side, is not SNAT'ed (and opens no flow).
+#[test]
+fn snat_applies_only_to_flows_leaving_by_its_interface() {
+    let Some(mut e) = engine() else { return };
+    // The namespace's own address (v1's 10.0.2.1): local delivery.
+    expect_untouched(&mut e, frame(&Ip::new(CLIENT, SNAT), &tcp(SYN, 24000, 22, b"")));
+    // Routed back out v0 (10.0.1.0/24): a VPC route through the gateway.
+    expect_untouched(&mut e, frame(&Ip::new(CLIENT, [10, 0, 1, 77]), &udp(5000, 53, b"vpc")));
+    assert!(e.tables.conntrack().unwrap().is_empty());
+    // Out by v1: SNAT'ed.
+    let (_, out) = e.run(&frame(&Ip::new(CLIENT, [203, 0, 113, 9]), &udp(5000, 53, b"out"))).unwrap();
+    assert_eq!(packet::summary(&out).src, SNAT);
+}
+
 #[test]
 fn dnat_only_keeps_source() {
     let Some(mut e) = engine() else { return };

@@ -3,7 +3,10 @@
 //! - FIP: address-wide DNAT `eip → internal` + SNAT `internal/32 → eip`
 //!   keeping ports; hairpin on the LAN interface;
 //! - DNAT: exact `(eip, proto, port)`, several backends when `share`;
-//! - SNAT: longest prefix on the LAN interface, random ports ("random-fully");
+//! - SNAT: longest prefix for flows leaving by the external interface (the
+//!   engine keys SNAT on the egress interface, like `-o net1`), random ports
+//!   ("random-fully"); hairpin, VPC routes and the gateway's own addresses
+//!   are never CIDR-SNAT'ed;
 //!   a FIP's /32 wins over a SNAT of the same single address;
 //! - deleting a FIP flushes its flows; deleting a DNAT identity (or replacing
 //!   an exclusive target) flushes that identity's flows; deleting a SNAT (or
@@ -126,7 +129,7 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
         let rule_id = id(fip_snat_key(&gw.name, *internal), &mut r);
         r.snats.push(SnatSpec {
             zone,
-            ifindex: ifs.lan,
+            ifindex: ifs.ext,
             cidr: (*internal, 32),
             to: *eip,
             ports: (1, 65535),
@@ -151,7 +154,7 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
             continue; // the FIP's own SNAT wins
         }
         let rule_id = id(snat_key(&gw.name, cidr), &mut r);
-        r.snats.push(SnatSpec { zone, ifindex: ifs.lan, cidr, to: eip, ports: SNAT_PORTS, random: true, rule_id });
+        r.snats.push(SnatSpec { zone, ifindex: ifs.ext, cidr, to: eip, ports: SNAT_PORTS, random: true, rule_id });
     }
     r
 }
@@ -211,7 +214,7 @@ mod tests {
         // FIP SNAT (/32, keep ports) + CIDR SNAT (random).
         assert_eq!(r.snats.len(), 2);
         assert!(r.snats.iter().any(|s| s.cidr.1 == 32 && !s.random && s.to == Ipv4Addr::new(198, 51, 100, 10)));
-        assert!(r.snats.iter().any(|s| s.cidr.1 == 24 && s.random && s.ifindex == 2));
+        assert!(r.snats.iter().any(|s| s.cidr.1 == 24 && s.random && s.ifindex == 3), "keyed on net1");
         // Stable ids on repeat.
         assert_eq!(rules(&gw(), 5, IFS, &mut a), r);
     }

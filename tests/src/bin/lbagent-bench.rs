@@ -189,10 +189,11 @@ fn conn_rates(counts: &[usize], reps: usize, dur: Duration, out: &mut String) ->
             ebpf.tables.set_dnat(&spec)?;
         }
         // One wide SNAT range, like the iptables baseline.
-        let n0 = lbagent::netns::run_in(Some(&ebpf.nat.name), || lbagent::netns::ifindex(&ebpf.ifaces[0]))?;
+        // SNAT is keyed on the egress interface (toward the server).
+        let n1 = lbagent::netns::run_in(Some(&ebpf.nat.name), || lbagent::netns::ifindex(&ebpf.ifaces[1]))?;
         ebpf.tables.set_snat(&SnatSpec {
             zone: ZONE,
-            ifindex: n0,
+            ifindex: n1,
             cidr: (Ipv4Addr::new(10, 0, 1, 0), 24),
             to: SNAT,
             ports: (1024, 65535),
@@ -550,10 +551,11 @@ fn udp_flow_rate(client_ns: &str, to: SocketAddr, dur: Duration) -> Result<(f64,
 fn udp_flow_rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
     let resolver = SocketAddr::from((SERVER, 53));
     let ebpf = NatTopology::new(AttachMode::Auto)?;
-    let n0 = lbagent::netns::run_in(Some(&ebpf.nat.name), || lbagent::netns::ifindex(&ebpf.ifaces[0]))?;
+    // SNAT is keyed on the egress interface (toward the server).
+    let n1 = lbagent::netns::run_in(Some(&ebpf.nat.name), || lbagent::netns::ifindex(&ebpf.ifaces[1]))?;
     ebpf.tables.set_snat(&SnatSpec {
         zone: ZONE,
-        ifindex: n0,
+        ifindex: n1,
         cidr: (Ipv4Addr::new(10, 0, 1, 0), 24),
         to: SNAT,
         ports: (1024, 65535),

@@ -13,6 +13,12 @@
 //! instead (as Linux NATs a local connection that clashes). Their answers
 //! come back through the ingress program's conntrack hit.
 //!
+//! On `lo`: an ICMP error the namespace generates about a SNAT'ed packet is
+//! addressed to the SNAT address (the namespace's own) and would loop back
+//! and die. Translated (outer destination back to the real sender), it is
+//! sent straight out of the interface the FIB names (`route::forward`), so
+//! path MTU discovery and traceroute work for SNAT'ed hosts too.
+//!
 //! Forwarded packets (no socket) pass untouched: the ingress program did
 //! the work.
 
@@ -23,22 +29,48 @@ use crate::{
     TC_ACT_OK,
     conntrack::{self, Lookup, NewFlow},
     counters::count,
-    icmp_error::{self, Side},
-    parse::{Frag, Kind, Packet, Parsed, TCP_SYN, parse},
+    icmp_error::{self, Side, rewrite_error},
+    parse::{Embedded, Frag, Kind, Packet, Parsed, TCP_SYN, parse},
     rewrite::rewrite,
+    route,
     verdict::verdict,
     zone,
 };
 
 /// Lowest source port a clashing local connection moves to.
 const LOCAL_PORT_MIN: u16 = 1024;
+/// `lo` in every network namespace.
+const LOOPBACK_IFINDEX: u32 = 1;
 
 #[inline(always)]
 pub fn process(ctx: &TcContext) -> i32 {
     match parse(ctx, zone()) {
+        Ok(Parsed::IcmpError(p, e)) if p.ifindex == LOOPBACK_IFINDEX => looped_error(ctx, &p, &e),
         Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e, Side::Egress),
         Ok(Parsed::Flow(p)) if p.frag == Frag::None && from_socket(ctx) => own_connection(ctx, &p),
         _ => TC_ACT_OK,
+    }
+}
+
+/// An ICMP error on `lo`: about a flow we translated, it is translated and
+/// sent out to the flow's real endpoint; anything else stays local.
+#[inline(always)]
+fn looped_error(ctx: &TcContext, p: &Packet, e: &Embedded) -> i32 {
+    let Some(entry) = conntrack::peek(&e.tuple.reversed(), conntrack::now()) else { return TC_ACT_OK };
+    let x = entry.xlate;
+    // The error goes where the quoted packet came from: the flow's endpoint.
+    let to = if p.tuple.daddr == e.tuple.saddr { x.daddr } else { p.tuple.daddr };
+    if rewrite_error(ctx, p, e, &x).is_none() {
+        return verdict(Counter::DropRewrite);
+    }
+    count(Counter::LocalIcmpErrorXlated);
+    if to == p.tuple.daddr {
+        return TC_ACT_OK;
+    }
+    match route::forward(ctx, p.tuple.proto, p.tuple.saddr, to, p.ifindex) {
+        Some(rc) => rc,
+        // No route or neighbour yet: the error is lost, as a router's would be.
+        None => verdict(Counter::PassUnmatched),
     }
 }
 

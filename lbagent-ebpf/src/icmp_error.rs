@@ -54,7 +54,7 @@ pub fn translate(ctx: &TcContext, p: &Packet, e: &Embedded, side: Side) -> i32 {
 
 /// Rewrites the outer header toward `x` and the embedded header to `x` reversed.
 #[inline(always)]
-fn rewrite_error(ctx: &TcContext, p: &Packet, e: &Embedded, x: &Tuple) -> Option<()> {
+pub fn rewrite_error(ctx: &TcContext, p: &Packet, e: &Embedded, x: &Tuple) -> Option<()> {
     let icmp_csum = p.l4 + 2;
     let inner = x.reversed();
     let t = &e.tuple;

@@ -1,14 +1,16 @@
-//! Where a new flow leaves the namespace, from the kernel's FIB
+//! Where a packet leaves the namespace, from the kernel's FIB
 //! (`bpf_fib_lookup`, Linux 4.18): SNAT rules are keyed on the *egress*
 //! interface, like iptables' `-o net1`, so traffic routed back into the VPC
-//! is not SNAT'ed, and nothing addressed to the namespace itself is.
+//! is not SNAT'ed, and nothing addressed to the namespace itself is; and a
+//! packet the namespace addressed to itself but that belongs elsewhere (an
+//! ICMP error about a SNAT'ed packet) is sent out directly (`forward`).
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{
         BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
     },
-    helpers::bpf_fib_lookup,
+    helpers::{bpf_fib_lookup, bpf_redirect},
     programs::TcContext,
 };
 use lbagent_common::Tuple;
@@ -42,11 +44,48 @@ impl Route {
 /// The route of a packet with tuple `t` that arrived on `ingress`.
 #[inline(always)]
 pub fn route(ctx: &TcContext, t: &Tuple, ingress: u32) -> Route {
-    let mut words = core::mem::MaybeUninit::<[u64; FIB_WORDS]>::uninit();
+    let mut words = core::mem::MaybeUninit::uninit();
+    match lookup(ctx, t.proto, t.saddr, t.daddr, ingress, &mut words) {
+        (BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH, params) => Route::Out(params.ifindex),
+        (BPF_FIB_LKUP_RET_NOT_FWDED, _) => Route::Local,
+        _ => Route::Unknown,
+    }
+}
+
+/// Sends the packet out of the interface the FIB names for `daddr`, with
+/// that hop's MAC addresses (`TC_ACT_REDIRECT`); `None` when the FIB has no
+/// complete answer (no route, or the neighbour is not resolved yet).
+#[inline(always)]
+pub fn forward(ctx: &TcContext, proto: u8, saddr: [u8; 4], daddr: [u8; 4], ingress: u32) -> Option<i32> {
+    let mut words = core::mem::MaybeUninit::uninit();
+    let (rc, params) = lookup(ctx, proto, saddr, daddr, ingress, &mut words);
+    if rc != BPF_FIB_LKUP_RET_SUCCESS {
+        return None;
+    }
+    // SAFETY: the helper filled the MAC union on success.
+    let macs = unsafe { params.__bindgen_anon_6.__bindgen_anon_2 };
+    ctx.store(0, &macs.dmac, 0).ok()?;
+    ctx.store(6, &macs.smac, 0).ok()?;
+    // SAFETY: bpf_redirect takes plain integers.
+    Some(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
+}
+
+/// One FIB lookup (input, as if the packet arrived on `ingress`) in `words`,
+/// the 64 bytes of `struct bpf_fib_lookup` (zeroed here, word by word);
+/// returns the helper's code and the filled parameters.
+#[inline(always)]
+fn lookup<'a>(
+    ctx: &TcContext,
+    proto: u8,
+    saddr: [u8; 4],
+    daddr: [u8; 4],
+    ingress: u32,
+    words: &'a mut core::mem::MaybeUninit<[u64; FIB_WORDS]>,
+) -> (u32, &'a FibParams) {
     let base = words.as_mut_ptr() as *mut u64;
     for i in 0..FIB_WORDS {
         // SAFETY: `i` < FIB_WORDS, inside `words`. Volatile word stores: a
-        // plain zeroing would become a `memset` call the BPF target lacks.
+        // plain zeroing could become a `memset` call the BPF target lacks.
         unsafe { core::ptr::write_volatile(base.add(i), 0) };
     }
     let params = base as *mut FibParams;
@@ -55,18 +94,12 @@ pub fn route(ctx: &TcContext, t: &Tuple, ingress: u32) -> Route {
     // inside them.
     let rc = unsafe {
         (*params).family = AF_INET;
-        (*params).l4_protocol = t.proto;
+        (*params).l4_protocol = proto;
         (*params).ifindex = ingress;
-        (*params).__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(t.saddr);
-        (*params).__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(t.daddr);
+        (*params).__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(saddr);
+        (*params).__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes(daddr);
         bpf_fib_lookup(ctx.as_ptr(), params, core::mem::size_of::<FibParams>() as i32, 0)
     };
-    match rc as u32 {
-        BPF_FIB_LKUP_RET_SUCCESS | BPF_FIB_LKUP_RET_NO_NEIGH => {
-            // SAFETY: as above; the helper wrote the egress ifindex.
-            Route::Out(unsafe { (*params).ifindex })
-        }
-        BPF_FIB_LKUP_RET_NOT_FWDED => Route::Local,
-        _ => Route::Unknown,
-    }
+    // SAFETY: as above.
+    (rc as u32, unsafe { &*params })
 }

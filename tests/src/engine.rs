@@ -31,6 +31,7 @@ impl TestNet {
             &["ip", "link", "set", "v0", "up"],
             &["ip", "link", "set", "v1", "up"],
             &["ip", "route", "add", "default", "via", "10.0.2.254", "dev", "v1", "onlink"],
+            &["ip", "neigh", "add", CLIENT_IP, "lladdr", CLIENT_MAC, "dev", "v0", "nud", "permanent"],
             &["sysctl", "-qw", "net.ipv4.ip_forward=1"],
         ] {
             ns.exec(cmd)?;
@@ -46,6 +47,22 @@ impl Drop for TestNet {
     fn drop(&mut self) {
         let _ = nix::sched::setns(&self.home, nix::sched::CloneFlags::CLONE_NEWNET);
     }
+}
+
+/// A client on `v0` whose neighbour entry the test net has (redirects to it
+/// resolve).
+pub const CLIENT_IP: &str = "10.0.1.2";
+pub const CLIENT_MAC: &str = "02:00:00:00:00:99";
+
+/// MAC address of interface `ifname` in the calling thread's namespace.
+pub fn mac_of(ifname: &str) -> [u8; 6] {
+    let text = crate::net::sh(&["ip", "-br", "link", "show", ifname]).expect("interface");
+    let mac = text.split_whitespace().nth(2).expect("mac column");
+    let mut out = [0u8; 6];
+    for (o, part) in out.iter_mut().zip(mac.split(':')) {
+        *o = u8::from_str_radix(part, 16).expect("hex");
+    }
+    out
 }
 
 /// Ifindex of `v1` in the calling thread's namespace: where the test net

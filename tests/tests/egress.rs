@@ -9,12 +9,13 @@
 use lbagent::dataplane::attach::Direction;
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_OK},
+    engine::{Engine, TC_ACT_OK, mac_of},
     fixture::*,
     packet::{self, ACK, Ip, L4, SYN, frame, verify},
 };
 
 const OTHER: [u8; 4] = [192, 0, 2, 7];
+const TC_ACT_REDIRECT: u32 = 7;
 /// The gateway's own address toward the client.
 const GW: [u8; 4] = [198, 51, 100, 1];
 
@@ -121,4 +122,25 @@ fn a_local_connection_that_clashes_with_a_flow_moves_its_port() {
         frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")),
     );
     tcp_reply(&mut e, SYN | ACK, b"");
+}
+
+/// The gateway's error about a SNAT'ed packet is addressed to the SNAT
+/// address (its own) and would loop back on `lo`: it is translated and sent
+/// straight to the client, with the neighbour's MAC addresses.
+#[test]
+fn an_error_about_a_snat_packet_is_sent_out_to_the_client() {
+    let Some(mut e) = engine() else { return };
+    open_tcp(&mut e); // client:24000 -> VIP:80 is SNAT:24000 -> server:8080
+    let quoted = packet::ipv4(&Ip::new(SNAT, SERVER), &tcp(SYN, 24000, 8080, b""));
+    let seen = packet::ipv4(&Ip::new(CLIENT, VIP), &tcp(SYN, 24000, 80, b""));
+    // Test packets run on `lo`, ifindex 1: exactly where the looped error is.
+    let (rc, out) = e
+        .run_on(Direction::Egress, &frame(&Ip::new(SNAT, SNAT), &L4::Error { kind: 3, code: 4, inner: quoted }))
+        .unwrap();
+    assert_eq!(rc, TC_ACT_REDIRECT, "sent out, not looped back");
+    let mut want = frame(&Ip::new(SNAT, CLIENT), &L4::Error { kind: 3, code: 4, inner: seen });
+    want[0..6].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x99]);
+    want[6..12].copy_from_slice(&mac_of("v0"));
+    assert_eq!(out, want);
+    verify(&out).unwrap();
 }

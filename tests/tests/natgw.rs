@@ -204,6 +204,26 @@ fn gateway_icmp_errors_quote_what_the_sender_sent() {
     // The right size still goes through.
     let out = ping(&["-M", "do", "-s", "1100", "198.51.100.10"]);
     assert!(out.contains("1 received"), "{out}");
+
+    // The other way: a SNAT'ed VPC host to the internet with a smaller MTU
+    // on net1. The gateway addresses its errors to the EIP (its own); the
+    // egress program on `lo` sends them on to the host.
+    lbagent_tests::net::in_ns(&gw_ns, &["ip", "link", "set", "eth0", "mtu", "1500"]).unwrap();
+    lbagent_tests::net::in_ns(&gw_ns, &["ip", "link", "set", "net1", "mtu", "1200"]).unwrap();
+    let from_vpc = |args: &[&str]| {
+        let mut v = vec!["ping", "-n", "-c", "1", "-W", "2"];
+        v.extend_from_slice(args);
+        match b.vpc[1].ns.exec(&v) {
+            Ok(out) => out,
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    let out = from_vpc(&["-M", "do", "-s", "1300", "198.51.100.1"]);
+    assert!(out.contains("Frag needed") && out.contains("mtu = 1200"), "{out}");
+    let out = from_vpc(&["-t", "1", "198.51.100.1"]);
+    assert!(out.contains("Time to live exceeded"), "{out}");
+    let out = from_vpc(&["-M", "do", "-s", "1100", "198.51.100.1"]);
+    assert!(out.contains("1 received"), "{out}");
 }
 
 #[test]

@@ -14,6 +14,8 @@ use super::{
     tables::{DnatSpec, SnatSpec, Tables},
 };
 
+const LOOPBACK: &str = "lo";
+
 pub struct Engine {
     pub bpffs: PathBuf,
     pub mode: AttachMode,
@@ -111,20 +113,31 @@ impl Engine {
     /// Attaches (or replaces in place) zone `zone`'s programs at ingress and
     /// egress of `ifname` in `netns`.
     pub fn attach(&mut self, zone: u16, netns: &str, ifname: &str) -> Result<()> {
+        self.attach_on(zone, netns, ifname, &Direction::BOTH)
+    }
+
+    /// Attaches the egress program to the namespace's `lo`: ICMP errors the
+    /// namespace addresses to its own SNAT address are sent out from there.
+    pub fn attach_loopback(&mut self, zone: u16, netns: &str) -> Result<()> {
+        self.attach_on(zone, netns, LOOPBACK, &[Direction::Egress])
+    }
+
+    fn attach_on(&mut self, zone: u16, netns: &str, ifname: &str, directions: &[Direction]) -> Result<()> {
         if !self.programs.contains_key(&zone) {
             self.programs.insert(zone, ZoneProgram::load_sized(&self.bpffs, zone, self.ct_max)?);
         }
         let prog = self.programs.get_mut(&zone).unwrap();
-        for direction in Direction::BOTH {
+        for &direction in directions {
             let hook = Hook { netns: Some(netns), ifname, direction };
             attach::attach(prog.program_for(direction), &self.bpffs, &hook, self.mode)?;
         }
         Ok(())
     }
 
-    /// Detaches from interfaces of a namespace about to go and forgets the zone.
+    /// Detaches from interfaces of a namespace about to go (and its `lo`)
+    /// and forgets the zone.
     pub fn release(&mut self, zone: u16, netns: &str, ifnames: &[&str]) {
-        for ifname in ifnames {
+        for ifname in ifnames.iter().chain(&[LOOPBACK]) {
             for direction in Direction::BOTH {
                 let _ = attach::detach(&self.bpffs, &Hook { netns: Some(netns), ifname, direction });
             }

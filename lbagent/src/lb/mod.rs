@@ -43,6 +43,7 @@ pub fn ensure(
     let (h0, _) = naming::lb_host_veth(&lb.id);
     engine.attach(zone, &ns, &o0)?;
     engine.attach(zone, &ns, &h0)?;
+    engine.attach_loopback(zone, &ns)?;
     let up = |listener: &str, backend: &str| health.is_up(&lb.id, listener, backend);
     let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, alloc);
     engine.sync_zone(zone, &want, None, &mut changes)?;

@@ -22,6 +22,7 @@ pub fn ensure(
     let ns = naming::gw_netns(&gw.name);
     engine.attach(zone, &ns, plumb::LAN_IF)?;
     engine.attach(zone, &ns, plumb::EXT_IF)?;
+    engine.attach_loopback(zone, &ns)?;
 
     let want = rules::rules(gw, zone, rules::Ifaces { lan, ext }, alloc);
     engine.sync_zone(zone, &want.dnats, Some(&want.snats), &mut changes)?;

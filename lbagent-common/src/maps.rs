@@ -8,6 +8,7 @@
 //! | `dnat_rules`    | hash          | [`DnatKey`]  | [`DnatRule`]   | agent                 | program |
 //! | `dnat_backends` | hash          | [`BackendKey`] | [`Backend`]  | agent                 | program |
 //! | `snat_rules`    | LPM trie      | [`SnatKey`] (prefix = 64 + CIDR length) | [`SnatRule`] | agent | program |
+//! | `acl_rules`     | LPM trie      | [`AclKey`] (prefix = 32 + CIDR length) | `u32` 1 | agent | program (new flows of a rule with an ACL) |
 //! | `nat_config`    | array[1]      | `u32` 0      | [`NatConfig`]  | agent                 | program |
 //! | `counters`      | per-CPU array | [`Counter`] as `u32` | `u64`  | program               | agent, `lbagent maps` |
 //! | `meta`          | array[1]      | `u32` 0      | [`Meta`]       | agent (layout check)  | agent |
@@ -22,6 +23,7 @@
 pub const MAP_CT: &str = "ct";
 pub const MAP_CT_NEW: &str = "ct_new";
 pub const MAP_FRAGS: &str = "frags";
+pub const MAP_ACL_RULES: &str = "acl_rules";
 pub const MAP_DNAT_RULES: &str = "dnat_rules";
 pub const MAP_DNAT_BACKENDS: &str = "dnat_backends";
 pub const MAP_SNAT_RULES: &str = "snat_rules";
@@ -29,13 +31,14 @@ pub const MAP_NAT_CONFIG: &str = "nat_config";
 pub const MAP_COUNTERS: &str = "counters";
 pub const MAP_META: &str = "meta";
 pub const MAP_RULE_STATS: &str = "rule_stats";
-pub const ALL_MAPS: [&str; 10] = [
+pub const ALL_MAPS: [&str; 11] = [
     MAP_CT,
     MAP_CT_NEW,
     MAP_FRAGS,
     MAP_DNAT_RULES,
     MAP_DNAT_BACKENDS,
     MAP_SNAT_RULES,
+    MAP_ACL_RULES,
     MAP_NAT_CONFIG,
     MAP_COUNTERS,
     MAP_RULE_STATS,
@@ -50,6 +53,7 @@ pub const FRAGS_MAX: u32 = 8_192;
 pub const DNAT_RULES_MAX: u32 = 131_072;
 pub const DNAT_BACKENDS_MAX: u32 = 262_144;
 pub const SNAT_RULES_MAX: u32 = 131_072;
+pub const ACL_RULES_MAX: u32 = 65_536;
 pub const RULE_STATS_MAX: u32 = 65_536;
 
 /// A connection 5-tuple as seen on the wire, in one zone.
@@ -202,7 +206,27 @@ pub struct DnatRule {
     pub snat_addr: [u8; 4],
     /// `DNAT_F_*` bits.
     pub flags: u32,
+    /// With `DNAT_F_ACL_*`: a digest of the rule's ACL entries (the agent
+    /// compares rules by value; the program ignores it).
+    pub acl_digest: u32,
 }
+
+/// New flows of this rule are accepted only from sources in `acl_rules`.
+pub const DNAT_F_ACL_ALLOW: u32 = 4;
+/// New flows of this rule from sources in `acl_rules` are dropped.
+pub const DNAT_F_ACL_DENY: u32 = 8;
+
+/// An ACL entry: a source prefix for rule `rule_id` (the listener's DNAT
+/// rule). LPM: `prefix_len = ACL_KEY_FIXED_BITS + CIDR length`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AclKey {
+    pub rule_id: u32,
+    pub addr: [u8; 4],
+}
+
+/// Bits of `AclKey` before the address.
+pub const ACL_KEY_FIXED_BITS: u32 = 32;
 
 /// SNAT this rule's new flows (see `DnatRule::snat_ifindex`).
 pub const DNAT_F_SNAT: u32 = 1;
@@ -316,12 +340,14 @@ pub struct Meta {
 }
 
 /// Traffic translated by one rule (per CPU; summed by the agent). A flow
-/// counts under its DNAT rule and, if different, its SNAT rule.
+/// counts under its DNAT rule and, if different, its SNAT rule. `acl_drops`:
+/// new flows the rule's ACL refused.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RuleStats {
     pub packets: u64,
     pub bytes: u64,
+    pub acl_drops: u64,
 }
 
 /// Per-CPU counters (index into `counters`).
@@ -352,9 +378,10 @@ pub enum Counter {
     FlowReopened,
     LocalIcmpErrorXlated,
     LocalFlows,
+    DropAcl,
 }
 
-pub const COUNTER_COUNT: u32 = 24;
+pub const COUNTER_COUNT: u32 = 25;
 
 impl Counter {
     pub const ALL: [Counter; COUNTER_COUNT as usize] = [
@@ -382,6 +409,7 @@ impl Counter {
         Counter::FlowReopened,
         Counter::LocalIcmpErrorXlated,
         Counter::LocalFlows,
+        Counter::DropAcl,
     ];
 
     /// Whether the packet counted here is dropped (every other counter passes it).
@@ -394,6 +422,7 @@ impl Counter {
                 | Counter::DropMalformed
                 | Counter::DropFragUntracked
                 | Counter::DropUntranslatable
+                | Counter::DropAcl
         )
     }
 
@@ -423,6 +452,7 @@ impl Counter {
             Counter::FlowReopened => "flows_reopened",
             Counter::LocalIcmpErrorXlated => "icmp_errors_local_translated",
             Counter::LocalFlows => "local_flows",
+            Counter::DropAcl => "drop_acl",
         }
     }
 }
@@ -439,8 +469,8 @@ mod user {
         )*};
     }
     pod!(
-        Tuple, CtEntry, FragKey, FragEntry, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule, NatConfig, Meta,
-        RuleStats
+        Tuple, CtEntry, FragKey, FragEntry, AclKey, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule,
+        NatConfig, Meta, RuleStats
     );
 }
 
@@ -452,12 +482,13 @@ const _: () = {
     assert!(core::mem::size_of::<FragKey>() == 16);
     assert!(core::mem::size_of::<FragEntry>() == 16);
     assert!(core::mem::size_of::<DnatKey>() == 4 + 2 + 1 + 1 + 2 + 2);
-    assert!(core::mem::size_of::<DnatRule>() == 20);
+    assert!(core::mem::size_of::<DnatRule>() == 24);
+    assert!(core::mem::size_of::<AclKey>() == 8);
     assert!(core::mem::size_of::<BackendKey>() == 8);
     assert!(core::mem::size_of::<Backend>() == 8);
     assert!(core::mem::size_of::<SnatKey>() == 12);
     assert!(core::mem::size_of::<SnatRule>() == 16);
     assert!(core::mem::size_of::<NatConfig>() == 32);
     assert!(core::mem::size_of::<Meta>() == 8);
-    assert!(core::mem::size_of::<RuleStats>() == 16);
+    assert!(core::mem::size_of::<RuleStats>() == 24);
 };

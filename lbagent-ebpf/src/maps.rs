@@ -34,6 +34,10 @@ pub static DNAT_BACKENDS: HashMap<BackendKey, Backend, { DNAT_BACKENDS_MAX as us
 #[btf_map(name = "snat_rules", pin_by_name)]
 pub static SNAT_RULES: LpmTrie<SnatKey, SnatRule, { SNAT_RULES_MAX as usize }> = LpmTrie::new();
 
+/// Listener ACLs: source prefixes by (DNAT rule id, address).
+#[btf_map(name = "acl_rules", pin_by_name)]
+pub static ACL_RULES: LpmTrie<AclKey, u32, { ACL_RULES_MAX as usize }> = LpmTrie::new();
+
 /// Engine settings (timeouts).
 #[btf_map(name = "nat_config", pin_by_name)]
 pub static NAT_CONFIG: Array<NatConfig, 1> = Array::new();

@@ -6,7 +6,7 @@ use lbagent_common::*;
 use crate::{
     TC_ACT_OK, TC_ACT_SHOT,
     conntrack::{self, Lookup, NewFlow},
-    counters::{count, count_flow},
+    counters::{count, count_acl_drop, count_flow},
     fragment,
     icmp_error::{self, Side},
     parse::{Frag, Packet, Parsed, parse},
@@ -71,6 +71,11 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     };
     let mut rule_snat: Option<DnatRule> = None;
     if let Some(hit) = rules::dnat(t, p.has_ports()) {
+        if !rules::acl_accepts(&hit.rule, t.saddr) {
+            // The listener's ACL refuses this client: no flow, no NAT.
+            count_acl_drop(hit.rule.rule_id);
+            return verdict(Counter::DropAcl);
+        }
         f.xlate.daddr = hit.backend.addr;
         if hit.backend.port != 0 && p.has_ports() {
             f.xlate.dport = hit.backend.port;

@@ -4,7 +4,7 @@
 use aya_ebpf::btf_maps::lpm_trie::Key;
 use lbagent_common::*;
 
-use crate::maps::{DNAT_BACKENDS, DNAT_RULES, SNAT_RULES};
+use crate::maps::{ACL_RULES, DNAT_BACKENDS, DNAT_RULES, SNAT_RULES};
 
 /// The chosen DNAT target and the rule id.
 pub struct DnatHit {
@@ -36,6 +36,17 @@ pub fn dnat(t: &Tuple, has_ports: bool) -> Option<DnatHit> {
     // SAFETY: as above.
     let backend = *unsafe { DNAT_BACKENDS.get(&BackendKey { rule_id: rule.rule_id, index }) }?;
     Some(DnatHit { backend, rule })
+}
+
+/// Whether the rule's ACL (if any) accepts a new flow from `saddr`.
+#[inline(always)]
+pub fn acl_accepts(rule: &DnatRule, saddr: [u8; 4]) -> bool {
+    if rule.flags & (DNAT_F_ACL_ALLOW | DNAT_F_ACL_DENY) == 0 {
+        return true;
+    }
+    let key = Key::new(ACL_KEY_FIXED_BITS + 32, AclKey { rule_id: rule.rule_id, addr: saddr });
+    let listed = ACL_RULES.get(&key).is_some();
+    if rule.flags & DNAT_F_ACL_ALLOW != 0 { listed } else { !listed }
 }
 
 /// Whether `addr` has an address-wide DNAT rule (a floating IP).

@@ -131,6 +131,7 @@ impl Engine {
             rule_id,
             backends: vec![(std::net::Ipv4Addr::new(10, 0, 2, 2), 5353)],
             snat: None,
+            acl: None,
         })?;
         Ok(e)
     }

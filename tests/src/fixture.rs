@@ -39,6 +39,7 @@ pub fn dnat(proto: u8, port: u16, rule_id: u32, backends: &[([u8; 4], u16)]) -> 
         rule_id,
         backends: backends.iter().map(|(x, p)| (a(*x), *p)).collect(),
         snat: None,
+        acl: None,
     }
 }
 
@@ -147,6 +148,7 @@ pub fn fip(e: &Engine) {
             rule_id: 30,
             backends: vec![(a(SERVER2), 0)],
             snat: None,
+            acl: None,
         })
         .unwrap();
     e.tables.set_snat(&snat((SERVER2, 32), FIP, (1024, 65535), false, 31)).unwrap();

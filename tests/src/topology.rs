@@ -97,6 +97,7 @@ impl NatTopology {
             rule_id: id,
             backends: vec![(SERVER, to)],
             snat: None,
+            acl: None,
         };
         tables.set_dnat(&rule(PROTO_TCP, 80, 1, 8080))?;
         tables.set_dnat(&rule(PROTO_UDP, 53, 2, 5353))?;

@@ -231,6 +231,53 @@ fn own_connections_never_collide_with_client_flows() {
     assert_eq!(client.ping("again").unwrap(), format!("h21 {seen}"));
 }
 
+/// Listener ACLs with two clients: an allow list (direct TCP, direct UDP)
+/// admits only its sources, a deny list (proxy HTTP) refuses its sources;
+/// refused flows are dropped before NAT and counted per listener.
+#[test]
+fn listener_acls_admit_and_refuse_two_clients() {
+    let Some(mut b) = lb_bed() else { return };
+    let second = TestHost::on(|p| b.bridge.add_port(p), "10.30.0.11", 24, "").unwrap();
+    let state = b
+        .state(G1, true)
+        .replace(
+            "{id: web, type: http, port: 80, backend_group: g1}",
+            "{id: web, type: http, port: 80, backend_group: g1, acl: {action: deny, cidrs: [10.30.0.10/32]}}",
+        )
+        .replace(
+            "{id: raw, type: tcp, port: 9000, backend_group: g3}",
+            "{id: raw, type: tcp, port: 9000, backend_group: g3, acl: {action: allow, cidrs: [10.30.0.10/32]}}",
+        )
+        .replace(
+            "{id: dns, type: udp, port: 53, backend_group: g2}",
+            "{id: dns, type: udp, port: 53, backend_group: g2, acl: {action: allow, cidrs: [10.30.0.8/29]}}",
+        );
+    assert_eq!(state.matches("acl:").count(), 3);
+    b.apply(&state);
+    let (one, two) = (b.client.ns.name.clone(), second.ns.name.clone());
+    // Direct TCP, allow list: .10 only.
+    assert!(ask_tcp(&one, at("10.30.0.5", 9000)).is_ok());
+    assert!(ask_tcp(&two, at("10.30.0.5", 9000)).is_err());
+    // Proxy HTTP, deny list: everyone but .10.
+    assert!(http_get(&one, at("10.30.0.5", 80)).is_err());
+    assert!(http_get(&two, at("10.30.0.5", 80)).is_ok());
+    // Direct UDP, allow list 10.30.0.8/29: both (.10, .11) are in it...
+    assert!(udp_ask(&one, at("10.30.0.5", 53)).is_ok());
+    assert!(udp_ask(&two, at("10.30.0.5", 53)).is_ok());
+    // ...until it narrows to .11: .10's open flow is flushed, and refused.
+    b.apply(&state.replace("cidrs: [10.30.0.8/29]", "cidrs: [10.30.0.11/32]"));
+    assert!(udp_ask(&one, at("10.30.0.5", 53)).is_err());
+    assert!(udp_ask(&two, at("10.30.0.5", 53)).is_ok());
+    // Drops per listener.
+    let t = b.bed.reconciler.realizer.engine.tables().unwrap();
+    let stats: std::collections::HashMap<u32, lbagent_common::RuleStats> =
+        t.rule_stats().unwrap().into_iter().collect();
+    for listener in ["raw", "web", "dns"] {
+        let id = b.bed.reconciler.alloc.rule_ids[&format!("lb/{}/listener/{listener}", b.ids[0])];
+        assert!(stats.get(&id).is_some_and(|s| s.acl_drops >= 1), "{listener}: {:?}", stats.get(&id));
+    }
+}
+
 #[test]
 fn broken_links_are_repaired() {
     let Some(mut b) = lb_bed() else { return };

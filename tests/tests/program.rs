@@ -39,7 +39,7 @@ fn rule_stats_count_packets_and_bytes_per_rule() {
     e.run(&a).unwrap();
     e.run(&q).unwrap();
     let stats: std::collections::HashMap<u32, RuleStats> = e.tables.rule_stats().unwrap().into_iter().collect();
-    let want = RuleStats { packets: 3, bytes: (2 * q.len() + a.len()) as u64 };
+    let want = RuleStats { packets: 3, bytes: (2 * q.len() + a.len()) as u64, acl_drops: 0 };
     assert_eq!(stats[&2], want, "DNAT rule udp/53");
     assert_eq!(stats[&10], want, "SNAT rule");
     e.tables.forget_rule_stats(&[2]).unwrap();
@@ -385,6 +385,7 @@ fn address_wide_dnat_keeps_ports() {
         rule_id: 30,
         backends: vec![(a(SERVER2), 0)],
         snat: None,
+        acl: None,
     };
     e.tables.set_dnat(&fip).unwrap();
     let other = [203, 0, 113, 5];

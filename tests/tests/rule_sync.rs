@@ -86,3 +86,21 @@ fn a_pass_reads_the_maps_once_and_repairs_what_changed_behind_its_back() {
     assert_eq!(out, ["dnat 198.51.100.10 proto 6 port 443 -> [(10.0.2.2, 8443)]"]);
     assert!(e.tables.dnat_rules().unwrap().iter().any(|(k, _, _)| *k == rule.key()));
 }
+
+#[test]
+fn a_changed_acl_flushes_the_flows_it_now_refuses() {
+    let Some(mut e) = engine() else { return };
+    let acl = |cidr: ([u8; 4], u8)| {
+        let mut d = dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080)]);
+        d.acl = Some(lbagent::dataplane::tables::AclSpec { allow: true, cidrs: vec![(a(cidr.0), cidr.1)] });
+        d
+    };
+    sync_dnat(&e, &[acl((CLIENT, 32))]);
+    open_tcp(&mut e);
+    assert_eq!(e.tables.conntrack().unwrap().len(), 2);
+    let changes = sync_dnat(&e, &[acl((CLIENT2, 32))]);
+    assert!(changes.iter().any(|c| c == "ACL changed: flushed 1 flows"), "{changes:?}");
+    assert!(e.tables.conntrack().unwrap().is_empty());
+    let (rc, _) = e.run(&frame(&Ip::new(CLIENT, VIP), &tcp(SYN, 24000, 80, b""))).unwrap();
+    assert_eq!(rc, lbagent_tests::engine::TC_ACT_SHOT, "refused now");
+}

@@ -66,6 +66,15 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             }
             Value::Array(arr)
         }
+        MAP_ACL_RULES => {
+            let mut arr = Vec::new();
+            for (len, k) in t.acl_entries()? {
+                let cidr = format!("{}/{}", ip(k.addr), len - ACL_KEY_FIXED_BITS);
+                text += &format!("rule {:<6} {cidr}\n", k.rule_id);
+                arr.push(json!({"rule_id": k.rule_id, "cidr": cidr}));
+            }
+            Value::Array(arr)
+        }
         MAP_DNAT_BACKENDS => {
             let mut arr = Vec::new();
             for (k, b) in t.backends()? {
@@ -137,8 +146,11 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
         MAP_RULE_STATS => {
             let mut arr = Vec::new();
             for (id, st) in t.rule_stats()? {
-                text += &format!("rule {id:<6} packets {:<10} bytes {}\n", st.packets, st.bytes);
-                arr.push(json!({"rule_id": id, "packets": st.packets, "bytes": st.bytes}));
+                text += &format!(
+                    "rule {id:<6} packets {:<10} bytes {:<12} acl drops {}\n",
+                    st.packets, st.bytes, st.acl_drops
+                );
+                arr.push(json!({"rule_id": id, "packets": st.packets, "bytes": st.bytes, "acl_drops": st.acl_drops}));
             }
             Value::Array(arr)
         }

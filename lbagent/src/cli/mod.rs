@@ -78,7 +78,8 @@ pub enum Command {
     },
     /// Decode the pinned maps (works without the daemon).
     Maps {
-        /// Only this map (ct, dnat_rules, dnat_backends, snat_rules, nat_config, counters, rule_stats, meta).
+        /// Only this map (ct, ct_new, frags, dnat_rules, dnat_backends, snat_rules, acl_rules, nat_config,
+        /// counters, rule_stats, meta).
         name: Option<String>,
         #[arg(long)]
         json: bool,

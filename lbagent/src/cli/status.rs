@@ -26,7 +26,7 @@ fn add_rule_stats(doc: &mut Value, bpffs: &Path) {
     let mut out = serde_json::Map::new();
     for (key, id) in doc["rules"].as_object().cloned().unwrap_or_default() {
         if let Some(st) = id.as_u64().and_then(|id| by_id.get(&(id as u32))) {
-            out.insert(key, serde_json::json!({"packets": st.packets, "bytes": st.bytes}));
+            out.insert(key, serde_json::json!({"packets": st.packets, "bytes": st.bytes, "acl_drops": st.acl_drops}));
         }
     }
     doc["rule_stats"] = Value::Object(out);
@@ -79,14 +79,15 @@ pub fn render(doc: &Value) -> String {
         for l in lb["listeners"].as_array().into_iter().flatten() {
             let st = &doc["rule_stats"][format!("lb/{}/listener/{}", s(&lb["id"]), s(&l["id"]))];
             out += &format!(
-                "  listener {:<10} {}/{} {} -> {}  packets {} bytes {}\n",
+                "  listener {:<10} {}/{} {} -> {}  packets {} bytes {} acl drops {}\n",
                 s(&l["id"]),
                 s(&l["type"]),
                 s(&l["port"]),
                 s(&l["mode"]),
                 s(&l["backend_group"]),
                 st["packets"].as_u64().unwrap_or(0),
-                st["bytes"].as_u64().unwrap_or(0)
+                st["bytes"].as_u64().unwrap_or(0),
+                st["acl_drops"].as_u64().unwrap_or(0)
             );
         }
         for b in lb["backends"].as_array().into_iter().flatten() {

@@ -33,6 +33,11 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
         for (id, st) in &stats {
             let _ = writeln!(out, "lbagent_rule_bytes_total{{rule=\"{}\"}} {}", name(*id), st.bytes);
         }
+        out += "# HELP lbagent_rule_acl_drops_total New flows a listener's ACL refused.\n";
+        out += "# TYPE lbagent_rule_acl_drops_total counter\n";
+        for (id, st) in &stats {
+            let _ = writeln!(out, "lbagent_rule_acl_drops_total{{rule=\"{}\"}} {}", name(*id), st.acl_drops);
+        }
     }
     let doc = &status.document;
     let ok = doc["last_apply"]["ok"].as_bool().map(|b| b as u8).unwrap_or(0);

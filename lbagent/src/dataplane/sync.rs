@@ -47,6 +47,17 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
             changes.push(format!("dnat {} proto {} port {} -> {:?}", d.addr, d.proto, d.port, d.backends));
         }
     }
+    // A changed ACL applies to flows already open, too (fail closed): they
+    // are flushed and reopen only if the new ACL accepts them.
+    let acl_changed: HashSet<u32> = want
+        .iter()
+        .filter(|d| have.iter().any(|(_, r, _)| r.rule_id == d.rule_id && r.acl_digest != d.rule().acl_digest))
+        .map(|d| d.rule_id)
+        .collect();
+    if !acl_changed.is_empty() {
+        let n = t.flush_conntrack(|_, e| acl_changed.contains(&e.dnat_rule))?;
+        changes.push(format!("ACL changed: flushed {n} flows"));
+    }
     let gone = udp_backends_gone(have, want);
     if !gone.is_empty() {
         let n = t.flush_conntrack(|k, e| {

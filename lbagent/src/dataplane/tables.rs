@@ -37,6 +37,45 @@ pub struct DnatSpec {
     /// The rule's own SNAT for new flows no SNAT rule matched (hairpin, load
     /// balancer paths); `None` = none.
     pub snat: Option<RuleSnat>,
+    /// Which sources may open new flows through this rule; `None` = all.
+    pub acl: Option<AclSpec>,
+}
+
+/// A listener's ACL: with `allow`, only sources in `cidrs` open new flows;
+/// without, sources in `cidrs` are refused and the rest accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AclSpec {
+    pub allow: bool,
+    pub cidrs: Vec<(Ipv4Addr, u8)>,
+}
+
+impl AclSpec {
+    /// The ACL's entries for rule `rule_id` (host bits masked).
+    pub fn keys(&self, rule_id: u32) -> Vec<Key<AclKey>> {
+        let mut keys: Vec<_> = self
+            .cidrs
+            .iter()
+            .map(|(addr, len)| {
+                let masked = u32::from(*addr) & mask(*len);
+                Key::new(ACL_KEY_FIXED_BITS + *len as u32, AclKey { rule_id, addr: masked.to_be_bytes() })
+            })
+            .collect();
+        keys.sort_by_key(|k| (k.prefix_len(), k.data().addr));
+        keys.dedup_by_key(|k| (k.prefix_len(), k.data().addr));
+        keys
+    }
+
+    /// FNV-1a over the mode and the masked prefixes: equal ACLs, equal digests.
+    fn digest(&self) -> u32 {
+        let mut h: u32 = 0x811c_9dc5;
+        let mut eat = |b: u8| h = (h ^ b as u32).wrapping_mul(0x0100_0193);
+        eat(self.allow as u8);
+        for k in self.keys(0) {
+            eat(k.prefix_len() as u8);
+            k.data().addr.iter().for_each(|b| eat(*b));
+        }
+        h
+    }
 }
 
 /// See `DnatRule::snat_ifindex`.
@@ -79,7 +118,18 @@ impl DnatSpec {
                 DNAT_F_SNAT | if s.random { DNAT_F_SNAT_RANDOM } else { 0 },
             ),
         };
-        DnatRule { rule_id: self.rule_id, backend_count: self.backends.len() as u32, snat_ifindex, snat_addr, flags }
+        let (acl_flags, acl_digest) = match &self.acl {
+            None => (0, 0),
+            Some(a) => (if a.allow { DNAT_F_ACL_ALLOW } else { DNAT_F_ACL_DENY }, a.digest()),
+        };
+        DnatRule {
+            rule_id: self.rule_id,
+            backend_count: self.backends.len() as u32,
+            snat_ifindex,
+            snat_addr,
+            flags: flags | acl_flags,
+            acl_digest,
+        }
     }
 
     pub fn key(&self) -> DnatKey {
@@ -139,19 +189,57 @@ impl Tables {
         Ok(LpmTrie::try_from(Map::LpmTrie(self.data(MAP_SNAT_RULES)?))?)
     }
 
-    /// Installs or replaces a DNAT rule. Backends are written before the rule
-    /// so a packet never sees a count larger than the backends present;
-    /// surplus backends of a shrunk rule are removed afterwards.
+    fn acl_map(&self) -> Result<LpmTrie<MapData, AclKey, u32>> {
+        Ok(LpmTrie::try_from(Map::LpmTrie(self.data(MAP_ACL_RULES)?))?)
+    }
+
+    /// Every ACL entry: (prefix length, key).
+    pub fn acl_entries(&self) -> Result<Vec<(u32, AclKey)>> {
+        let map = self.acl_map()?;
+        let mut out = Vec::new();
+        for item in map.keys() {
+            let k = item?;
+            out.push((k.prefix_len(), k.data()));
+        }
+        out.sort_by_key(|(len, k)| (k.rule_id, k.addr, *len));
+        Ok(out)
+    }
+
+    /// Makes rule `rule_id`'s ACL entries exactly `want`'s keys.
+    fn set_acl(&self, rule_id: u32, want: &[Key<AclKey>]) -> Result<()> {
+        let mut map = self.acl_map()?;
+        for k in want {
+            map.insert(k, &1, 0)?;
+        }
+        for (len, k) in self.acl_entries()? {
+            if k.rule_id == rule_id && !want.iter().any(|w| w.prefix_len() == len && w.data() == k) {
+                let _ = map.remove(&Key::new(len, k));
+            }
+        }
+        Ok(())
+    }
+
+    /// Installs or replaces a DNAT rule. Backends and ACL entries are
+    /// written before the rule, so a packet never sees a count larger than
+    /// the backends present nor an ACL flag without its entries (an
+    /// allow-list fails closed meanwhile); surplus backends of a shrunk rule
+    /// are removed afterwards.
     pub fn set_dnat(&self, spec: &DnatSpec) -> Result<()> {
         let mut rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
         let mut backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
         let old = rules.get(&spec.key(), 0).ok();
+        let acl_keys = spec.acl.as_ref().map(|a| a.keys(spec.rule_id)).unwrap_or_default();
+        let mut acl = self.acl_map()?;
+        for k in &acl_keys {
+            acl.insert(k, &1, 0)?;
+        }
         for (i, (addr, port)) in spec.backends.iter().enumerate() {
             let b = Backend { addr: addr.octets(), port: *port, _pad0: 0 };
             backends.insert(&BackendKey { rule_id: spec.rule_id, index: i as u32 }, &b, 0)?;
         }
         let rule = spec.rule();
         rules.insert(&spec.key(), &rule, 0)?;
+        self.set_acl(spec.rule_id, &acl_keys)?;
         if let Some(old) = old {
             let start = if old.rule_id == spec.rule_id { spec.backends.len() as u32 } else { 0 };
             for index in start..old.backend_count {
@@ -161,7 +249,8 @@ impl Tables {
         Ok(())
     }
 
-    /// Removes a DNAT rule and its backends (existing flows keep their entries).
+    /// Removes a DNAT rule, its backends and its ACL entries (existing
+    /// flows keep their entries).
     pub fn remove_dnat(&self, key: &DnatKey) -> Result<()> {
         let mut rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
         let mut backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
@@ -169,6 +258,9 @@ impl Tables {
             rules.remove(key)?;
             for index in 0..old.backend_count {
                 let _ = backends.remove(&BackendKey { rule_id: old.rule_id, index });
+            }
+            if old.flags & (DNAT_F_ACL_ALLOW | DNAT_F_ACL_DENY) != 0 {
+                self.set_acl(old.rule_id, &[])?;
             }
         }
         Ok(())
@@ -330,6 +422,7 @@ impl Tables {
             let sum = per_cpu.iter().fold(RuleStats::default(), |a, v| RuleStats {
                 packets: a.packets + v.packets,
                 bytes: a.bytes + v.bytes,
+                acl_drops: a.acl_drops + v.acl_drops,
             });
             out.push((id, sum));
         }

@@ -16,10 +16,10 @@ use lbagent_common::{PROTO_TCP, PROTO_UDP};
 
 use crate::{
     alloc::{Allocations, LbAlloc},
-    dataplane::tables::{DnatSpec, RuleSnat},
+    dataplane::tables::{AclSpec, DnatSpec, RuleSnat},
     state::{
-        model::{ListenerMode, ListenerType, LoadBalancer, Scheduler},
-        names::parse_ip,
+        model::{Acl, AclAction, ListenerMode, ListenerType, LoadBalancer, Scheduler},
+        names::{parse_cidr, parse_ip},
     },
 };
 
@@ -36,6 +36,11 @@ pub struct LbIfaces {
 
 pub fn prefix(id: &str) -> String {
     format!("lb/{id}/")
+}
+
+/// A listener's ACL as the engine takes it.
+fn acl(a: &Acl) -> AclSpec {
+    AclSpec { allow: a.action == AclAction::Allow, cidrs: a.cidrs.iter().filter_map(|c| parse_cidr(c).ok()).collect() }
 }
 
 /// `up(listener, backend)` says whether a direct listener's backend passes
@@ -83,6 +88,7 @@ pub fn rules(
             rule_id,
             backends,
             snat: Some(RuleSnat { ifindex: ifs.ovn, to: Some(snat_to), random: false }),
+            acl: l.acl.as_ref().map(acl),
         });
     }
     for g in &lb.backend_groups {
@@ -98,6 +104,7 @@ pub fn rules(
                     rule_id,
                     backends: vec![(addr, b.port as u16)],
                     snat: Some(RuleSnat { ifindex: ifs.proxy, to: Some(vip), random: false }),
+                    acl: None,
                 });
             }
         }

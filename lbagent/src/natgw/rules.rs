@@ -125,6 +125,7 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
             rule_id,
             backends: vec![(*internal, 0)],
             snat: Some(RuleSnat::hairpin(ifs.lan)),
+            acl: None,
         });
         let rule_id = id(fip_snat_key(&gw.name, *internal), &mut r);
         r.snats.push(SnatSpec {
@@ -147,6 +148,7 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
             rule_id,
             backends,
             snat: Some(RuleSnat::hairpin(ifs.lan)),
+            acl: None,
         });
     }
     for (cidr, eip) in snats(gw) {

@@ -57,6 +57,7 @@ fn filler(zone: u16, n: usize) -> impl Iterator<Item = DnatSpec> {
         rule_id: 1000 + i as u32,
         backends: vec![(Ipv4Addr::new(10, 9, 0, 1), 80)],
         snat: None,
+        acl: None,
     })
 }
 
@@ -76,6 +77,7 @@ fn program_cost(counts: &[usize], reps: usize, out: &mut String) -> Result<()> {
             rule_id: 1,
             backends: vec![(SERVER, 5353)],
             snat: None,
+            acl: None,
         })?;
         let udp = |dport| L4::Udp { sport: 4000, dport, payload: vec![0; 64], zero_csum: false };
         let udp_from = |sport, dport| L4::Udp { sport, dport, payload: vec![0; 64], zero_csum: false };
@@ -274,6 +276,7 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
             rule_id: 50 + i as u32,
             backends: vec![(SERVER, 5201)],
             snat: None,
+            acl: None,
         })?;
     }
     for spec in filler(ZONE, 8) {

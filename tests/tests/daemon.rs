@@ -168,6 +168,19 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     assert_eq!(port_of(&before, "b2"), Some(1026));
     let applies = before["applies"].as_u64().unwrap();
 
+    // A torn write (an editor truncating, then writing): the valid prefix
+    // `version: 1` would remove everything, but the file changes again
+    // within the poll interval, so only the finished file is applied.
+    std::fs::write(env.state(), "version: 1\n").unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    std::fs::write(env.state(), &example).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let s = env.status().unwrap();
+    assert_eq!(running(&s), running(&before), "the torn prefix was never applied");
+    let log = std::fs::read_to_string(env.dir.join("daemon.log")).unwrap();
+    assert!(!log.contains("removed load balancer"), "the prefix tore objects down:\n{log}");
+    assert!(s["rejected_state"].is_null());
+
     // An invalid file (duplicate port, hostile id) is refused; nothing changes.
     let invalid = example.replacen("port: 5000", "port: 80", 1).replacen(&id, "x;rm -rf /", 1);
     std::fs::write(env.state(), &invalid).unwrap();

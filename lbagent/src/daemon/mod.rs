@@ -39,8 +39,14 @@ pub struct Options {
     pub conntrack_max: Option<u32>,
 }
 
-/// Content fingerprint of the state file (`None` when unreadable).
+/// Content fingerprint of the state file (`None` when unreadable). Only a
+/// regular file within the size cap is read (a FIFO would block the loop);
+/// anything else changes the fingerprint, and loading refuses it.
 fn fingerprint(path: &Path) -> Option<Vec<u8>> {
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() || meta.len() > crate::state::load::MAX_STATE_FILE_BYTES {
+        return Some(format!("not loadable: {:?} {}", meta.file_type(), meta.len()).into_bytes());
+    }
     std::fs::read(path).ok()
 }
 
@@ -187,22 +193,36 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut seen = fingerprint(&opts.state);
+    let mut pending: Option<Option<Vec<u8>>> = None;
     d.reload("start");
     d.apply(true);
     let mut poll = tokio::time::interval(Duration::from_secs(1));
+    // Ticks stay a full second apart even after a long apply (no burst of
+    // missed ticks): the stability window below depends on it.
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut repair = tokio::time::interval(opts.repair_interval);
     repair.tick().await;
     info!(api = %opts.api_socket.display(), "running");
     loop {
         tokio::select! {
             _ = poll.tick() => {
+                // A changed file is applied once it has stayed the same for a
+                // whole poll interval: an editor's truncate-and-rewrite is never
+                // applied half-written (a valid prefix such as `version: 1`
+                // alone would tear every object down).
                 let now = fingerprint(&opts.state);
-                if now != seen {
+                if now == seen {
+                    pending = None;
+                } else if pending.as_ref() == Some(&now) {
                     seen = now;
+                    pending = None;
                     tokio::task::block_in_place(|| d.reload("state file changed"));
+                } else {
+                    pending = Some(now);
                 }
             }
             _ = hup.recv() => {
+                pending = None;
                 seen = fingerprint(&opts.state);
                 tokio::task::block_in_place(|| d.reload("SIGHUP"));
             }

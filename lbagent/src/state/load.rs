@@ -77,10 +77,81 @@ pub fn load_str(text: &str, format: Format) -> Result<StateFile, Problems> {
     if problems.is_empty() { Ok(state) } else { Err(Problems(problems)) }
 }
 
-/// Reads, parses and validates a state file.
+/// Largest state file read (a document for thousands of objects is a few MB).
+pub const MAX_STATE_FILE_BYTES: u64 = 16 << 20;
+
+/// Reads, parses and validates a state file. Only a regular file (a symlink
+/// to one is fine) of at most `MAX_STATE_FILE_BYTES` is read: a FIFO would
+/// block the agent, a device or a huge file would exhaust it.
 pub fn load_file(path: &Path) -> Result<StateFile, Problems> {
     let format = Format::of(path)
         .ok_or_else(|| one("", format!("{}: unknown extension (use .yaml, .yml or .json)", path.display())))?;
-    let text = std::fs::read_to_string(path).map_err(|e| one("", format!("{}: {e}", path.display())))?;
+    let text = read_capped(path).map_err(|e| one("", format!("{}: {e}", path.display())))?;
     load_str(&text, format)
+}
+
+fn read_capped(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_STATE_FILE_BYTES {
+        return Err(format!("{} bytes, more than the {MAX_STATE_FILE_BYTES} a state file may have", meta.len()));
+    }
+    let mut text = String::new();
+    // The cap holds even if the file grows between the check and the read.
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_STATE_FILE_BYTES + 1).read_to_string(&mut text))
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_STATE_FILE_BYTES {
+        return Err(format!("more than the {MAX_STATE_FILE_BYTES} bytes a state file may have"));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// "Billion laughs": 9 levels of 9 aliases, 387 million nodes if expanded.
+    fn bomb() -> String {
+        let mut doc =
+            String::from("version: 1\nqos_policies:\n  - name: x\n    binding: eip\n    rules: []\n    shared: [");
+        doc += "&a [x, x, x, x, x, x, x, x, x]";
+        for (prev, name) in
+            ["a", "b", "c", "d", "e", "f", "g", "h"].iter().zip(["b", "c", "d", "e", "f", "g", "h", "i"])
+        {
+            doc +=
+                &format!(", &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]");
+        }
+        doc += "]\n";
+        doc
+    }
+
+    #[test]
+    fn an_alias_bomb_is_refused_quickly() {
+        let started = std::time::Instant::now();
+        let err = load_str(&bomb(), Format::Yaml).unwrap_err().to_string();
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "took {:?}", started.elapsed());
+        assert!(err.contains("qos_policies[0].shared"), "{err}");
+    }
+
+    #[test]
+    fn only_regular_files_of_bounded_size_are_read() {
+        let dir = std::env::temp_dir().join(format!("lbagent-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo.yaml");
+        let _ = std::fs::remove_file(&fifo);
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let err = load_file(&fifo).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
+        let big = dir.join("big.yaml");
+        std::fs::write(&big, vec![b'#'; (MAX_STATE_FILE_BYTES + 1) as usize]).unwrap();
+        let err = load_file(&big).unwrap_err().to_string();
+        assert!(err.contains("more than the"), "{err}");
+        let err = load_file(Path::new("/dev/null.yaml")).unwrap_err().to_string();
+        assert!(err.contains("/dev/null.yaml"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

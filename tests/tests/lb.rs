@@ -329,3 +329,62 @@ fn a_failed_create_is_cleaned_up_when_the_load_balancer_goes() {
     assert!(bed.reconciler.applied.partial_lbs.is_empty());
     assert!(!bed.reconciler.alloc.lbs.contains_key(&id));
 }
+
+#[test]
+fn a_link_the_agent_did_not_make_is_never_deleted() {
+    if !require_root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let mut bed = Bed::new().unwrap();
+    let bridge = OvsBridge::new(&unique("brf")).unwrap();
+    let id = lb_id();
+    let (_, o1) = naming::lb_ovn_veth(&id);
+    let state = |with: bool| {
+        let lb = format!(
+            "  - id: {id}\n    network: {{ip: 10.32.0.5, mac: \"02:00:0a:20:00:05\", prefix_len: 24, gateway: 10.32.0.1}}\n"
+        );
+        format!(
+            "version: 1\nagent: {{integration_bridge: {}}}\nload_balancers:\n{}",
+            bridge.name,
+            if with { lb } else { String::new() }
+        )
+    };
+    let apply = |bed: &mut Bed, with: bool| {
+        let s = lbagent::state::load_str(&state(with), lbagent::state::Format::Yaml).unwrap();
+        bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), false)
+    };
+    // Someone else's link has the name the load balancer's OVN end needs.
+    struct Foreign(String);
+    impl Drop for Foreign {
+        fn drop(&mut self) {
+            let _ = sh(&["ip", "link", "del", &self.0]);
+        }
+    }
+    let peer = unique("fp");
+    sh(&["ip", "link", "add", &o1, "type", "veth", "peer", "name", &peer]).unwrap();
+    let foreign = Foreign(o1.clone());
+    let report = apply(&mut bed, true);
+    assert!(!report.ok(), "{:?}", report.changes);
+    assert!(
+        report.errors.iter().any(|(_, e)| e.contains(&o1) && e.contains("refusing to delete it")),
+        "{:?}",
+        report.errors
+    );
+    assert!(sh(&["ip", "-d", "link", "show", &o1]).unwrap().contains(&peer), "the foreign link was deleted");
+    // Removing the load balancer leaves the foreign link alone too.
+    let report = apply(&mut bed, false);
+    assert!(report.changes.iter().any(|c| c.contains(&format!("left {o1} alone"))), "{:?}", report.changes);
+    assert!(sh(&["ip", "-d", "link", "show", &o1]).unwrap().contains(&peer), "the foreign link was deleted");
+    // Once the name is free the agent's own links carry its alias, and go
+    // with the load balancer.
+    drop(foreign);
+    let report = apply(&mut bed, true);
+    assert!(report.ok(), "{:?}", report.errors);
+    let alias = naming::link_owner_alias(&naming::lb_zone_key(&id));
+    for link in [o1.clone(), naming::lb_host_veth(&id).1] {
+        assert!(sh(&["ip", "link", "show", &link]).unwrap().contains(&format!("alias {alias}")), "{link}");
+    }
+    assert!(apply(&mut bed, false).ok());
+    assert!(sh(&["ip", "link", "show", &o1]).is_err(), "the agent's own link stayed");
+}

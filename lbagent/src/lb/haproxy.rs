@@ -42,10 +42,9 @@ pub fn render(dir: &Path, lbs: &[(&LoadBalancer, &LbAlloc)]) -> String {
         dir.join("admin.sock").display()
     );
     for (lb, a) in lbs {
-        let tag = naming::short_hash(&lb.id);
         for l in lb.listeners.iter().filter(|l| l.effective_mode() == ListenerMode::Proxy) {
             let mode = if l.kind == ListenerType::Http { "http" } else { "tcp" };
-            let name = format!("lb{tag}_{}", l.id);
+            let name = naming::haproxy_proxy(&lb.id, &l.id);
             let _ = write!(
                 c,
                 "# load balancer {} listener {}\nfrontend {name}\n  mode {mode}\n  bind {}:{}\n",

@@ -32,8 +32,9 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
     }
     let (o0, o1) = naming::lb_ovn_veth(&lb.id);
     let (h0, h1) = naming::lb_host_veth(&lb.id);
-    veth::ensure_pair(&ns, &o1, &o0, None, changes)?;
-    veth::ensure_pair(&ns, &h1, &h0, None, changes)?;
+    let owner = naming::link_owner_alias(&naming::lb_zone_key(&lb.id));
+    veth::ensure_pair(&ns, &o1, &o0, None, &owner, changes)?;
+    veth::ensure_pair(&ns, &h1, &h0, None, &owner, changes)?;
     if ovs::ensure_port(bridge, &o1, &naming::lb_iface_id(&lb.id))? {
         changes.push(format!("{o1} on OVS bridge {bridge} as {}", naming::lb_iface_id(&lb.id)));
     }
@@ -104,7 +105,8 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
 }
 
 /// Removes the namespace (its veths and their host ends go with it) and the
-/// OVS port. Safe to repeat.
+/// OVS port; links and ports of these names that are not this load
+/// balancer's are left alone. Safe to repeat.
 pub fn remove(id: &str, changes: &mut Vec<String>) -> Result<()> {
     let ns = naming::lb_netns(id);
     if netns::delete(&ns)? {
@@ -112,7 +114,7 @@ pub fn remove(id: &str, changes: &mut Vec<String>) -> Result<()> {
     }
     let (_, o1) = naming::lb_ovn_veth(id);
     let (_, h1) = naming::lb_host_veth(id);
-    veth::delete_host_links(&[&o1, &h1], changes)?;
-    let _ = ovs::del_port(&o1);
+    veth::delete_host_links(&[&o1, &h1], &naming::link_owner_alias(&naming::lb_zone_key(id)), changes)?;
+    let _ = ovs::del_owned_port(&o1, &naming::lb_iface_id(id));
     Ok(())
 }

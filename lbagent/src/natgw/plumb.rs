@@ -23,18 +23,6 @@ use crate::{
 pub const LAN_IF: &str = "eth0";
 pub const EXT_IF: &str = "net1";
 
-/// Host-side ends of `eth0` and `net1`: `ngw<hash>l` / `ngw<hash>x`, where
-/// `<hash>` is 8 hex digits of the gateway name (names fit IFNAMSIZ and do
-/// not depend on anything but the name, so any agent can find them).
-pub fn host_ends(name: &str) -> (String, String) {
-    let h = naming::short_hash(name);
-    (format!("ngw{h}l"), format!("ngw{h}x"))
-}
-
-fn tmp_peer(name: &str, which: &str) -> String {
-    format!("ngw{}{which}", naming::short_hash(name))
-}
-
 /// Ensures everything below the engine; returns the gateway's interface
 /// indexes in its namespace (lan, ext).
 pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<String>) -> Result<(u32, u32)> {
@@ -42,9 +30,11 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
     if netns::create(&ns)? {
         changes.push(format!("created namespace {ns}"));
     }
-    let (lan_host, ext_host) = host_ends(&gw.name);
-    veth::ensure_pair(&ns, &lan_host, LAN_IF, Some(&tmp_peer(&gw.name, "lp")), changes)?;
-    veth::ensure_pair(&ns, &ext_host, EXT_IF, Some(&tmp_peer(&gw.name, "xp")), changes)?;
+    let (lan_host, ext_host) = naming::gw_host_veths(&gw.name);
+    let (lan_tmp, ext_tmp) = naming::gw_tmp_peers(&gw.name);
+    let owner = naming::link_owner_alias(&naming::gw_zone_key(&gw.name));
+    veth::ensure_pair(&ns, &lan_host, LAN_IF, Some(&lan_tmp), &owner, changes)?;
+    veth::ensure_pair(&ns, &ext_host, EXT_IF, Some(&ext_tmp), &owner, changes)?;
 
     // Host ends: up, on their bridges.
     netns::run_in(None, || {
@@ -54,12 +44,12 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
         }
         Ok(())
     })?;
-    if ovs::ensure_port(integration_bridge, &lan_host, &format!("natgw/{}", gw.name))? {
+    if ovs::ensure_port(integration_bridge, &lan_host, &naming::gw_lan_iface_id(&gw.name))? {
         changes.push(format!("{lan_host} on OVS bridge {integration_bridge}"));
     }
     let ext_br = &gw.external.bridge;
     if ovs::bridge_exists(ext_br) {
-        if ovs::ensure_port(ext_br, &ext_host, &format!("natgw/{}/external", gw.name))? {
+        if ovs::ensure_port(ext_br, &ext_host, &naming::gw_ext_iface_id(&gw.name))? {
             changes.push(format!("{ext_host} on OVS bridge {ext_br}"));
         }
     } else if std::path::Path::new(&format!("/sys/class/net/{ext_br}/bridge")).exists() {
@@ -153,14 +143,13 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
 /// Removes the namespace (its veths and their host ends go with it) and the
 /// OVS ports. Safe to repeat.
 pub fn remove(name: &str, changes: &mut Vec<String>) -> Result<()> {
-    let (lan_host, ext_host) = host_ends(name);
+    let (lan_host, ext_host) = naming::gw_host_veths(name);
     let ns = naming::gw_netns(name);
     if netns::delete(&ns)? {
         changes.push(format!("deleted namespace {ns}"));
     }
-    veth::delete_host_links(&[&lan_host, &ext_host], changes)?;
-    for h in [&lan_host, &ext_host] {
-        let _ = ovs::del_port(h);
-    }
+    veth::delete_host_links(&[&lan_host, &ext_host], &naming::link_owner_alias(&naming::gw_zone_key(name)), changes)?;
+    let _ = ovs::del_owned_port(&lan_host, &naming::gw_lan_iface_id(name));
+    let _ = ovs::del_owned_port(&ext_host, &naming::gw_ext_iface_id(name));
     Ok(())
 }

@@ -98,6 +98,31 @@ impl Nl {
         })
     }
 
+    /// The link's alias (IFLA_IFALIAS), empty when unset.
+    pub fn alias(&self, index: u32) -> Result<String> {
+        self.rt.block_on(async {
+            let m = self
+                .h
+                .link()
+                .get()
+                .match_index(index)
+                .execute()
+                .try_next()
+                .await?
+                .ok_or_else(|| anyhow!("link {index} vanished"))?;
+            Ok(m.attributes
+                .iter()
+                .find_map(|a| if let LinkAttribute::IfAlias(s) = a { Some(s.clone()) } else { None })
+                .unwrap_or_default())
+        })
+    }
+
+    pub fn set_alias(&self, index: u32, alias: &str) -> Result<()> {
+        self.rt
+            .block_on(self.h.link().set(LinkUnspec::new_with_index(index).alias(alias).build()).execute())
+            .context("setting link alias")
+    }
+
     /// Creates the veth pair `name`/`peer` unless `name` exists.
     pub fn ensure_veth(&self, name: &str, peer: &str) -> Result<bool> {
         if self.index(name)?.is_some() {

@@ -35,6 +35,13 @@ pub fn ensure_port(bridge: &str, port: &str, iface_id: &str) -> Result<bool> {
     Ok(true)
 }
 
-pub fn del_port(port: &str) -> Result<()> {
-    vsctl(&["--if-exists", "del-port", port]).map(|_| ())
+/// Deletes `port` if its `external_ids:iface-id` is `iface_id` (the proof
+/// that the agent made it); a port of that name that is someone else's is
+/// left alone. Returns whether it was deleted.
+pub fn del_owned_port(port: &str, iface_id: &str) -> Result<bool> {
+    let id = vsctl(&["--if-exists", "get", "Interface", port, "external_ids:iface-id"])?;
+    if id.trim_matches('"') != iface_id {
+        return Ok(false);
+    }
+    vsctl(&["--if-exists", "del-port", port]).map(|_| true)
 }

@@ -54,6 +54,57 @@ pub fn parse_cidr(s: &str) -> Result<(Ipv4Addr, u8), String> {
     Ok((ip, len))
 }
 
+/// A unicast host address a tenant may use: not `0.0.0.0/8`, loopback,
+/// link-local (the agent's own `169.254/16` plumbing lives there),
+/// multicast, reserved (`240/4`) or broadcast.
+pub fn check_host_class(ip: Ipv4Addr) -> Result<(), String> {
+    let class = match ip.octets() {
+        [0, ..] => Some("in 0.0.0.0/8 (\"this network\")"),
+        [127, ..] => Some("a loopback address"),
+        [169, 254, ..] => Some("a link-local address"),
+        [224..=239, ..] => Some("a multicast address"),
+        [255, 255, 255, 255] => Some("the broadcast address"),
+        [240..=255, ..] => Some("a reserved (240.0.0.0/4) address"),
+        _ => None,
+    };
+    match class {
+        Some(c) => Err(format!("{ip} is {c}")),
+        None => Ok(()),
+    }
+}
+
+/// `ip` as a host of `net/len`: of the right class and, on subnets with
+/// more than two addresses, neither the network nor the broadcast address.
+pub fn check_host_in(ip: Ipv4Addr, net: Ipv4Addr, len: u8) -> Result<(), String> {
+    check_host_class(ip)?;
+    if len <= 30 {
+        let m = mask(len);
+        let host = u32::from(ip) & !m;
+        let base = Ipv4Addr::from(u32::from(net) & m);
+        if host == 0 {
+            return Err(format!("{ip} is the network address of {base}/{len}"));
+        }
+        if host == !m {
+            return Err(format!("{ip} is the broadcast address of {base}/{len}"));
+        }
+    }
+    Ok(())
+}
+
+/// A routable network prefix: its address is not of a special class.
+pub fn check_net_class((net, len): (Ipv4Addr, u8)) -> Result<(), String> {
+    if len == 0 {
+        return Ok(());
+    }
+    check_host_class(net).map_err(|e| format!("{net}/{len}: {e}"))
+}
+
+/// Whether two prefixes overlap.
+pub fn overlaps((a, al): (Ipv4Addr, u8), (b, bl): (Ipv4Addr, u8)) -> bool {
+    let l = al.min(bl);
+    in_subnet(a, b, l)
+}
+
 pub fn mask(len: u8) -> u32 {
     if len == 0 { 0 } else { u32::MAX << (32 - len.min(32) as u32) }
 }

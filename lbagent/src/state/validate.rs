@@ -1,13 +1,23 @@
 //! Validation: every problem, each with its path. Enforces the reference
 //! systems' rules (DESIGN §2, §3) on top of what parsing already checked.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    net::Ipv4Addr,
+};
 
 use super::{
     load::Problem,
     model::*,
-    names::{check_id, check_ifname, in_subnet, parse_cidr, parse_ip, parse_mac},
+    names::{
+        check_host_class, check_host_in, check_id, check_ifname, check_net_class, in_subnet, overlaps, parse_cidr,
+        parse_ip, parse_mac,
+    },
 };
+use crate::naming;
+
+/// Longest HTTP health-check path.
+pub const HEALTH_PATH_MAX: usize = 256;
 
 /// Minimum load balancer id length (names use its first 13 characters).
 pub const LB_ID_MIN: usize = 13;
@@ -74,13 +84,30 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
         c.unique(&mut lb_ids, lb.id.clone(), &format!("{p}.id"), || format!("load balancer id {:?}", lb.id));
         load_balancer(&mut c, &p, lb);
     }
+    derived_names(&mut c, s);
+    // Every EIP address of every gateway: one EIP lives on one gateway, and
+    // no FIP/DNAT target may be an EIP.
+    let mut all_eips: HashMap<Ipv4Addr, String> = HashMap::new();
+    for (i, gw) in s.nat_gateways.iter().enumerate() {
+        for (j, e) in gw.eips.iter().enumerate() {
+            let Ok(ip) = parse_ip(&e.ip) else { continue };
+            let path = format!("nat_gateways[{i}].eips[{j}].ip");
+            if let Some(first) = all_eips.get(&ip) {
+                if !first.starts_with(&format!("nat_gateways[{i}].")) {
+                    c.err(path, format!("EIP {ip} is already on another gateway ({first})"));
+                }
+            } else {
+                all_eips.insert(ip, path);
+            }
+        }
+    }
     let policies = qos_policies(&mut c, &s.qos_policies);
     let mut gw_names = HashSet::new();
     let mut unshared_uses: HashMap<&str, usize> = HashMap::new();
     for (i, gw) in s.nat_gateways.iter().enumerate() {
         let p = format!("nat_gateways[{i}]");
         c.unique(&mut gw_names, gw.name.clone(), &format!("{p}.name"), || format!("NAT gateway name {:?}", gw.name));
-        nat_gateway(&mut c, &p, gw, &policies, &mut unshared_uses);
+        nat_gateway(&mut c, &p, gw, &policies, &mut unshared_uses, &all_eips);
     }
     for (name, n) in unshared_uses {
         if n > 1 {
@@ -91,16 +118,80 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
     c.problems
 }
 
+/// Two objects whose kernel, OVS or haproxy names would be equal: the
+/// second would take over (or tear down) the first one's links.
+fn derived_names(c: &mut Check, s: &StateFile) {
+    let mut links: HashMap<String, usize> = HashMap::new();
+    let mut proxies: HashMap<String, usize> = HashMap::new();
+    for (i, lb) in s.load_balancers.iter().enumerate() {
+        let (o0, _) = naming::lb_ovn_veth(&lb.id);
+        match links.get(&o0) {
+            Some(&j) if s.load_balancers[j].id != lb.id => c.err(
+                format!("load_balancers[{i}].id"),
+                format!(
+                    "links {o0}/h…0 of {:?} would be those of load_balancers[{j}] {:?} (link names use the id's \
+                     first 13 characters; make them differ)",
+                    lb.id, s.load_balancers[j].id
+                ),
+            ),
+            _ => {
+                links.insert(o0, i);
+            }
+        }
+        let tag = naming::haproxy_proxy(&lb.id, "");
+        match proxies.get(&tag) {
+            Some(&j) if s.load_balancers[j].id != lb.id => c.err(
+                format!("load_balancers[{i}].id"),
+                format!(
+                    "haproxy names {tag}… of {:?} would be those of load_balancers[{j}] {:?} (32-bit hash \
+                     collision; change one id)",
+                    lb.id, s.load_balancers[j].id
+                ),
+            ),
+            _ => {
+                proxies.insert(tag, i);
+            }
+        }
+    }
+    let mut gw_links: HashMap<String, usize> = HashMap::new();
+    for (i, gw) in s.nat_gateways.iter().enumerate() {
+        let (lan, _) = naming::gw_host_veths(&gw.name);
+        match gw_links.get(&lan) {
+            Some(&j) if s.nat_gateways[j].name != gw.name => c.err(
+                format!("nat_gateways[{i}].name"),
+                format!(
+                    "host links {lan}/…x of {:?} would be those of nat_gateways[{j}] {:?} (32-bit hash \
+                     collision; change one name)",
+                    gw.name, s.nat_gateways[j].name
+                ),
+            ),
+            _ => {
+                gw_links.insert(lan, i);
+            }
+        }
+    }
+}
+
 fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
     c.ok(&format!("{p}.id"), check_id(&lb.id, LB_ID_MIN, 64));
     let n = &lb.network;
+    if let Some(name) = &lb.name
+        && (name.chars().count() > 64 || name.chars().any(char::is_control))
+    {
+        c.err(format!("{p}.name"), "names have at most 64 characters and no control characters");
+    }
     let ip = c.ok(&format!("{p}.network.ip"), parse_ip(&n.ip));
     c.ok(&format!("{p}.network.mac"), parse_mac(&n.mac));
     c.prefix(&format!("{p}.network.prefix_len"), n.prefix_len);
     let gw = c.ok(&format!("{p}.network.gateway"), parse_ip(&n.gateway));
+    if let Some(ip) = ip {
+        c.ok(&format!("{p}.network.ip"), check_host_in(ip, ip, n.prefix_len));
+    }
     if let (Some(ip), Some(gw)) = (ip, gw) {
         if !in_subnet(gw, ip, n.prefix_len) {
             c.err(format!("{p}.network.gateway"), format!("{gw} is not in {ip}/{}", n.prefix_len));
+        } else {
+            c.ok(&format!("{p}.network.gateway"), check_host_in(gw, ip, n.prefix_len));
         }
         if ip == gw {
             c.err(format!("{p}.network.gateway"), "the gateway is the load balancer's own address");
@@ -118,7 +209,12 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
             c.unique(&mut backend_ids, b.id.clone(), &format!("{bp}.id"), || {
                 format!("backend id {:?} in this load balancer", b.id)
             });
-            c.ok(&format!("{bp}.address"), parse_ip(&b.address));
+            if let Some(a) = c.ok(&format!("{bp}.address"), parse_ip(&b.address)) {
+                c.ok(&format!("{bp}.address"), check_host_class(a));
+                if Some(a) == ip {
+                    c.err(format!("{bp}.address"), format!("{a} is the load balancer's own VIP"));
+                }
+            }
             c.port(&format!("{bp}.port"), b.port);
             if b.weight > 256 {
                 c.err(format!("{bp}.weight"), format!("{} is above the maximum weight 256", b.weight));
@@ -184,8 +280,8 @@ fn health_check(c: &mut Check, p: &str, h: &HealthCheck) {
     if let Some(path) = &h.path {
         if h.kind != HealthCheckType::Http {
             c.err(format!("{p}.path"), "only http health checks have a path");
-        } else if !path.starts_with('/') || path.bytes().any(|b| b.is_ascii_control() || b == b' ') {
-            c.err(format!("{p}.path"), format!("{path:?} is not an absolute URL path"));
+        } else {
+            c.ok(&format!("{p}.path"), check_health_path(path));
         }
     }
     if let Some(s) = h.expect_status
@@ -193,6 +289,22 @@ fn health_check(c: &mut Check, p: &str, h: &HealthCheck) {
     {
         c.err(format!("{p}.expect_status"), format!("{s} is not an HTTP status"));
     }
+}
+
+/// An HTTP health-check path goes into `haproxy.cfg` unquoted, so it may use
+/// only characters that mean nothing to haproxy's parser: RFC 3986 path and
+/// query characters without `#` (comment), `$` (`${VAR}`), `\\`, quotes,
+/// spaces, `%` (encodings are refused too: they are not needed for a probe).
+pub fn check_health_path(path: &str) -> Result<(), String> {
+    if !path.starts_with('/') || path.len() > HEALTH_PATH_MAX {
+        return Err(format!("{path:?} is not an absolute URL path of at most {HEALTH_PATH_MAX} characters"));
+    }
+    if let Some(bad) = path.chars().find(|ch| !(ch.is_ascii_alphanumeric() || "/-._~?=&+,;:@!*()".contains(*ch))) {
+        return Err(format!(
+            "{path:?}: {bad:?} is not allowed in a health-check path (letters, digits and /-._~?=&+,;:@!*() only)"
+        ));
+    }
+    Ok(())
 }
 
 fn qos_policies<'a>(c: &mut Check, qs: &'a [QosPolicy]) -> HashMap<&'a str, &'a QosPolicy> {
@@ -244,24 +356,77 @@ fn nat_gateway<'a>(
     gw: &'a NatGateway,
     policies: &HashMap<&str, &'a QosPolicy>,
     unshared_uses: &mut HashMap<&'a str, usize>,
+    all_eips: &HashMap<Ipv4Addr, String>,
 ) {
     c.ok(&format!("{p}.name"), check_id(&gw.name, 1, 32));
+    let lan_len = gw.lan.prefix_len;
     let lan_ip = c.ok(&format!("{p}.lan.ip"), parse_ip(&gw.lan.ip));
-    c.prefix(&format!("{p}.lan.prefix_len"), gw.lan.prefix_len);
+    c.prefix(&format!("{p}.lan.prefix_len"), lan_len);
     c.ok(&format!("{p}.lan.mac"), parse_mac(&gw.lan.mac));
     let lan_gw = c.ok(&format!("{p}.lan.gateway"), parse_ip(&gw.lan.gateway));
-    if let (Some(ip), Some(g)) = (lan_ip, lan_gw)
-        && !in_subnet(g, ip, gw.lan.prefix_len)
-    {
-        c.err(format!("{p}.lan.gateway"), format!("{g} is not in {ip}/{}", gw.lan.prefix_len));
+    if let Some(ip) = lan_ip {
+        c.ok(&format!("{p}.lan.ip"), check_host_in(ip, ip, lan_len));
+    }
+    if let (Some(ip), Some(g)) = (lan_ip, lan_gw) {
+        if !in_subnet(g, ip, lan_len) {
+            c.err(format!("{p}.lan.gateway"), format!("{g} is not in {ip}/{lan_len}"));
+        } else {
+            c.ok(&format!("{p}.lan.gateway"), check_host_in(g, ip, lan_len));
+        }
+        if g == ip {
+            c.err(format!("{p}.lan.ip"), format!("{ip} is the LAN gateway's address"));
+        }
     }
     c.ok(&format!("{p}.external.bridge"), check_ifname(&gw.external.bridge));
-    c.prefix(&format!("{p}.external.prefix_len"), gw.external.prefix_len);
-    c.ok(&format!("{p}.external.gateway"), parse_ip(&gw.external.gateway));
-    for (i, r) in gw.routes.iter().enumerate() {
-        c.ok(&format!("{p}.routes[{i}].cidr"), parse_cidr(&r.cidr));
-        c.ok(&format!("{p}.routes[{i}].via"), parse_ip(&r.via));
+    let ext_len = gw.external.prefix_len;
+    c.prefix(&format!("{p}.external.prefix_len"), ext_len);
+    let ext_gw = c.ok(&format!("{p}.external.gateway"), parse_ip(&gw.external.gateway));
+    if let Some(g) = ext_gw {
+        c.ok(&format!("{p}.external.gateway"), check_host_in(g, g, ext_len));
     }
+    let lan_net = lan_ip.map(|ip| (ip, lan_len));
+    let ext_net = ext_gw.map(|g| (g, ext_len));
+    let mut route_cidrs = HashSet::new();
+    for (i, r) in gw.routes.iter().enumerate() {
+        let rp = format!("{p}.routes[{i}]");
+        if let Some(cidr) = c.ok(&format!("{rp}.cidr"), parse_cidr(&r.cidr)) {
+            if cidr.1 == 0 {
+                c.err(format!("{rp}.cidr"), "the default route is the agent's (via external.gateway)");
+            } else {
+                c.ok(&format!("{rp}.cidr"), check_net_class(cidr));
+            }
+            for (what, net) in [("LAN", lan_net), ("external", ext_net)] {
+                if let Some(net) = net.filter(|n| cidr.1 > 0 && overlaps(cidr, *n)) {
+                    c.err(
+                        format!("{rp}.cidr"),
+                        format!("{}/{} overlaps the connected {what} prefix {}/{}", cidr.0, cidr.1, net.0, net.1),
+                    );
+                }
+            }
+            c.unique(&mut route_cidrs, cidr, &format!("{rp}.cidr"), || format!("route {}/{}", cidr.0, cidr.1));
+        }
+        if let Some(via) = c.ok(&format!("{rp}.via"), parse_ip(&r.via))
+            && let Some(ip) = lan_ip
+        {
+            if !in_subnet(via, ip, lan_len) {
+                c.err(format!("{rp}.via"), format!("{via} is not on the LAN subnet {ip}/{lan_len}"));
+            } else if via == ip {
+                c.err(format!("{rp}.via"), format!("{via} is the gateway's own LAN address"));
+            } else {
+                c.ok(&format!("{rp}.via"), check_host_in(via, ip, lan_len));
+            }
+        }
+    }
+    // Addresses a FIP/DNAT target may not be: the gateway's own and EIPs.
+    let own_target = |c: &mut Check, path: String, t: Ipv4Addr| {
+        if let Err(e) = check_host_class(t) {
+            c.err(path, e);
+        } else if Some(t) == lan_ip || Some(t) == ext_gw {
+            c.err(path, format!("{t} is one of the gateway's own addresses"));
+        } else if let Some(e) = all_eips.get(&t) {
+            c.err(path, format!("{t} is an EIP ({e})"));
+        }
+    };
     if let Some(q) = &gw.qos_policy {
         match policies.get(q.as_str()) {
             None => c.err(format!("{p}.qos_policy"), format!("no QoS policy {q:?}")),
@@ -282,6 +447,15 @@ fn nat_gateway<'a>(
         }
         if let Some(ip) = c.ok(&format!("{ep}.ip"), parse_ip(&e.ip)) {
             c.unique(&mut eip_ips, ip, &format!("{ep}.ip"), || format!("EIP address {ip}"));
+            if let Some(g) = ext_gw {
+                if !in_subnet(ip, g, ext_len) {
+                    c.err(format!("{ep}.ip"), format!("{ip} is not in the external prefix {g}/{ext_len}"));
+                } else if ip == g {
+                    c.err(format!("{ep}.ip"), format!("{ip} is the external gateway"));
+                } else {
+                    c.ok(&format!("{ep}.ip"), check_host_in(ip, g, ext_len));
+                }
+            }
         }
         if let Some(q) = &e.qos_policy {
             match policies.get(q.as_str()) {
@@ -310,7 +484,9 @@ fn nat_gateway<'a>(
         c.unique(&mut fip_eips, f.eip.as_str(), &format!("{fp}.eip"), || {
             format!("floating IP on EIP {:?} (one per EIP)", f.eip)
         });
-        c.ok(&format!("{fp}.internal_ip"), parse_ip(&f.internal_ip));
+        if let Some(t) = c.ok(&format!("{fp}.internal_ip"), parse_ip(&f.internal_ip)) {
+            own_target(c, format!("{fp}.internal_ip"), t);
+        }
     }
     let mut identities: HashMap<(&str, Protocol, u32), Vec<DnatMode>> = HashMap::new();
     for (i, d) in gw.dnats.iter().enumerate() {
@@ -324,7 +500,9 @@ fn nat_gateway<'a>(
         }
         c.port(&format!("{dp}.external_port"), d.external_port);
         c.port(&format!("{dp}.internal_port"), d.internal_port);
-        c.ok(&format!("{dp}.internal_ip"), parse_ip(&d.internal_ip));
+        if let Some(t) = c.ok(&format!("{dp}.internal_ip"), parse_ip(&d.internal_ip)) {
+            own_target(c, format!("{dp}.internal_ip"), t);
+        }
         let modes = identities.entry((d.eip.as_str(), d.protocol, d.external_port)).or_default();
         modes.push(d.mode);
         if modes.len() > 1 && modes.contains(&DnatMode::Exclusive) {
@@ -344,6 +522,7 @@ fn nat_gateway<'a>(
         let sp = format!("{p}.snats[{i}]");
         resolve(c, format!("{sp}.eip"), &s.eip);
         if let Some(cidr) = c.ok(&format!("{sp}.internal_cidr"), parse_cidr(&s.internal_cidr)) {
+            c.ok(&format!("{sp}.internal_cidr"), check_net_class(cidr));
             c.unique(&mut cidrs, cidr, &format!("{sp}.internal_cidr"), || format!("SNAT source {}/{}", cidr.0, cidr.1));
         }
     }

@@ -16,3 +16,4 @@ pub mod netns;
 pub mod plumbing;
 pub mod reconcile;
 pub mod state;
+pub mod tools;

@@ -135,14 +135,6 @@ fn load_balancer_seed_parity_and_lifecycle() {
     assert!(seen.starts_with("10.30.0.5:"), "{seen}");
     assert_eq!(from, at("10.30.0.5", 53));
 
-    // A configuration haproxy refuses never replaces the running one.
-    let hp = &b.bed.reconciler.realizer.haproxy;
-    let good = std::fs::read_to_string(hp.config_path()).unwrap();
-    let err = hp.apply("frontend broken\n  bind 10.30.0.5:notaport\n").unwrap_err().to_string();
-    assert!(err.contains("rejected"), "{err}");
-    assert_eq!(std::fs::read_to_string(hp.config_path()).unwrap(), good);
-    assert_eq!(tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap()).1, "10.30.0.5");
-
     // Second load balancer, side by side and isolated.
     for _ in 0..4 {
         assert_eq!(tag_and_ip(&http_get(&client, at("10.30.0.6", 80)).unwrap()), ("h23".into(), "10.30.0.6".into()));
@@ -387,4 +379,82 @@ fn a_link_the_agent_did_not_make_is_never_deleted() {
     }
     assert!(apply(&mut bed, false).ok());
     assert!(sh(&["ip", "link", "show", &o1]).is_err(), "the agent's own link stayed");
+}
+
+/// The running haproxy: workers unprivileged in a chroot; a section haproxy
+/// refuses holds back no other load balancer; a refused whole config never
+/// replaces the running one; what was loaded (not the file on disk) is
+/// compared; a pid file naming another process never gets it signalled.
+#[test]
+fn haproxy_is_confined_isolated_and_identified() {
+    use lbagent::lb::haproxy::{Rendered, config::section_of};
+    let Some(mut b) = lb_bed() else { return };
+    b.apply(&b.state(G1, true));
+    let client = b.client.ns.name.clone();
+    let hp = &b.bed.reconciler.realizer.haproxy;
+    let master: i32 = std::fs::read_to_string(hp.dir.join("haproxy.pid")).unwrap().trim().parse().unwrap();
+
+    // Workers run as an unprivileged user inside the empty chroot.
+    let workers = sh(&["pgrep", "-P", &master.to_string()]).unwrap();
+    let worker = workers.lines().next().expect("a worker");
+    let status = std::fs::read_to_string(format!("/proc/{worker}/status")).unwrap();
+    let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap().split_whitespace().next().unwrap();
+    assert_ne!(uid, "0", "haproxy worker runs as root");
+    assert_eq!(std::fs::read_link(format!("/proc/{worker}/root")).unwrap(), hp.chroot_dir());
+
+    // The running configuration, split as the agent renders it.
+    let text = std::fs::read_to_string(hp.config_path()).unwrap();
+    let header = text[..text.find("# lbagent: begin").unwrap()].to_string();
+    let s1 = section_of(&text, &b.ids[0]).unwrap();
+    let s2 = section_of(&text, &b.ids[1]).unwrap();
+    assert!(s1.contains("maxconn 4096") && s2.contains("maxconn 4096"), "per-frontend maxconn");
+    let orig = Rendered {
+        header: header.clone(),
+        sections: vec![(b.ids[0].clone(), s1.clone()), (b.ids[1].clone(), s2.clone())],
+    };
+
+    // LB1's new section is refused; LB2's update still goes through and
+    // LB1 keeps serving with its previous section.
+    let bad1 = s1.replacen("  mode http\n", "  mode http\n  bind 10.30.0.5:notaport\n", 1);
+    let new2 = s2.replacen(
+        "  balance roundrobin\n",
+        "  balance roundrobin\n  http-request return status 200 content-type text/plain string lb2-updated\n",
+        1,
+    );
+    let mixed = Rendered { header: header.clone(), sections: vec![(b.ids[0].clone(), bad1), (b.ids[1].clone(), new2)] };
+    let outcome = hp.apply(&mixed).unwrap();
+    assert_eq!(outcome.action, Some("reloaded haproxy"));
+    assert_eq!(outcome.faults.len(), 1, "{:?}", outcome.faults);
+    assert_eq!(outcome.faults[0].0, b.ids[0]);
+    assert!(outcome.faults[0].1.contains("previous proxy listeners keep running"), "{:?}", outcome.faults);
+    assert!(outcome.faults[0].1.contains("notaport"), "haproxy's own message: {:?}", outcome.faults);
+    assert_eq!(http_get(&client, at("10.30.0.6", 80)).unwrap(), "lb2-updated");
+    assert!(["h21", "h22"].contains(&tag_and_ip(&http_get(&client, at("10.30.0.5", 80)).unwrap()).0.as_str()));
+
+    // A configuration refused as a whole changes nothing.
+    let before = std::fs::read_to_string(hp.config_path()).unwrap();
+    let broken = Rendered { header: header.replacen("global\n", "global\n  no-such-keyword\n", 1), sections: vec![] };
+    let err = hp.apply(&broken).unwrap_err().to_string();
+    assert!(err.contains("rejected") && err.contains("no-such-keyword"), "{err}");
+    assert_eq!(std::fs::read_to_string(hp.config_path()).unwrap(), before);
+
+    // The file on disk is not what runs: writing the original back without
+    // a reload does not fool the agent into skipping the reload.
+    std::fs::write(hp.config_path(), orig.text()).unwrap();
+    assert_eq!(hp.apply(&orig).unwrap().action, Some("reloaded haproxy"));
+    assert_eq!(tag_and_ip(&http_get(&client, at("10.30.0.6", 80)).unwrap()).0, "h23");
+    assert_eq!(hp.apply(&orig).unwrap().action, None, "unchanged: no reload");
+
+    // A pid file naming another process: not ours, never signalled.
+    let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    std::fs::write(hp.dir.join("haproxy.pid"), format!("{}\n", other.id())).unwrap();
+    assert!(!hp.running());
+    let stopped = hp.stop().unwrap();
+    assert!(!stopped);
+    assert!(other.try_wait().unwrap().is_none(), "the other process was signalled");
+    let _ = other.kill();
+    let _ = other.wait();
+    // The real master (orphaned by the test) goes.
+    // SAFETY: signals the test's own haproxy master group.
+    unsafe { libc::kill(-master, libc::SIGTERM) };
 }

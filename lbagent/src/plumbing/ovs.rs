@@ -1,13 +1,13 @@
 //! Open vSwitch ports through `ovs-vsctl` (always with `--timeout`).
 
-use std::process::Command;
-
 use anyhow::{Context, Result, bail};
+
+use crate::tools;
 
 pub const TIMEOUT: &str = "--timeout=10";
 
 pub fn vsctl(args: &[&str]) -> Result<String> {
-    let out = Command::new("ovs-vsctl")
+    let out = tools::command(tools::OVS_VSCTL)?
         .arg(TIMEOUT)
         .args(args)
         .output()
@@ -19,7 +19,9 @@ pub fn vsctl(args: &[&str]) -> Result<String> {
 }
 
 pub fn bridge_exists(bridge: &str) -> bool {
-    Command::new("ovs-vsctl").args([TIMEOUT, "br-exists", bridge]).status().map(|s| s.success()).unwrap_or(false)
+    tools::command(tools::OVS_VSCTL)
+        .and_then(|mut c| Ok(c.args([TIMEOUT, "br-exists", bridge]).status()?.success()))
+        .unwrap_or(false)
 }
 
 /// Adds `port` to `bridge` with `external_ids:iface-id`, or fixes both if the

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{Applied, Realizer};
+use super::{Applied, Finish, Realizer};
 use crate::{
     alloc::Allocations,
     dataplane::{attach::AttachMode, engine::Engine},
@@ -58,14 +58,22 @@ impl Realizer for Host {
     }
 
     /// haproxy serves the proxy-mode listeners of every applied load balancer.
-    fn finish(&mut self, applied: &Applied, alloc: &Allocations) -> Result<Vec<String>> {
+    fn finish(&mut self, applied: &Applied, alloc: &Allocations) -> Result<Finish> {
         let lbs: Vec<_> = applied.lbs.values().filter_map(|l| Some((l, alloc.lbs.get(&l.id)?))).collect();
         let any_proxy = lbs.iter().any(|(l, _)| l.listeners.iter().any(|x| x.effective_mode() == ListenerMode::Proxy));
         if !any_proxy {
-            return Ok(if self.haproxy.stop()? { vec!["stopped haproxy (no proxy listeners)".into()] } else { vec![] });
+            let stopped = self.haproxy.stop()?;
+            return Ok(Finish {
+                changes: if stopped { vec!["stopped haproxy (no proxy listeners)".into()] } else { vec![] },
+                errors: vec![],
+            });
         }
-        let config = lb::haproxy::render(&self.haproxy.dir, &lbs);
-        Ok(self.haproxy.apply(&config)?.map(|s| s.to_string()).into_iter().collect())
+        let config = lb::haproxy::render(&self.haproxy.dir, &self.haproxy.chroot_dir(), &lbs);
+        let outcome = self.haproxy.apply(&config)?;
+        Ok(Finish {
+            changes: outcome.action.map(str::to_string).into_iter().collect(),
+            errors: outcome.faults.into_iter().map(|(id, e)| (format!("lb/{id}"), e)).collect(),
+        })
     }
 
     fn configure(&mut self, agent: &AgentConfig) {

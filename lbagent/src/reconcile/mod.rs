@@ -8,4 +8,4 @@ pub mod plan;
 pub mod reconciler;
 
 pub use plan::{Applied, Desired, Kind, Reason, Step, plan};
-pub use reconciler::{ApplyReport, Realizer, Reconciler};
+pub use reconciler::{ApplyReport, Finish, Realizer, Reconciler};

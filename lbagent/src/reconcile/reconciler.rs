@@ -15,13 +15,23 @@ use crate::{
 
 /// The part that makes the host match a spec. Each method must be safe to
 /// repeat and returns human-readable lines for what it changed.
+/// What `Realizer::finish` did: changes, and errors of single objects (a
+/// load balancer whose proxy listeners haproxy refused) that did not stop
+/// the others.
+#[derive(Debug, Default)]
+pub struct Finish {
+    pub changes: Vec<String>,
+    /// (object, error), objects named as in the report (`lb/<id>`).
+    pub errors: Vec<(String, String)>,
+}
+
 pub trait Realizer {
     /// Agent-wide settings of the state file, before each apply.
     fn configure(&mut self, _agent: &AgentConfig) {}
     /// After every apply: host-wide pieces derived from all applied objects
     /// (the proxy configuration).
-    fn finish(&mut self, _applied: &Applied, _alloc: &Allocations) -> Result<Vec<String>> {
-        Ok(vec![])
+    fn finish(&mut self, _applied: &Applied, _alloc: &Allocations) -> Result<Finish> {
+        Ok(Finish::default())
     }
     fn ensure_lb(&mut self, lb: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>>;
     fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
@@ -91,11 +101,15 @@ impl<R: Realizer> Reconciler<R> {
             }
         }
         match self.realizer.finish(&self.applied, &self.alloc) {
-            Ok(changes) => {
-                for c in &changes {
+            Ok(f) => {
+                for c in &f.changes {
                     info!(object = "proxy", "{c}");
                 }
-                report.changes.extend(changes.into_iter().map(|c| format!("proxy: {c}")));
+                report.changes.extend(f.changes.into_iter().map(|c| format!("proxy: {c}")));
+                for (object, e) in f.errors {
+                    error!(object = %object, "{e}");
+                    report.errors.push((object, e));
+                }
             }
             Err(e) => {
                 error!(object = "proxy", "{e:#}");

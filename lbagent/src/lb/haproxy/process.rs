@@ -1,0 +1,297 @@
+//! The haproxy process: a new configuration is checked with `haproxy -c`
+//! before it replaces the running one; reloads are hitless (SIGUSR2 to the
+//! master: old workers finish their connections).
+//!
+//! The master is identified by more than its pid file: the pid is opened as
+//! a pidfd, and the process behind it must run the haproxy binary with this
+//! agent's configuration file; signals go through the pidfd, so a pid reused
+//! by another process is never signalled. What is compared before a reload
+//! is the hash of the configuration this agent last made haproxy load, not
+//! the file on disk (an edit of the file does not count as loaded).
+
+use std::{
+    cell::Cell,
+    fs,
+    hash::{DefaultHasher, Hash, Hasher},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::fs::{DirBuilderExt, OpenOptionsExt},
+    },
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, anyhow, bail};
+
+use super::config::{Rendered, section_of};
+use crate::tools;
+
+/// What `Haproxy::apply` did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// "started haproxy" / "reloaded haproxy", or nothing when unchanged.
+    pub action: Option<&'static str>,
+    /// Load balancers whose section haproxy refused: (id, why, and what
+    /// runs for it instead).
+    pub faults: Vec<(String, String)>,
+}
+
+pub struct Haproxy {
+    pub dir: PathBuf,
+    /// Hash of the configuration this agent last started or reloaded with.
+    loaded: Cell<Option<u64>>,
+}
+
+/// A live haproxy master of this agent, held by a pidfd.
+struct Master {
+    pid: i32,
+    fd: OwnedFd,
+}
+
+impl Master {
+    fn signal(&self, sig: i32) -> bool {
+        // SAFETY: pidfd_send_signal on a pidfd we own, no siginfo.
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.fd.as_raw_fd(), sig, 0usize, 0u32) == 0 }
+    }
+
+    fn alive(&self) -> bool {
+        self.signal(0)
+    }
+}
+
+fn hash(text: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    text.hash(&mut h);
+    h.finish()
+}
+
+/// Writes `text` to `path` with mode 0600, not following a symlink there.
+pub fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    let _ = fs::remove_file(path);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+impl Haproxy {
+    pub fn new(dir: PathBuf) -> Self {
+        Haproxy { dir, loaded: Cell::new(None) }
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("haproxy.cfg")
+    }
+
+    /// The empty directory workers chroot into.
+    pub fn chroot_dir(&self) -> PathBuf {
+        self.dir.join("empty")
+    }
+
+    fn ensure_dirs(&self) -> Result<()> {
+        for (d, mode) in [(&self.dir, 0o700), (&self.chroot_dir(), 0o555)] {
+            if !d.is_dir() {
+                fs::DirBuilder::new().recursive(true).mode(mode).create(d)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The running master, if the pid file names a live haproxy running
+    /// this agent's configuration.
+    fn master(&self) -> Option<Master> {
+        let pid: i32 = fs::read_to_string(self.dir.join("haproxy.pid")).ok()?.lines().next()?.trim().parse().ok()?;
+        if pid <= 1 {
+            return None;
+        }
+        // SAFETY: pidfd_open(2) with no flags; the result is a new fd we own.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: `fd` was just returned by pidfd_open and is owned by nobody else.
+        let m = Master { pid, fd: unsafe { OwnedFd::from_raw_fd(fd as i32) } };
+        // Checked after the pidfd is open: if the pid was reused before, the
+        // checks see the new process and fail; after, the pidfd stays dead.
+        let exe = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let config = self.config_path();
+        let runs_ours = cmdline.split(|b| *b == 0).any(|a| a == config.as_os_str().as_encoded_bytes());
+        (tools::is(&exe, tools::HAPROXY) && runs_ours && m.alive()).then_some(m)
+    }
+
+    /// Whether haproxy (this agent's) is running.
+    pub fn running(&self) -> bool {
+        self.master().is_some()
+    }
+
+    /// Pid of the worker answering the stats socket.
+    fn worker_pid(&self) -> Option<u32> {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(self.dir.join("admin.sock")).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        s.write_all(b"show info\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.lines().find_map(|l| l.strip_prefix("Pid: "))?.trim().parse().ok()
+    }
+
+    /// `haproxy -c` on `text`; the error is haproxy's own message.
+    fn check(&self, text: &str) -> Result<(), String> {
+        let candidate = self.dir.join("haproxy.cfg.check");
+        write_private(&candidate, text).map_err(|e| format!("{e:#}"))?;
+        let out = tools::command(tools::HAPROXY)
+            .map_err(|e| format!("{e:#}"))?
+            .args(["-c", "-f"])
+            .arg(&candidate)
+            .output()
+            .map_err(|e| format!("running haproxy -c: {e}"))?;
+        let _ = fs::remove_file(&candidate);
+        if out.status.success() {
+            Ok(())
+        } else {
+            // haproxy's alerts, without its timestamps and our temp file name.
+            let err = String::from_utf8_lossy(&out.stderr);
+            let lines: Vec<String> = err
+                .lines()
+                .filter(|l| l.contains("[ALERT]"))
+                .map(|l| l.split_once(" : ").map_or(l, |(_, m)| m).replace(&*candidate.to_string_lossy(), "config"))
+                .take(4)
+                .collect();
+            Err(if lines.is_empty() { err.trim().to_string() } else { lines.join("; ") })
+        }
+    }
+
+    /// The configuration to run when `cfg` as a whole is refused: every load
+    /// balancer whose section passes on its own keeps its new section; one
+    /// that fails keeps its section from the running file if that still
+    /// passes, and has none otherwise.
+    fn isolate(&self, cfg: &Rendered) -> (Rendered, Vec<(String, String)>) {
+        let previous = fs::read_to_string(self.config_path()).ok();
+        let mut out = Rendered { header: cfg.header.clone(), sections: Vec::new() };
+        let mut faults = Vec::new();
+        for (id, section) in &cfg.sections {
+            let Err(e) = self.check(&cfg.with_only(section)) else {
+                out.sections.push((id.clone(), section.clone()));
+                continue;
+            };
+            let kept = previous
+                .as_deref()
+                .and_then(|p| section_of(p, id))
+                .filter(|old| old != section && self.check(&cfg.with_only(old)).is_ok());
+            let instead = if kept.is_some() {
+                "its previous proxy listeners keep running"
+            } else {
+                "its proxy listeners are not served until this is fixed"
+            };
+            faults.push((id.clone(), format!("haproxy refused this load balancer's listeners ({instead}): {e}")));
+            if let Some(old) = kept {
+                out.sections.push((id.clone(), old));
+            }
+        }
+        (out, faults)
+    }
+
+    /// Makes haproxy run `cfg`: checks it, swaps it in, starts or reloads.
+    /// A bad configuration never replaces a good one; a load balancer whose
+    /// part is bad does not hold back the others (see `Outcome::faults`).
+    pub fn apply(&self, cfg: &Rendered) -> Result<Outcome> {
+        self.ensure_dirs()?;
+        let mut outcome = Outcome::default();
+        let mut text = cfg.text();
+        if let Err(whole) = self.check(&text) {
+            let (kept, faults) = self.isolate(cfg);
+            text = kept.text();
+            if faults.is_empty() || self.check(&text).is_err() {
+                bail!("haproxy rejected the new configuration (the running one stays): {whole}");
+            }
+            outcome.faults = faults;
+        }
+        let running = self.master();
+        if running.is_some() && self.loaded.get() == Some(hash(&text)) {
+            return Ok(outcome);
+        }
+        let path = self.config_path();
+        let candidate = self.dir.join("haproxy.cfg.new");
+        write_private(&candidate, &text)?;
+        fs::rename(&candidate, &path)?;
+        outcome.action = Some(match running {
+            Some(m) => {
+                let old = self.worker_pid();
+                if !m.signal(libc::SIGUSR2) {
+                    bail!("haproxy master {} vanished before its reload", m.pid);
+                }
+                // Hitless: the old worker keeps its connections; we return
+                // once the new worker (with the new config) serves.
+                let mut serving = false;
+                for _ in 0..100 {
+                    std::thread::sleep(Duration::from_millis(50));
+                    let now = self.worker_pid();
+                    if now.is_some() && now != old {
+                        serving = true;
+                        break;
+                    }
+                }
+                if !serving {
+                    bail!("haproxy did not pick up the new configuration within 5 s");
+                }
+                "reloaded haproxy"
+            }
+            None => {
+                let out = tools::command(tools::HAPROXY)?
+                    .args(["-W", "-D", "-f"])
+                    .arg(&path)
+                    .output()
+                    .context("starting haproxy")?;
+                if !out.status.success() {
+                    bail!("haproxy did not start: {}", String::from_utf8_lossy(&out.stderr).trim());
+                }
+                let mut up = false;
+                for _ in 0..50 {
+                    if self.master().is_some() {
+                        up = true;
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                if !up {
+                    bail!("haproxy started but wrote no pid file");
+                }
+                "started haproxy"
+            }
+        });
+        self.loaded.set(Some(hash(&text)));
+        Ok(outcome)
+    }
+
+    /// Stops haproxy (if running) and removes its files. SIGTERM to the
+    /// master (it stops its workers), then SIGKILL to its process group for
+    /// whatever is still there after 2.5 s — only while the pidfd shows the
+    /// master alive, so the group id cannot have been reused.
+    pub fn stop(&self) -> Result<bool> {
+        self.loaded.set(None);
+        let Some(m) = self.master() else {
+            let _ = fs::remove_dir_all(&self.dir);
+            return Ok(false);
+        };
+        m.signal(libc::SIGTERM);
+        for _ in 0..50 {
+            if !m.alive() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if m.alive() {
+            // SAFETY: kill(2) on the group of a master the pidfd shows alive.
+            unsafe { libc::kill(-m.pid, libc::SIGKILL) };
+        }
+        fs::remove_dir_all(&self.dir).map_err(|e| anyhow!("removing {}: {e}", self.dir.display()))?;
+        Ok(true)
+    }
+}

@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod cli;
 pub mod daemon;
 pub mod dataplane;
+pub mod files;
 pub mod lb;
 pub mod naming;
 pub mod natgw;

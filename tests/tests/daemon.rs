@@ -401,3 +401,143 @@ load_balancers:
     wait(|| env.status().is_some_and(|s| s["backends_down"].as_array().is_some_and(|a| a.is_empty())), "b2 up");
     assert_eq!(tags(16), HashSet::from(["h21".to_string(), "h22".to_string()]));
 }
+
+/// CPU time (user + system) of process `pid` so far, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// The API socket and the metrics endpoint are private and bounded, a probe
+/// that cannot run (no file descriptors left) never marks a backend down,
+/// accept errors do not spin, and `--metrics off` serves nothing.
+#[test]
+fn local_endpoints_fail_closed() {
+    use std::{
+        io::{Read, Write},
+        os::unix::{fs::PermissionsExt, net::UnixStream},
+    };
+    if !lbagent_tests::require_root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("bre")).unwrap();
+    let b1 = TestHost::on(|p| bridge.add_port(p), "10.71.0.21", 24, "").unwrap();
+    line_echo_server(&b1.ns.name, 9000, "h21").unwrap();
+    let env = Env::new();
+    let id = lb_id();
+    std::fs::write(
+        env.state(),
+        format!(
+            "version: 1
+agent: {{integration_bridge: {}}}
+load_balancers:
+  - id: {id}
+    network: {{ip: 10.71.0.5, mac: \"02:00:0a:47:00:05\", prefix_len: 24, gateway: 10.71.0.1}}
+    listeners:
+      - {{id: l, type: tcp, port: 9000, backend_group: g, health_check: {{type: tcp, interval: 1, rise: 1, fall: 1, timeout: 1}}}}
+    backend_groups: [{{id: g, backends: [{{id: b1, address: 10.71.0.21, port: 9000}}]}}]
+",
+            bridge.name
+        ),
+    )
+    .unwrap();
+    let mut daemon = env.start();
+    let sock = env.dir.join("api.sock");
+
+    // The socket is 0600; another user cannot connect, and even through a
+    // socket opened up by mistake the peer credentials refuse it.
+    assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);
+    let as_nobody = || {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(lbagent_bin())
+            .args(["status", "--json"])
+            .args(env.common())
+            .output()
+            .unwrap()
+    };
+    let out = as_nobody();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ermission denied"), "{out:?}");
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = as_nobody();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("uid 65534 may not use the API"), "{out:?}");
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    // The agent's own files: private directories and 0600 files.
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&env.dir.join("sd")), 0o700);
+    assert_eq!(mode(&env.bpffs), 0o700);
+    for f in std::fs::read_dir(env.dir.join("sd")).unwrap() {
+        let p = f.unwrap().path();
+        if p.is_file() {
+            assert_eq!(mode(&p), 0o600, "{}", p.display());
+        }
+    }
+
+    // An endless request line is cut at the cap and answered with an error.
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(&[b'x'; 10_000]);
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    assert!(reply.contains("at most 256 bytes"), "{reply:?}");
+    // A client that never sends is dropped after the I/O timeout.
+    let mut idle = UnixStream::connect(&sock).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = Instant::now();
+    assert_eq!(idle.read(&mut [0u8; 16]).unwrap_or(0), 0);
+    assert!(t.elapsed() < Duration::from_secs(8), "idle API client held {:?}", t.elapsed());
+
+    // Metrics: a scraper that never sends is dropped after the I/O timeout
+    // (its slot is freed), and scrapes go on meanwhile.
+    let mut idle = std::net::TcpStream::connect(("127.0.0.1", env.metrics_port)).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = Instant::now();
+    assert!(env.metrics().contains("lbagent_applies_total"));
+    assert_eq!(idle.read(&mut [0u8; 16]).unwrap_or(0), 0);
+    assert!(t.elapsed() < Duration::from_secs(8), "idle scraper held {:?}", t.elapsed());
+
+    // No descriptors left: checks cannot run, which marks nothing down, and
+    // a pending API client does not make the accept loop spin.
+    let pid = daemon.0.id();
+    let log_before = std::fs::read_to_string(env.dir.join("daemon.log")).unwrap().len();
+    let limit = |soft: &str| {
+        let out =
+            Command::new("prlimit").args(["--pid", &pid.to_string(), &format!("--nofile={soft}:")]).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    };
+    limit("3");
+    let _pending = UnixStream::connect(&sock).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let cpu = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(3));
+    let spent = cpu_ticks(pid) - cpu;
+    limit("20000");
+    let log = std::fs::read_to_string(env.dir.join("daemon.log")).unwrap()[log_before..].to_string();
+    assert!(spent < 100, "the daemon spun: {spent} ticks in 3 s");
+    assert!(log.contains("check could not run"), "{log}");
+    assert!(!log.contains("is down"), "a local failure marked the backend down:\n{log}");
+    wait(|| env.status().is_some(), "the API answers again");
+    assert_eq!(env.status().unwrap()["backends_down"], serde_json::json!([]));
+    assert!(daemon.stop());
+
+    // --metrics off: nothing listens.
+    let child = Command::new(lbagent_bin())
+        .arg("run")
+        .args(["--state", env.state().to_str().unwrap(), "--metrics", "off"])
+        .args(env.common())
+        .stderr(std::fs::File::create(env.dir.join("daemon2.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut off = Daemon(child);
+    wait(|| env.status().is_some_and(|s| !s["last_apply"].is_null()), "daemon up");
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", env.metrics_port)).is_err(),
+        "metrics served with --metrics off"
+    );
+    assert!(off.stop());
+}

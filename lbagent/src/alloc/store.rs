@@ -4,7 +4,6 @@
 
 use std::{
     fs,
-    io::Write,
     path::{Path, PathBuf},
 };
 
@@ -35,11 +34,9 @@ impl JsonFile {
 
     pub fn save<T: Serialize>(&self, value: &T) -> Result<()> {
         let dir = self.path.parent().unwrap_or(Path::new("."));
-        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        crate::files::ensure_private_dir(dir)?;
         let tmp = self.path.with_extension("json.tmp");
-        let mut f = fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(&serde_json::to_vec_pretty(value)?)?;
-        f.sync_all()?;
+        crate::files::write_private(&tmp, &serde_json::to_vec_pretty(value)?, true)?;
         fs::rename(&tmp, &self.path).with_context(|| format!("replacing {}", self.path.display()))?;
         if let Ok(d) = fs::File::open(dir) {
             let _ = d.sync_all();

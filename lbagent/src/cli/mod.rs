@@ -26,6 +26,17 @@ pub struct Cli {
     pub cmd: Command,
 }
 
+/// `--metrics`: an address, or `off`.
+#[derive(Clone, Copy, Debug)]
+pub struct MetricsAddr(pub Option<SocketAddr>);
+
+fn parse_metrics(s: &str) -> Result<MetricsAddr, String> {
+    if s == "off" {
+        return Ok(MetricsAddr(None));
+    }
+    s.parse().map(|a| MetricsAddr(Some(a))).map_err(|_| format!("{s:?}: expected ADDR:PORT or off"))
+}
+
 /// Flags every command shares with `run`, so several agents can run side by side.
 #[derive(Args, Clone, Debug)]
 pub struct Common {
@@ -50,9 +61,9 @@ pub enum Command {
         /// auto (tcx on Linux >= 6.6, netlink below), netlink or tcx.
         #[arg(long, default_value = "auto")]
         attach: AttachMode,
-        /// Prometheus metrics address.
-        #[arg(long, default_value = "127.0.0.1:9477")]
-        metrics: SocketAddr,
+        /// Prometheus metrics address, or `off` for no metrics endpoint.
+        #[arg(long, default_value = "127.0.0.1:9477", value_parser = parse_metrics)]
+        metrics: MetricsAddr,
         /// Seconds between repair passes that re-ensure every object.
         #[arg(long, default_value_t = 11)]
         repair_interval: u64,
@@ -111,7 +122,7 @@ pub fn main() -> Result<()> {
                 state_dir: common.state_dir,
                 bpffs: common.bpffs,
                 attach,
-                metrics: Some(metrics),
+                metrics: metrics.0,
                 api_socket: common.api_socket,
                 repair_interval: Duration::from_secs(repair_interval.max(1)),
                 conntrack_max,

@@ -1,9 +1,15 @@
 //! The unix-socket API: a client writes one request line, the daemon answers
 //! with one JSON document and closes. Requests: `status`.
+//!
+//! Only root or the daemon's own user may ask: the socket is 0600 in a
+//! directory that is the daemon's and not writable by others, and every
+//! connection's peer credentials are checked. A request is one line of at
+//! most `MAX_REQUEST` bytes read within `IO_TIMEOUT`; at most `MAX_CLIENTS`
+//! are served at once; accept errors back off instead of spinning.
 
 use std::{
     io::{BufRead, BufReader, Write},
-    os::unix::net::UnixStream,
+    os::unix::{fs::PermissionsExt, net::UnixStream},
     path::Path,
     sync::{Arc, Mutex},
     time::Duration,
@@ -11,44 +17,91 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader as TokioBufReader},
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader},
     net::UnixListener,
+    sync::Semaphore,
 };
 use tracing::warn;
 
 use super::status::Status;
 
+/// Longest request line read.
+pub const MAX_REQUEST: u64 = 256;
+/// Connections served at once (more wait in the backlog).
+pub const MAX_CLIENTS: usize = 16;
+/// A client has this long to send its request and take its answer.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
 pub fn bind(path: &Path) -> Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    crate::files::ensure_private_dir(dir).context("the API socket's directory")?;
     if path.exists() {
         if UnixStream::connect(path).is_ok() {
             bail!("another lbagent is serving {} (use --api-socket to run several)", path.display());
         }
         std::fs::remove_file(path)?;
     }
-    UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
+    let l = UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// Whether the peer may use the API: root, or the daemon's own user.
+fn allowed(stream: &tokio::net::UnixStream) -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    match stream.peer_cred() {
+        Ok(c) if c.uid() == 0 || c.uid() == me => Ok(()),
+        Ok(c) => Err(format!("uid {} may not use the API", c.uid())),
+        Err(e) => Err(format!("peer credentials: {e}")),
+    }
 }
 
 pub async fn serve(listener: UnixListener, status: Arc<Mutex<Status>>) {
+    let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+    let mut backoff = Duration::from_millis(10);
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let stream = match listener.accept().await {
+            Ok((s, _)) => {
+                backoff = Duration::from_millis(10);
+                s
+            }
+            Err(e) => {
+                // EMFILE and friends: wait instead of spinning on the error.
+                warn!("api accept: {e}; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
         let status = status.clone();
         tokio::spawn(async move {
-            let (r, mut w) = stream.into_split();
-            let mut line = String::new();
-            if TokioBufReader::new(r).read_line(&mut line).await.is_err() {
-                return;
-            }
-            let reply = match line.trim() {
-                "status" => status.lock().unwrap().document.to_string(),
-                other => serde_json::json!({"error": format!("unknown request {other:?}")}).to_string(),
-            };
-            if let Err(e) = w.write_all(format!("{reply}\n").as_bytes()).await {
-                warn!("api reply: {e}");
-            }
+            let _permit = permit;
+            let _ = tokio::time::timeout(IO_TIMEOUT, answer(stream, status)).await;
         });
+    }
+}
+
+async fn answer(stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>) {
+    let refused = allowed(&stream).err();
+    let (r, mut w) = stream.into_split();
+    let mut line = String::new();
+    let reply = if let Some(why) = refused {
+        warn!("api: refused a client: {why}");
+        serde_json::json!({"error": why}).to_string()
+    } else if TokioBufReader::new(r.take(MAX_REQUEST)).read_line(&mut line).await.is_err() {
+        return;
+    } else if !line.ends_with('\n') {
+        serde_json::json!({"error": format!("a request is one line of at most {MAX_REQUEST} bytes")}).to_string()
+    } else {
+        match line.trim() {
+            "status" => status.lock().unwrap().document.to_string(),
+            other => serde_json::json!({"error": format!("unknown request {other:?}")}).to_string(),
+        }
+    };
+    if let Err(e) = w.write_all(format!("{reply}\n").as_bytes()).await {
+        warn!("api reply: {e}");
     }
 }
 
@@ -58,8 +111,17 @@ pub fn request(path: &Path, req: &str) -> Result<serde_json::Value> {
         format!("connecting to the daemon at {} (is `lbagent run` running? see --api-socket)", path.display())
     })?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    s.write_all(format!("{req}\n").as_bytes())?;
+    // A refusing daemon answers without reading the request: its answer
+    // matters more than our write error.
+    let sent = s.write_all(format!("{req}\n").as_bytes());
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
-    Ok(serde_json::from_str(&line)?)
+    if line.is_empty() {
+        sent?;
+    }
+    let v: serde_json::Value = serde_json::from_str(&line)?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        bail!("the daemon refused the request: {e}");
+    }
+    Ok(v)
 }

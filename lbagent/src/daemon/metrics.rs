@@ -4,11 +4,13 @@ use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
+    sync::Semaphore,
 };
 
 use super::status::Status;
@@ -54,18 +56,50 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
     out
 }
 
+/// Scrapes served at once (more wait in the backlog).
+pub const MAX_CLIENTS: usize = 8;
+/// A scraper has this long to send its request and take the answer.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most request bytes read (the request itself is ignored: any path).
+const MAX_REQUEST: usize = 4096;
+
+/// Serves scrapes: at most `MAX_CLIENTS` at once, each bounded by
+/// `IO_TIMEOUT`, rendered on a blocking thread (reading the maps) and never
+/// on the accept loop; accept errors back off instead of spinning.
 pub async fn serve(listener: TcpListener, bpffs: PathBuf, status: Arc<Mutex<Status>>) {
+    let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
+    let mut backoff = Duration::from_millis(10);
     loop {
-        let Ok((mut s, _)) = listener.accept().await else { continue };
-        let body = render(&bpffs, &status.lock().unwrap());
+        let Ok(permit) = slots.clone().acquire_owned().await else { return };
+        let mut s = match listener.accept().await {
+            Ok((s, _)) => {
+                backoff = Duration::from_millis(10);
+                s
+            }
+            Err(e) => {
+                tracing::warn!("metrics accept: {e}; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let (bpffs, status) = (bpffs.clone(), status.clone());
         tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let _ = s.read(&mut buf).await;
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = s.write_all(resp.as_bytes()).await;
+            let _permit = permit;
+            let _ = tokio::time::timeout(IO_TIMEOUT, async move {
+                // The request head (ignored); a client that sends nothing
+                // runs into the timeout.
+                let mut buf = vec![0u8; MAX_REQUEST];
+                let _ = s.read(&mut buf).await;
+                let snapshot = status.lock().unwrap().clone();
+                let Ok(body) = tokio::task::spawn_blocking(move || render(&bpffs, &snapshot)).await else { return };
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            })
+            .await;
         });
     }
 }

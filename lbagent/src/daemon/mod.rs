@@ -135,12 +135,21 @@ fn prober(
         if due.is_empty() {
             continue;
         }
-        let results: Vec<(health::Target, bool)> = std::thread::scope(|s| {
+        let results: Vec<(health::Target, health::Probe)> = std::thread::scope(|s| {
             let handles: Vec<_> = due.iter().map(|t| s.spawn(move || (t.clone(), health::probe(t)))).collect();
             handles.into_iter().filter_map(|h| h.join().ok()).collect()
         });
         let mut changed = false;
-        for (t, ok) in results {
+        for (t, probe) in results {
+            let ok = match probe {
+                health::Probe::Up => true,
+                health::Probe::Down => false,
+                health::Probe::LocalError(e) => {
+                    let (lb, l, b) = &t.key;
+                    warn!(object = %format!("lb/{lb}"), "listener {l} backend {b}: check could not run ({e}); state kept");
+                    continue;
+                }
+            };
             if health.lock().unwrap().observe(&t.key, ok, t.rise, t.fall) {
                 let (lb, l, b) = &t.key;
                 info!(object = %format!("lb/{lb}"), "listener {l} backend {b} ({}) is {}", t.addr, if ok { "up" } else { "down" });
@@ -154,7 +163,7 @@ fn prober(
 }
 
 pub async fn run(opts: Options) -> Result<()> {
-    std::fs::create_dir_all(&opts.state_dir).with_context(|| format!("creating {}", opts.state_dir.display()))?;
+    crate::files::ensure_private_dir(&opts.state_dir).context("--state-dir")?;
     let nofile = crate::dataplane::loader::raise_nofile();
     tracing::debug!("open file limit {nofile}");
     // Load the object once up front: it creates or reuses (after checking)

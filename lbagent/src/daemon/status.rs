@@ -12,7 +12,7 @@ use crate::{
     state::Problems,
 };
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Status {
     pub state_file: String,
     /// Applies done since start.

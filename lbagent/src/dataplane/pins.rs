@@ -21,7 +21,9 @@ pub fn links_dir(root: &Path) -> PathBuf {
     versioned_dir(root).join("links")
 }
 
-/// Mounts bpffs at /sys/fs/bpf when `root` is not on a bpffs, then creates `root`.
+/// Mounts bpffs at /sys/fs/bpf (mode 0700) when `root` is not on a bpffs,
+/// then creates `root` (mode 0700) and checks that it is the agent's and
+/// writable by nobody else: whoever can write the pins steers the dataplane.
 pub fn ensure_bpffs(root: &Path) -> Result<()> {
     let probe = root.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
     if !is_bpffs(probe)? {
@@ -34,10 +36,11 @@ pub fn ensure_bpffs(root: &Path) -> Result<()> {
         }
         if !is_bpffs(mnt)? {
             fs::create_dir_all(mnt)?;
-            nix::mount::mount(Some("bpffs"), mnt, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
+            nix::mount::mount(Some("bpffs"), mnt, Some("bpf"), nix::mount::MsFlags::empty(), Some("mode=0700"))
                 .context("mounting bpffs at /sys/fs/bpf")?;
         }
     }
+    crate::files::ensure_private_dir(root).context("--bpffs")?;
     fs::create_dir_all(links_dir(root)).with_context(|| format!("creating {}", root.display()))?;
     Ok(())
 }

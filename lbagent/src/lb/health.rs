@@ -122,26 +122,72 @@ pub fn targets(applied: &Applied) -> Vec<Target> {
     out
 }
 
-/// Runs one check from inside the load balancer's namespace.
-pub fn probe(t: &Target) -> bool {
-    let t = t.clone();
-    netns::run_in(Some(&t.netns.clone()), move || Ok(check(&t))).unwrap_or(false)
+/// What one check found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probe {
+    Up,
+    Down,
+    /// The check could not run here (namespace, sockets, local ports or
+    /// memory): says nothing about the backend, which keeps its state.
+    LocalError(String),
 }
 
-fn check(t: &Target) -> bool {
+/// Errors that are the prober's own, not the backend's answer.
+fn local(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::EADDRNOTAVAIL
+                | libc::EADDRINUSE
+                | libc::EACCES
+                | libc::EPERM
+                | libc::EAFNOSUPPORT
+                | libc::EINVAL
+        )
+    )
+}
+
+fn verdict(r: std::io::Result<bool>) -> Probe {
+    match r {
+        Ok(true) => Probe::Up,
+        Ok(false) => Probe::Down,
+        Err(e) if local(&e) => Probe::LocalError(e.to_string()),
+        Err(_) => Probe::Down,
+    }
+}
+
+/// Runs one check from inside the load balancer's namespace.
+pub fn probe(t: &Target) -> Probe {
+    let t = t.clone();
+    match netns::run_in(Some(&t.netns.clone()), move || Ok(check(&t))) {
+        Ok(p) => p,
+        Err(e) => Probe::LocalError(format!("entering the load balancer's namespace: {e:#}")),
+    }
+}
+
+fn check(t: &Target) -> Probe {
     match t.kind {
-        HealthCheckType::Tcp => TcpStream::connect_timeout(&t.addr, t.timeout).is_ok(),
-        HealthCheckType::Http => http(t).unwrap_or(false),
-        HealthCheckType::Udp => udp(t),
+        HealthCheckType::Tcp => verdict(TcpStream::connect_timeout(&t.addr, t.timeout).map(|_| true)),
+        HealthCheckType::Http => verdict(http(t)),
+        HealthCheckType::Udp => verdict(udp(t)),
     }
 }
 
 fn http(t: &Target) -> std::io::Result<bool> {
     let mut s = TcpStream::connect_timeout(&t.addr, t.timeout)?;
     s.set_read_timeout(Some(t.timeout))?;
-    s.write_all(format!("GET {} HTTP/1.0\r\nHost: {}\r\n\r\n", t.path, t.addr.ip()).as_bytes())?;
-    let mut head = [0u8; 12];
-    s.read_exact(&mut head)?;
+    // Once connected, any failure to get a good answer is the backend's.
+    let answer = (|| {
+        s.write_all(format!("GET {} HTTP/1.0\r\nHost: {}\r\n\r\n", t.path, t.addr.ip()).as_bytes())?;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head)?;
+        Ok::<_, std::io::Error>(head)
+    })();
+    let Ok(head) = answer else { return Ok(false) };
     let status: u16 = std::str::from_utf8(&head[9..12]).ok().and_then(|x| x.parse().ok()).unwrap_or(0);
     Ok(match t.expect_status {
         Some(want) => status == want,
@@ -151,14 +197,13 @@ fn http(t: &Target) -> std::io::Result<bool> {
 
 /// UDP has no handshake: an ICMP port unreachable (ECONNREFUSED) means down;
 /// an answer or silence means up.
-fn udp(t: &Target) -> bool {
-    let Ok(s) = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)) else { return false };
-    if s.connect(t.addr).is_err() || s.set_read_timeout(Some(t.timeout)).is_err() || s.send(b"lbagent-health").is_err()
-    {
-        return false;
-    }
+fn udp(t: &Target) -> std::io::Result<bool> {
+    let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    s.connect(t.addr)?;
+    s.set_read_timeout(Some(t.timeout))?;
+    s.send(b"lbagent-health")?;
     let mut buf = [0u8; 64];
-    !matches!(s.recv(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
+    Ok(!matches!(s.recv(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused))
 }
 
 /// Schedules checks at each target's interval.

@@ -15,16 +15,19 @@ use std::{
     hash::{DefaultHasher, Hash, Hasher},
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::fs::{DirBuilderExt, OpenOptionsExt},
+        unix::fs::DirBuilderExt,
     },
-    path::{Path, PathBuf},
+    path::PathBuf,
     time::Duration,
 };
 
 use anyhow::{Context, Result, anyhow, bail};
 
 use super::config::{Rendered, section_of};
-use crate::tools;
+use crate::{
+    files::{ensure_private_dir, write_private},
+    tools,
+};
 
 /// What `Haproxy::apply` did.
 #[derive(Debug, Default)]
@@ -65,21 +68,6 @@ fn hash(text: &str) -> u64 {
     h.finish()
 }
 
-/// Writes `text` to `path` with mode 0600, not following a symlink there.
-pub fn write_private(path: &Path, text: &str) -> Result<()> {
-    use std::io::Write;
-    let _ = fs::remove_file(path);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(text.as_bytes())?;
-    Ok(())
-}
-
 impl Haproxy {
     pub fn new(dir: PathBuf) -> Self {
         Haproxy { dir, loaded: Cell::new(None) }
@@ -95,10 +83,10 @@ impl Haproxy {
     }
 
     fn ensure_dirs(&self) -> Result<()> {
-        for (d, mode) in [(&self.dir, 0o700), (&self.chroot_dir(), 0o555)] {
-            if !d.is_dir() {
-                fs::DirBuilder::new().recursive(true).mode(mode).create(d)?;
-            }
+        ensure_private_dir(&self.dir)?;
+        let empty = self.chroot_dir();
+        if !empty.is_dir() {
+            fs::DirBuilder::new().mode(0o555).create(&empty)?;
         }
         Ok(())
     }
@@ -145,7 +133,7 @@ impl Haproxy {
     /// `haproxy -c` on `text`; the error is haproxy's own message.
     fn check(&self, text: &str) -> Result<(), String> {
         let candidate = self.dir.join("haproxy.cfg.check");
-        write_private(&candidate, text).map_err(|e| format!("{e:#}"))?;
+        write_private(&candidate, text.as_bytes(), false).map_err(|e| format!("{e:#}"))?;
         let out = tools::command(tools::HAPROXY)
             .map_err(|e| format!("{e:#}"))?
             .args(["-c", "-f"])
@@ -219,7 +207,7 @@ impl Haproxy {
         }
         let path = self.config_path();
         let candidate = self.dir.join("haproxy.cfg.new");
-        write_private(&candidate, &text)?;
+        write_private(&candidate, text.as_bytes(), false)?;
         fs::rename(&candidate, &path)?;
         outcome.action = Some(match running {
             Some(m) => {

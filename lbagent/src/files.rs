@@ -1,0 +1,94 @@
+//! Files and directories the agent owns (state dir, haproxy's dir, the API
+//! socket's dir): created private (0700 / 0600), written without following
+//! symlinks, and refused when someone else could write them — whoever can
+//! write the agent's directories can steer a root process.
+
+use std::{
+    fs,
+    io::Write,
+    os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt},
+    path::Path,
+};
+
+use anyhow::{Context, Result, bail};
+
+/// Checks that `dir` is a real directory (not a symlink) of this agent's
+/// user or root that no other user can write.
+pub fn check_private_dir(dir: &Path) -> Result<()> {
+    let m = fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() {
+        bail!("{} is not a directory", dir.display());
+    }
+    if m.uid() != me && m.uid() != 0 {
+        bail!("{} is owned by uid {}, not by this agent (uid {me}) or root", dir.display(), m.uid());
+    }
+    if m.mode() & 0o022 != 0 {
+        bail!("{} is writable by other users (mode {:o}); use a private directory", dir.display(), m.mode() & 0o7777);
+    }
+    Ok(())
+}
+
+/// Creates `dir` (mode 0700, parents as needed) unless it exists, then
+/// checks it with `check_private_dir`.
+pub fn ensure_private_dir(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    check_private_dir(dir)
+}
+
+/// Writes `bytes` to a new file `path` with mode 0600, not following a
+/// symlink planted there (a leftover file of that name is replaced).
+pub fn write_private(path: &Path, bytes: &[u8], sync: bool) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("removing {}", path.display()));
+        }
+        _ => {}
+    }
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    f.write_all(bytes)?;
+    if sync {
+        f.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn private_files_replace_planted_symlinks_and_dirs_must_be_private() {
+        let dir = std::env::temp_dir().join(format!("lbagent-files-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        ensure_private_dir(&dir.join("sd")).unwrap();
+        assert_eq!(fs::metadata(dir.join("sd")).unwrap().permissions().mode() & 0o777, 0o700);
+        let victim = dir.join("victim");
+        fs::write(&victim, "keep").unwrap();
+        let planted = dir.join("sd/state.json.tmp");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        write_private(&planted, b"new", false).unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "keep", "the symlink was followed");
+        assert_eq!(fs::symlink_metadata(&planted).unwrap().permissions().mode() & 0o777, 0o600);
+        let open = dir.join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(check_private_dir(&open).unwrap_err().to_string().contains("writable by other users"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -66,6 +66,33 @@ pub fn write_private(path: &Path, bytes: &[u8], sync: bool) -> Result<()> {
     Ok(())
 }
 
+/// An exclusive advisory lock (flock) on a file or directory, held until
+/// dropped (or the process dies: a kill -9 frees it).
+pub struct Lock {
+    _f: fs::File,
+}
+
+/// Takes the lock on `path` (a directory, or a file created 0600) without
+/// waiting; `what` names it in the error when another process holds it.
+pub fn lock(path: &Path, what: &str) -> Result<Lock> {
+    let f = if path.is_dir() {
+        fs::File::open(path)
+    } else {
+        fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)
+    }
+    .with_context(|| format!("opening {}", path.display()))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            bail!("another lbagent is using {what} {} (one agent per state dir and bpffs)", path.display());
+        }
+        return Err(e).with_context(|| format!("locking {}", path.display()));
+    }
+    Ok(Lock { _f: f })
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;

@@ -447,6 +447,20 @@ load_balancers:
     let mut daemon = env.start();
     let sock = env.dir.join("api.sock");
 
+    // One agent per state dir and per bpffs: a second one is refused.
+    for (state_dir, what) in [(env.dir.join("sd"), "state dir"), (env.dir.join("sd2"), "bpffs")] {
+        let out = Command::new("timeout")
+            .arg("10")
+            .arg(lbagent_bin())
+            .args(["run", "--state", env.state().to_str().unwrap(), "--metrics", "off"])
+            .args(["--state-dir", state_dir.to_str().unwrap(), "--bpffs", env.bpffs.to_str().unwrap()])
+            .args(["--api-socket", env.dir.join("api2.sock").to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(1) && err.contains(&format!("another lbagent is using {what}")), "{out:?}");
+    }
+
     // The socket is 0600; another user cannot connect, and even through a
     // socket opened up by mistake the peer credentials refuse it.
     assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, 0o600);

@@ -458,3 +458,45 @@ fn haproxy_is_confined_isolated_and_identified() {
     // SAFETY: signals the test's own haproxy master group.
     unsafe { libc::kill(-master, libc::SIGTERM) };
 }
+
+/// ovsdb frozen (SIGSTOP, as a hung or overloaded ovsdb-server): a pass
+/// still updates the rules — a removed backend gets no new flows — within
+/// one ovs-vsctl timeout, reports the OVS failure, and recovers after.
+#[test]
+fn an_ovsdb_outage_does_not_freeze_rule_updates() {
+    let Some(mut b) = lb_bed() else { return };
+    b.apply(&b.state3(G1, G3, true));
+    let client = b.client.ns.name.clone();
+    let vip = at("10.30.0.5", 9000);
+    let tags = |n: usize| -> HashSet<String> {
+        (0..n).map(|_| tag_and_ip(&ask_tcp(&client, vip).unwrap()).0).collect()
+    };
+    assert_eq!(tags(16), HashSet::from(["h21".to_string(), "h22".to_string()]));
+
+    struct Frozen(i32);
+    impl Drop for Frozen {
+        fn drop(&mut self) {
+            // SAFETY: resumes the ovsdb-server this test stopped.
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    let pid: i32 = std::fs::read_to_string("/var/run/openvswitch/ovsdb-server.pid").unwrap().trim().parse().unwrap();
+    // SAFETY: stops ovsdb-server; `Frozen` resumes it even if the test fails.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let frozen = Frozen(pid);
+
+    let only_r1 = "          - {id: r1, address: 10.30.0.21, port: 9000}\n";
+    let s = lbagent::state::load_str(&b.state3(G1, only_r1, true), lbagent::state::Format::Yaml).unwrap();
+    let t = std::time::Instant::now();
+    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), true);
+    let took = t.elapsed();
+    assert!(took < std::time::Duration::from_secs(15), "the pass took {took:?}");
+    assert!(report.errors.iter().any(|(_, e)| e.contains("ovsdb unavailable")), "{:?}", report.errors);
+    assert_eq!(tags(16), HashSet::from(["h21".to_string()]), "the removed backend still gets new flows");
+
+    drop(frozen);
+    std::thread::sleep(lbagent::plumbing::ovs::OUTAGE_BACKOFF);
+    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), true);
+    assert!(report.ok(), "{:?}", report.errors);
+    assert_eq!(tags(8), HashSet::from(["h21".to_string()]));
+}

@@ -164,6 +164,8 @@ fn prober(
 
 pub async fn run(opts: Options) -> Result<()> {
     crate::files::ensure_private_dir(&opts.state_dir).context("--state-dir")?;
+    crate::dataplane::pins::ensure_bpffs(&opts.bpffs)?;
+    let _locks = locks(&opts.state_dir, &opts.bpffs)?;
     let nofile = crate::dataplane::loader::raise_nofile();
     tracing::debug!("open file limit {nofile}");
     // Load the object once up front: it creates or reuses (after checking)
@@ -249,6 +251,20 @@ pub async fn run(opts: Options) -> Result<()> {
     Ok(())
 }
 
+/// The locks that keep one agent per state dir and per bpffs root (both:
+/// two agents sharing either would fight over allocations or pins).
+/// Missing directories need no lock (nothing to share yet).
+fn locks(state_dir: &Path, bpffs: &Path) -> Result<Vec<crate::files::Lock>> {
+    let mut out = Vec::new();
+    if state_dir.is_dir() {
+        out.push(crate::files::lock(&state_dir.join("agent.lock"), "state dir")?);
+    }
+    if bpffs.is_dir() {
+        out.push(crate::files::lock(bpffs, "bpffs")?);
+    }
+    Ok(out)
+}
+
 /// `lbagent teardown`: removes every object the agent created, the pins and
 /// the persisted allocations. Refused while a daemon serves `api_socket`.
 pub fn teardown(state_dir: &Path, bpffs: &Path, api_socket: &Path) -> Result<()> {
@@ -256,6 +272,7 @@ pub fn teardown(state_dir: &Path, bpffs: &Path, api_socket: &Path) -> Result<()>
     if std::os::unix::net::UnixStream::connect(api_socket).is_ok() {
         anyhow::bail!("a daemon is running on {}; stop it first", api_socket.display());
     }
+    let _locks = locks(state_dir, bpffs).context("a daemon is running; stop it first")?;
     let mut r = Reconciler::open(Host::new(bpffs_buf, AttachMode::Auto, state_dir), state_dir)?;
     let report = r.teardown();
     for c in &report.changes {

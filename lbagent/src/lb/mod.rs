@@ -37,7 +37,7 @@ pub fn ensure(
     changes.extend(added.iter().map(|b| format!("backend {b}: mapped port {}", a.ports[b])));
     changes.extend(released.iter().map(|b| format!("backend {b}: mapped port released")));
 
-    let (ovn, proxy) = plumb::ensure(lb, &a, bridge, &mut changes).context("plumbing")?;
+    let plumb::Plumbed { ovn, proxy, ovs } = plumb::ensure(lb, &a, bridge, &mut changes).context("plumbing")?;
     let ns = naming::lb_netns(&lb.id);
     let (o0, _) = naming::lb_ovn_veth(&lb.id);
     let (h0, _) = naming::lb_host_veth(&lb.id);
@@ -53,6 +53,9 @@ pub fn ensure(
         t.forget_rule_stats(&released)?;
         changes.push(format!("released {} rule ids", released.len()));
     }
+    // Last: an OVS outage must not hold back rule updates (health-driven
+    // backend removal above all).
+    ovs.context("OVS port (the rules were updated)")?;
     Ok(changes)
 }
 

@@ -24,8 +24,16 @@ use crate::{
 
 pub const LINKLOCAL_LEN: u8 = 16;
 
-/// Returns (ifindex of `o…0`, ifindex of `h…0`) in the namespace.
-pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<String>) -> Result<(u32, u32)> {
+/// What `ensure` made: ifindexes of `o…0` and `h…0` in the namespace, and
+/// the outcome of the OVS port — kept apart so an OVS outage is reported
+/// after the rules are synced, not before.
+pub struct Plumbed {
+    pub ovn: u32,
+    pub proxy: u32,
+    pub ovs: Result<()>,
+}
+
+pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<String>) -> Result<Plumbed> {
     let ns = naming::lb_netns(&lb.id);
     if netns::create(&ns)? {
         changes.push(format!("created namespace {ns}"));
@@ -35,9 +43,7 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
     let owner = naming::link_owner_alias(&naming::lb_zone_key(&lb.id));
     veth::ensure_pair(&ns, &o1, &o0, None, &owner, changes)?;
     veth::ensure_pair(&ns, &h1, &h0, None, &owner, changes)?;
-    if ovs::ensure_port(bridge, &o1, &naming::lb_iface_id(&lb.id))? {
-        changes.push(format!("{o1} on OVS bridge {bridge} as {}", naming::lb_iface_id(&lb.id)));
-    }
+    let ovs = ensure_ovs(lb, bridge, changes);
     // Host side: h…1 carries outer/16 without a prefix route, plus inner/32.
     let (inner, outer) = (a.inner, a.outer);
     let host_changes = netns::run_in(None, || {
@@ -101,7 +107,16 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
         Ok((ch, oi, hi))
     })?;
     changes.extend(inside.0);
-    Ok((inside.1, inside.2))
+    Ok(Plumbed { ovn: inside.1, proxy: inside.2, ovs })
+}
+
+/// `o…1` on the integration bridge with the load balancer's `iface-id`.
+pub fn ensure_ovs(lb: &LoadBalancer, bridge: &str, changes: &mut Vec<String>) -> Result<()> {
+    let (_, o1) = naming::lb_ovn_veth(&lb.id);
+    if ovs::ensure_port(bridge, &o1, &naming::lb_iface_id(&lb.id))? {
+        changes.push(format!("{o1} on OVS bridge {bridge} as {}", naming::lb_iface_id(&lb.id)));
+    }
+    Ok(())
 }
 
 /// Removes the namespace (its veths and their host ends go with it) and the

@@ -5,7 +5,7 @@
 pub mod plumb;
 pub mod rules;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::{alloc::Allocations, dataplane::engine::Engine, naming, state::model::NatGateway};
 
@@ -18,7 +18,7 @@ pub fn ensure(
 ) -> Result<Vec<String>> {
     let mut changes = Vec::new();
     let zone = alloc.zone(&naming::gw_zone_key(&gw.name))?;
-    let (lan, ext) = plumb::ensure(gw, bridge, &mut changes)?;
+    let plumb::Plumbed { lan, ext, bridges } = plumb::ensure(gw, bridge, &mut changes)?;
     let ns = naming::gw_netns(&gw.name);
     engine.attach(zone, &ns, plumb::LAN_IF)?;
     engine.attach(zone, &ns, plumb::EXT_IF)?;
@@ -41,6 +41,8 @@ pub fn ensure(
         t.forget_rule_stats(&released)?;
         changes.push(format!("released {} rule ids", released.len()));
     }
+    // Last: an OVS outage must not hold back rule updates.
+    bridges.context("bridge ports (the rules were updated)")?;
     Ok(changes)
 }
 

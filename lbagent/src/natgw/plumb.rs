@@ -23,9 +23,17 @@ use crate::{
 pub const LAN_IF: &str = "eth0";
 pub const EXT_IF: &str = "net1";
 
-/// Ensures everything below the engine; returns the gateway's interface
-/// indexes in its namespace (lan, ext).
-pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<String>) -> Result<(u32, u32)> {
+/// What `ensure` made: the gateway's interface indexes in its namespace,
+/// and the outcome of putting the host ends on their bridges — kept apart
+/// so an OVS outage is reported after the rules are synced, not before.
+pub struct Plumbed {
+    pub lan: u32,
+    pub ext: u32,
+    pub bridges: Result<()>,
+}
+
+/// Ensures everything below the engine.
+pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<String>) -> Result<Plumbed> {
     let ns = naming::gw_netns(&gw.name);
     if netns::create(&ns)? {
         changes.push(format!("created namespace {ns}"));
@@ -44,23 +52,8 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
         }
         Ok(())
     })?;
-    if ovs::ensure_port(integration_bridge, &lan_host, &naming::gw_lan_iface_id(&gw.name))? {
-        changes.push(format!("{lan_host} on OVS bridge {integration_bridge}"));
-    }
-    let ext_br = &gw.external.bridge;
-    if ovs::bridge_exists(ext_br) {
-        if ovs::ensure_port(ext_br, &ext_host, &naming::gw_ext_iface_id(&gw.name))? {
-            changes.push(format!("{ext_host} on OVS bridge {ext_br}"));
-        }
-    } else if std::path::Path::new(&format!("/sys/class/net/{ext_br}/bridge")).exists() {
-        netns::run_in(None, || {
-            let nl = Nl::new()?;
-            nl.set_master(nl.must_index(&ext_host)?, nl.must_index(ext_br)?)
-        })?;
-    } else {
-        bail!("external.bridge {ext_br}: no such OVS or Linux bridge");
-    }
-
+    // Before the addresses: a gratuitous ARP must find the port bridged.
+    let bridges = ensure_bridges(gw, integration_bridge, changes);
     let lan_ip = parse_ip(&gw.lan.ip).map_err(anyhow::Error::msg)?;
     let lan_mac = parse_mac(&gw.lan.mac).map_err(anyhow::Error::msg)?;
     let ext_gw = parse_ip(&gw.external.gateway).map_err(anyhow::Error::msg)?;
@@ -137,7 +130,31 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
         Ok((ch, lan, ext))
     })?;
     changes.extend(inner.0);
-    Ok((inner.1, inner.2))
+    Ok(Plumbed { lan: inner.1, ext: inner.2, bridges })
+}
+
+/// The host ends on their bridges: `eth0`'s on the integration bridge,
+/// `net1`'s on the external OVS or Linux bridge.
+pub fn ensure_bridges(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<String>) -> Result<()> {
+    let (lan_host, ext_host) = naming::gw_host_veths(&gw.name);
+    if ovs::ensure_port(integration_bridge, &lan_host, &naming::gw_lan_iface_id(&gw.name))? {
+        changes.push(format!("{lan_host} on OVS bridge {integration_bridge}"));
+    }
+    let ext_br = &gw.external.bridge;
+    if ovs::bridge_exists(ext_br)? {
+        if ovs::ensure_port(ext_br, &ext_host, &naming::gw_ext_iface_id(&gw.name))? {
+            changes.push(format!("{ext_host} on OVS bridge {ext_br}"));
+        }
+    } else if std::path::Path::new(&format!("/sys/class/net/{ext_br}/bridge")).exists() {
+        netns::run_in(None, || {
+            let nl = Nl::new()?;
+            nl.set_master(nl.must_index(&ext_host)?, nl.must_index(ext_br)?)
+        })?;
+    } else {
+        bail!("external.bridge {ext_br}: no such OVS or Linux bridge");
+    }
+
+    Ok(())
 }
 
 /// Removes the namespace (its veths and their host ends go with it) and the

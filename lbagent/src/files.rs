@@ -78,7 +78,13 @@ pub fn lock(path: &Path, what: &str) -> Result<Lock> {
     let f = if path.is_dir() {
         fs::File::open(path)
     } else {
-        fs::OpenOptions::new().write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW).open(path)
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
     }
     .with_context(|| format!("opening {}", path.display()))?;
     use std::os::fd::AsRawFd;

@@ -468,9 +468,8 @@ fn an_ovsdb_outage_does_not_freeze_rule_updates() {
     b.apply(&b.state3(G1, G3, true));
     let client = b.client.ns.name.clone();
     let vip = at("10.30.0.5", 9000);
-    let tags = |n: usize| -> HashSet<String> {
-        (0..n).map(|_| tag_and_ip(&ask_tcp(&client, vip).unwrap()).0).collect()
-    };
+    let tags =
+        |n: usize| -> HashSet<String> { (0..n).map(|_| tag_and_ip(&ask_tcp(&client, vip).unwrap()).0).collect() };
     assert_eq!(tags(16), HashSet::from(["h21".to_string(), "h22".to_string()]));
 
     struct Frozen(i32);
@@ -499,4 +498,39 @@ fn an_ovsdb_outage_does_not_freeze_rule_updates() {
     let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), true);
     assert!(report.ok(), "{:?}", report.errors);
     assert_eq!(tags(8), HashSet::from(["h21".to_string()]));
+}
+
+/// Someone deletes the whole pin directory under the running agent: the
+/// next pass re-pins the maps the running programs hold (flows and rules
+/// kept, no second set of maps), re-attaches, and an established direct
+/// connection carries on with its backend.
+#[test]
+fn a_deleted_pin_directory_is_repaired_without_splitting_maps() {
+    let Some(mut b) = lb_bed() else { return };
+    let state = b.state3(G1, G3, true);
+    b.apply(&state);
+    let client = b.client.ns.name.clone();
+    let conn = OpenConn::open(&client, at("10.30.0.5", 9000)).unwrap();
+    let first = tag_and_ip(&conn.ping("1").unwrap());
+    let flows = b.bed.reconciler.realizer.engine.tables().unwrap().conntrack().unwrap().len();
+    assert!(flows >= 2, "{flows}");
+
+    let root = b.bed.reconciler.realizer.engine.bpffs.clone();
+    let dir = lbagent::dataplane::pins::versioned_dir(&root);
+    let ct_id = |p: &std::path::Path| aya::maps::MapData::from_pin(p).unwrap().info().unwrap().id();
+    let ct_before = ct_id(&dir.join(lbagent_common::MAP_CT));
+    sh(&["rm", "-rf", dir.to_str().unwrap()]).unwrap();
+
+    let s = lbagent::state::load_str(&state, lbagent::state::Format::Yaml).unwrap();
+    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), true);
+    assert!(report.ok(), "{:?}", report.errors);
+    assert_eq!(ct_id(&dir.join(lbagent_common::MAP_CT)), ct_before, "a new conntrack map replaced the running one");
+    assert!(b.bed.reconciler.realizer.engine.tables().unwrap().conntrack().unwrap().len() >= flows);
+    assert_eq!(tag_and_ip(&conn.ping("2").unwrap()), first, "the established flow lost its backend");
+    // Rule changes reach the running programs: the removed backend gets no new flows.
+    let only_r1 = "          - {id: r1, address: 10.30.0.21, port: 9000}\n";
+    b.apply(&b.state3(G1, only_r1, true));
+    for _ in 0..8 {
+        assert_eq!(tag_and_ip(&ask_tcp(&client, at("10.30.0.5", 9000)).unwrap()).0, "h21");
+    }
 }

@@ -58,6 +58,43 @@ impl Engine {
         self.rules = None;
     }
 
+    /// Repairs a pin directory deleted under the running agent. The loaded
+    /// programs still hold the maps (every flow, every rule); the next load
+    /// would otherwise create fresh, empty maps that the running programs
+    /// never see — rules and flows split between two sets of maps. So the
+    /// maps are re-pinned from a loaded program (their kernel names are the
+    /// pin names); the links the deletion detached are re-attached by the
+    /// repair pass with the same programs. Returns the re-pinned maps.
+    pub fn repair_pins(&mut self) -> Result<Vec<String>> {
+        let dir = pins::versioned_dir(&self.bpffs);
+        if dir.join(lbagent_common::MAP_CT).exists() || self.programs.is_empty() {
+            return Ok(vec![]);
+        }
+        pins::ensure_bpffs(&self.bpffs)?;
+        let prog = self.programs.values_mut().next().expect("checked non-empty");
+        let mut ids = Vec::new();
+        for direction in Direction::BOTH {
+            ids.extend(prog.program_for(direction).info()?.map_ids()?.unwrap_or_default());
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let mut repinned = Vec::new();
+        for id in ids {
+            let map = aya::maps::MapData::from_id(id)?;
+            let Some(name) = map.info()?.name_as_str().map(str::to_string) else { continue };
+            if lbagent_common::ALL_MAPS.contains(&name.as_str()) && !dir.join(&name).exists() {
+                map.pin(dir.join(&name))?;
+                repinned.push(name);
+            }
+        }
+        if !dir.join(lbagent_common::MAP_META).exists() {
+            // No program uses `meta` (a layout marker only): a new one.
+            ZoneProgram::load_sized(&self.bpffs, 0, self.ct_max)?;
+        }
+        repinned.sort();
+        Ok(repinned)
+    }
+
     fn zone_rules(&mut self, t: &Tables) -> Result<&mut ZoneRules> {
         if self.rules.is_none() {
             self.rules = Some(ZoneRules::read(t)?);

@@ -79,6 +79,17 @@ impl Realizer for Host {
     fn configure(&mut self, agent: &AgentConfig) {
         self.bridge = agent.integration_bridge.clone();
         self.engine.begin_pass();
+        match self.engine.repair_pins() {
+            Ok(maps) if !maps.is_empty() => {
+                tracing::warn!(
+                    object = "agent",
+                    "pin directory was deleted; re-pinned maps from the running programs: {}",
+                    maps.join(", ")
+                );
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(object = "agent", "repairing the pin directory: {e:#}"),
+        }
         let want = agent.conntrack.nat_config();
         let pinned = crate::dataplane::pins::versioned_dir(&self.engine.bpffs).join(lbagent_common::MAP_CT).exists();
         if !pinned && want == lbagent_common::NatConfig::default() {

@@ -12,8 +12,10 @@
 #![no_std]
 
 pub mod maps;
+pub mod qos;
 
 pub use maps::*;
+pub use qos::*;
 
 /// Version of the pinned map layout; pins live under `<bpffs>/v<LAYOUT_VERSION>/`.
 pub const LAYOUT_VERSION: u32 = 2;

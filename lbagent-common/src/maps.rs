@@ -31,7 +31,7 @@ pub const MAP_NAT_CONFIG: &str = "nat_config";
 pub const MAP_COUNTERS: &str = "counters";
 pub const MAP_META: &str = "meta";
 pub const MAP_RULE_STATS: &str = "rule_stats";
-pub const ALL_MAPS: [&str; 11] = [
+pub const ALL_MAPS: [&str; 17] = [
     MAP_CT,
     MAP_CT_NEW,
     MAP_FRAGS,
@@ -43,6 +43,12 @@ pub const ALL_MAPS: [&str; 11] = [
     MAP_COUNTERS,
     MAP_RULE_STATS,
     MAP_META,
+    crate::qos::MAP_QOS_ZONES,
+    crate::qos::MAP_QOS_HOOKS,
+    crate::qos::MAP_QOS_EIPS,
+    crate::qos::MAP_QOS_CONFIG,
+    crate::qos::MAP_QOS_STATE,
+    crate::qos::MAP_QOS_STATS,
 ];
 
 /// Default sizes (`max_entries`). `ct` holds established flows, `ct_new`

@@ -26,11 +26,12 @@ use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
 use lbagent_common::*;
 
 use crate::{
-    TC_ACT_OK,
+    TC_ACT_OK, TC_ACT_SHOT,
     conntrack::{self, Lookup, NewFlow},
     counters::count,
     icmp_error::{self, Side, rewrite_error},
     parse::{Embedded, Frag, Kind, Packet, Parsed, TCP_SYN, parse},
+    qos,
     rewrite::rewrite,
     route,
     verdict::verdict,
@@ -44,10 +45,24 @@ const LOOPBACK_IFINDEX: u32 = 1;
 
 #[inline(always)]
 pub fn process(ctx: &TcContext) -> i32 {
+    // QoS first, on the packet as it leaves (an EIP after SNAT).
     match parse(ctx, zone()) {
-        Ok(Parsed::IcmpError(p, e)) if p.ifindex == LOOPBACK_IFINDEX => looped_error(ctx, &p, &e),
-        Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e, Side::Egress),
-        Ok(Parsed::Flow(p)) if p.frag == Frag::None && from_socket(ctx) => own_connection(ctx, &p),
+        Ok(Parsed::IcmpError(p, e)) => {
+            if qos::police(ctx, &p, QOS_EGRESS) {
+                return TC_ACT_SHOT;
+            }
+            if p.ifindex == LOOPBACK_IFINDEX {
+                looped_error(ctx, &p, &e)
+            } else {
+                icmp_error::translate(ctx, &p, &e, Side::Egress)
+            }
+        }
+        Ok(Parsed::Flow(p)) => {
+            if qos::police(ctx, &p, QOS_EGRESS) {
+                return TC_ACT_SHOT;
+            }
+            if p.frag == Frag::None && from_socket(ctx) { own_connection(ctx, &p) } else { TC_ACT_OK }
+        }
         _ => TC_ACT_OK,
     }
 }

@@ -11,6 +11,10 @@
 //!         → miss → `rules` (DNAT, SNAT) → `conntrack::create` → `rewrite`
 #![no_std]
 #![no_main]
+// The BPF target has no 64-bit `fetch_add` in core; QoS uses the intrinsic
+// whose unused result lowers to the 5.10 atomic add (see qos.rs).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 // aya's `#[classifier]` entry point takes the kernel's `*mut __sk_buff`; the
 // lint fires on that generated function and cannot be silenced on it alone.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
@@ -23,6 +27,7 @@ mod icmp_error;
 mod maps;
 mod nat;
 mod parse;
+mod qos;
 mod rewrite;
 mod route;
 mod rules;

@@ -2,7 +2,7 @@
 //! `lbagent_common::maps`; every map is pinned by name.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap},
     macros::btf_map,
 };
 use lbagent_common::*;
@@ -53,3 +53,28 @@ pub static RULE_STATS: LruPerCpuHashMap<u32, RuleStats, { RULE_STATS_MAX as usiz
 /// Layout version of the pins (checked by the agent, unused by the program).
 #[btf_map(name = "meta", pin_by_name)]
 pub static META: Array<Meta, 1> = Array::new();
+
+/// QoS: zones with any rules (index = zone; 0 = none).
+#[btf_map(name = "qos_zones", pin_by_name)]
+pub static QOS_ZONES: Array<u32, { QOS_ZONES_MAX as usize }> = Array::new();
+
+/// QoS: each hook's ladder of gateway rules, and whether EIP rules apply.
+#[btf_map(name = "qos_hooks", pin_by_name)]
+pub static QOS_HOOKS: HashMap<QosHookKey, QosHook, { QOS_HOOKS_MAX as usize }> = HashMap::new();
+
+/// QoS: EIP rules by (zone, direction, EIP).
+#[btf_map(name = "qos_eips", pin_by_name)]
+pub static QOS_EIPS: HashMap<QosEipKey, QosEip, { QOS_EIPS_MAX as usize }> = HashMap::new();
+
+/// QoS: each bucket's rate and thresholds (replaced whole by the agent).
+#[btf_map(name = "qos_config", pin_by_name)]
+pub static QOS_CONFIG: HashMap<u32, QosConfig, { QOS_BUCKETS_MAX as usize }> = HashMap::new();
+
+/// QoS: each bucket's virtual clock (created and deleted by the agent,
+/// never rewritten: a rate change keeps it).
+#[btf_map(name = "qos_state", pin_by_name)]
+pub static QOS_STATE: HashMap<u32, QosBucket, { QOS_BUCKETS_MAX as usize }> = HashMap::new();
+
+/// QoS: per bucket and CPU, packets and bytes passed, marked and dropped.
+#[btf_map(name = "qos_stats", pin_by_name)]
+pub static QOS_STATS: PerCpuHashMap<u32, QosStats, { QOS_BUCKETS_MAX as usize }> = PerCpuHashMap::new();

@@ -10,6 +10,7 @@ use crate::{
     fragment,
     icmp_error::{self, Side},
     parse::{Frag, Packet, Parsed, parse},
+    qos,
     rewrite::rewrite,
     route::route,
     rules,
@@ -23,15 +24,26 @@ const COLLISION_PORT_MIN: u16 = 1024;
 #[inline(always)]
 pub fn process(ctx: &TcContext) -> i32 {
     count(Counter::Packets);
+    // QoS first, on the packet as it arrived (an EIP before DNAT).
     match parse(ctx, zone()) {
-        Ok(Parsed::Flow(p)) if p.frag == Frag::Later => fragment::later(ctx, &p),
         Ok(Parsed::Flow(p)) => {
+            if qos::police(ctx, &p, QOS_INGRESS) {
+                return TC_ACT_SHOT;
+            }
+            if p.frag == Frag::Later {
+                return fragment::later(ctx, &p);
+            }
             if p.frag == Frag::First {
                 fragment::record_first(&p, conntrack::now());
             }
             flow(ctx, &p)
         }
-        Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e, Side::Ingress),
+        Ok(Parsed::IcmpError(p, e)) => {
+            if qos::police(ctx, &p, QOS_INGRESS) {
+                return TC_ACT_SHOT;
+            }
+            icmp_error::translate(ctx, &p, &e, Side::Ingress)
+        }
         Err(c) => verdict(c),
     }
 }

@@ -252,6 +252,24 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         &["qos_policies[0].rules[0].match"],
     ),
     (
+        "qos rate zero",
+        "{name: in,  direction: ingress, rate_mbps: 10",
+        "{name: in,  direction: ingress, rate_mbps: 0",
+        &["qos_policies[0].rules[0].rate_mbps: a rate of 0 would drop everything; remove the rule to stop limiting"],
+    ),
+    (
+        "qos rate too high",
+        "{name: in,  direction: ingress, rate_mbps: 10",
+        "{name: in,  direction: ingress, rate_mbps: 100001",
+        &["qos_policies[0].rules[0].rate_mbps", "above 100000 Mbit/s"],
+    ),
+    (
+        "natgw qos on another interface",
+        "interface: eth0}",
+        "interface: eth1}",
+        &["qos_policies[1].rules[1].interface", "eth0 and net1"],
+    ),
+    (
         "bridge name hostile",
         "integration_bridge: brvpc",
         "integration_bridge: \"br$(id)\"",
@@ -311,4 +329,28 @@ fn json_is_accepted_and_checked() {
     load_str(&json, Format::Json).unwrap();
     let bad = json.replacen("\"version\":1", "\"version\":1,\"bogus\":true", 1);
     assert!(load_str(&bad, Format::Json).unwrap_err().to_string().contains("unknown field `bogus`"));
+}
+
+#[test]
+fn a_burst_below_the_floor_is_a_warning_not_an_error() {
+    let s = load_str(BASE, Format::Yaml).unwrap();
+    let w = lbagent::state::validate::warnings(&s);
+    // gw-qos all-in: 0.1 MB = 104 857 bytes, below two GSO packets.
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert_eq!(w[0].path, "qos_policies[1].rules[1].burst_mb");
+    assert!(w[0].message.contains("raised to the floor"), "{}", w[0].message);
+}
+
+#[test]
+fn more_rules_on_one_hook_than_the_program_holds_are_refused() {
+    let rules: String = (0..9)
+        .map(|i| format!("      - {{name: r{i}, direction: egress, rate_mbps: 1, burst_mb: 1, priority: {i}}}\n"))
+        .collect();
+    let text = BASE.replacen(
+        "      - {name: lan-out, direction: egress",
+        &format!("{rules}      - {{name: lan-out2, direction: ingress, rate_mbps: 1, burst_mb: 1, priority: 99}}\n      - {{name: lan-out, direction: egress"),
+        1,
+    );
+    let e = load_str(&text, Format::Yaml).unwrap_err().to_string();
+    assert!(e.contains("qos_policies[1].rules[8]: more than 8 rules on net1"), "{e}");
 }

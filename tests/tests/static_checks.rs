@@ -1,6 +1,6 @@
 //! Static checks on the built eBPF object: no BPF-to-BPF calls (in particular
 //! no `memset`/`memcpy` the compiler slipped in), and only helpers that exist
-//! in Linux 5.10.
+//! in Linux 5.10, and only atomics Linux 5.10 has.
 
 use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 
@@ -61,6 +61,25 @@ fn helpers_exist_in_linux_5_10() {
     for id in ids {
         assert!((1..=MAX_HELPER_5_10).contains(&id), "helper {id} is newer than Linux 5.10");
     }
+}
+
+/// Atomics are the plain `lock +=` of Linux 5.10 (BPF_STX | BPF_ATOMIC with
+/// imm = BPF_ADD); fetch and compare-exchange variants arrived in 5.12.
+#[test]
+fn atomics_exist_in_linux_5_10() {
+    let file = object::File::parse(object_bytes()).unwrap();
+    let mut atomics = 0;
+    for sec in file.sections().filter(|s| s.kind() == SectionKind::Text) {
+        for (i, insn) in sec.data().unwrap().as_chunks::<8>().0.iter().enumerate() {
+            // BPF_STX (0x03) | BPF_ATOMIC (0xc0) | size W (0x00) or DW (0x18).
+            if insn[0] == 0xc3 || insn[0] == 0xdb {
+                atomics += 1;
+                let imm = i32::from_le_bytes(insn[4..8].try_into().unwrap());
+                assert_eq!(imm, 0, "atomic op {imm:#x} at {i} in {} is newer than Linux 5.10", sec.name().unwrap());
+            }
+        }
+    }
+    assert!(atomics > 0, "the QoS limiter's atomic add is missing");
 }
 
 #[test]

@@ -154,6 +154,98 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             }
             Value::Array(arr)
         }
+        MAP_QOS_ZONES => {
+            let d = t.qos_dump()?;
+            for (z, n) in &d.zones {
+                text += &format!("zone {z:<4} hooks with rules {n}\n");
+            }
+            Value::Array(d.zones.iter().map(|(z, n)| json!({"zone": z, "hooks": n})).collect())
+        }
+        MAP_QOS_HOOKS => {
+            let d = t.qos_dump()?;
+            let mut arr = Vec::new();
+            for (k, h) in &d.hooks {
+                let dir = if k.dir == QOS_INGRESS { "ingress" } else { "egress" };
+                let eip = match h.eip_side {
+                    QOS_EIP_DADDR => "EIP rules by destination",
+                    QOS_EIP_SADDR => "EIP rules by source",
+                    _ => "no EIP rules",
+                };
+                text += &format!("zone {:<4} ifindex {:<3} {dir:<7} {eip}\n", k.zone, k.ifindex);
+                let mut rules = Vec::new();
+                for r in h.rules.iter().take((h.count as usize).min(QOS_HOOK_RULES)) {
+                    let what = match r.kind {
+                        QOS_MATCH_SRC => format!("src {}/{}", ip(r.addr), r.prefix_len),
+                        QOS_MATCH_DST => format!("dst {}/{}", ip(r.addr), r.prefix_len),
+                        _ => "all".to_string(),
+                    };
+                    text += &format!("  priority {:<5} {what:<22} bucket {}\n", r.priority, r.bucket);
+                    rules.push(json!({"priority": r.priority, "match": what, "bucket": r.bucket}));
+                }
+                arr.push(
+                    json!({"zone": k.zone, "ifindex": k.ifindex, "direction": dir, "eip_rules": eip, "rules": rules}),
+                );
+            }
+            Value::Array(arr)
+        }
+        MAP_QOS_EIPS => {
+            let d = t.qos_dump()?;
+            let mut arr = Vec::new();
+            for (k, e) in &d.eips {
+                let dir = if k.dir == QOS_INGRESS { "ingress" } else { "egress" };
+                text += &format!(
+                    "zone {:<4} {dir:<7} {:<15} priority {:<5} bucket {}\n",
+                    k.zone,
+                    ip(k.addr),
+                    e.priority,
+                    e.bucket
+                );
+                arr.push(json!({"zone": k.zone, "direction": dir, "eip": ip(k.addr).to_string(), "priority": e.priority, "bucket": e.bucket}));
+            }
+            Value::Array(arr)
+        }
+        MAP_QOS_CONFIG => {
+            let d = t.qos_dump()?;
+            let mut arr = Vec::new();
+            for (id, c) in &d.config {
+                text += &format!(
+                    "bucket {id:<6} rate {} bit/s burst {} ns mark {} ns headroom {} ns early gap {} ns\n",
+                    c.rate_bps, c.burst_ns, c.mark_ns, c.headroom_ns, c.early_gap_ns
+                );
+                arr.push(json!({"bucket": id, "rate_bps": c.rate_bps, "burst_ns": c.burst_ns, "mark_ns": c.mark_ns,
+                                "headroom_ns": c.headroom_ns, "early_gap_ns": c.early_gap_ns}));
+            }
+            Value::Array(arr)
+        }
+        MAP_QOS_STATE => {
+            let d = t.qos_dump()?;
+            let now = fmt::monotonic_ns();
+            let mut arr = Vec::new();
+            for (id, b) in &d.state {
+                let backlog = b.clock_ns.saturating_sub(now);
+                text += &format!("bucket {id:<6} backlog {backlog} ns\n");
+                arr.push(json!({"bucket": id, "clock_ns": b.clock_ns, "backlog_ns": backlog, "last_early_ns": b.last_early_ns}));
+            }
+            Value::Array(arr)
+        }
+        MAP_QOS_STATS => {
+            let mut arr = Vec::new();
+            for (id, s) in t.qos_stats()? {
+                text += &format!(
+                    "bucket {id:<6} passed {} pkts {} B  marked {} pkts {} B  dropped {} pkts {} B\n",
+                    s.passed_packets,
+                    s.passed_bytes,
+                    s.marked_packets,
+                    s.marked_bytes,
+                    s.dropped_packets,
+                    s.dropped_bytes
+                );
+                arr.push(json!({"bucket": id, "passed_packets": s.passed_packets, "passed_bytes": s.passed_bytes,
+                                "marked_packets": s.marked_packets, "marked_bytes": s.marked_bytes,
+                                "dropped_packets": s.dropped_packets, "dropped_bytes": s.dropped_bytes}));
+            }
+            Value::Array(arr)
+        }
         MAP_META => {
             text += &format!("layout_version {LAYOUT_VERSION}\n");
             json!({"layout_version": LAYOUT_VERSION})

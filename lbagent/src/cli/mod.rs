@@ -142,6 +142,9 @@ pub fn main() -> Result<()> {
                     s.nat_gateways.len(),
                     s.qos_policies.len()
                 );
+                for w in crate::state::validate::warnings(&s) {
+                    println!("warning: {w}");
+                }
                 Ok(())
             }
             Err(problems) => {

@@ -10,6 +10,7 @@ use crate::{daemon::api, dataplane::tables::Tables};
 pub fn run(socket: &Path, bpffs: &Path, json: bool) -> Result<()> {
     let mut doc = api::request(socket, "status")?;
     add_rule_stats(&mut doc, bpffs);
+    add_qos_stats(&mut doc, bpffs);
     if json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
@@ -30,6 +31,21 @@ fn add_rule_stats(doc: &mut Value, bpffs: &Path) {
         }
     }
     doc["rule_stats"] = Value::Object(out);
+}
+
+/// Live counters of each bound QoS rule (by bucket), into its entry.
+fn add_qos_stats(doc: &mut Value, bpffs: &Path) {
+    let Ok(stats) = Tables::open(bpffs).and_then(|t| t.qos_stats()) else { return };
+    for gw in doc["nat_gateways"].as_array_mut().into_iter().flatten() {
+        for q in gw["qos"].as_array_mut().into_iter().flatten() {
+            let st = q["bucket"].as_u64().and_then(|b| stats.get(&(b as u32))).copied().unwrap_or_default();
+            q["stats"] = serde_json::json!({
+                "passed_packets": st.passed_packets, "passed_bytes": st.passed_bytes,
+                "marked_packets": st.marked_packets, "marked_bytes": st.marked_bytes,
+                "dropped_packets": st.dropped_packets, "dropped_bytes": st.dropped_bytes,
+            });
+        }
+    }
 }
 
 fn s(v: &Value) -> String {
@@ -110,6 +126,25 @@ pub fn render(doc: &Value) -> String {
                 s(&e["name"]),
                 s(&e["ip"]),
                 if used.is_empty() { "unused".into() } else { used.join("; ") }
+            );
+        }
+        for q in gw["qos"].as_array().into_iter().flatten() {
+            let st = &q["stats"];
+            let n = |k: &str| st[k].as_u64().unwrap_or(0);
+            out += &format!(
+                "  qos {:<12} {}/{} {} on {}: {} Mbit/s burst {} B  passed {} pkts {} B, marked {} pkts, dropped {} pkts {} B\n",
+                s(&q["target"]),
+                s(&q["policy"]),
+                s(&q["rule"]),
+                s(&q["direction"]),
+                s(&q["interface"]),
+                q["rate_bps"].as_u64().unwrap_or(0) as f64 / 1e6,
+                s(&q["burst_bytes"]),
+                n("passed_packets"),
+                n("passed_bytes"),
+                n("marked_packets"),
+                n("dropped_packets"),
+                n("dropped_bytes")
             );
         }
     }

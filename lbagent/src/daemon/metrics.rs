@@ -35,6 +35,21 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
         for (id, st) in &stats {
             let _ = writeln!(out, "lbagent_rule_bytes_total{{rule=\"{}\"}} {}", name(*id), st.bytes);
         }
+        let qos = t.qos_stats().unwrap_or_default();
+        out += "# HELP lbagent_qos_packets_total Packets by QoS rule instance and outcome (passed includes marked).\n";
+        out += "# TYPE lbagent_qos_packets_total counter\n";
+        out += "# HELP lbagent_qos_bytes_total Layer-2 bytes by QoS rule instance and outcome.\n";
+        out += "# TYPE lbagent_qos_bytes_total counter\n";
+        for (id, st) in &qos {
+            for (outcome, p, b) in [
+                ("passed", st.passed_packets, st.passed_bytes),
+                ("marked", st.marked_packets, st.marked_bytes),
+                ("dropped", st.dropped_packets, st.dropped_bytes),
+            ] {
+                let _ = writeln!(out, "lbagent_qos_packets_total{{rule=\"{}\",outcome=\"{outcome}\"}} {p}", name(*id));
+                let _ = writeln!(out, "lbagent_qos_bytes_total{{rule=\"{}\",outcome=\"{outcome}\"}} {b}", name(*id));
+            }
+        }
         out += "# HELP lbagent_rule_acl_drops_total New flows a listener's ACL refused.\n";
         out += "# TYPE lbagent_rule_acl_drops_total counter\n";
         for (id, st) in &stats {

@@ -79,6 +79,9 @@ impl Daemon {
         match state::load_file(&self.opts.state) {
             Ok(s) => {
                 info!("{why}: state file valid, applying");
+                for w in state::validate::warnings(&s) {
+                    warn!("  {w}");
+                }
                 self.status.lock().unwrap().rejected = None;
                 self.last_good = Some(s);
                 self.apply(false);

@@ -86,8 +86,17 @@ impl Status {
                         json!({"name": e.name, "ip": e.ip, "qos_policy": e.qos_policy, "used_by": used_by})
                     })
                     .collect();
+                let policies = applied.gw_qos.get(&g.name).map(Vec::as_slice).unwrap_or_default();
+                let qos: Vec<Value> = crate::natgw::qos::bound(g, policies, alloc)
+                    .iter()
+                    .map(|b| {
+                        json!({"key": b.key, "bucket": b.bucket, "target": b.target, "policy": b.policy,
+                               "rule": b.rule, "direction": b.direction, "interface": b.interface,
+                               "rate_bps": b.rate_bps, "burst_bytes": b.burst_bytes})
+                    })
+                    .collect();
                 json!({"name": g.name, "zone": alloc.zones.get(&naming::gw_zone_key(&g.name)),
-                       "netns": naming::gw_netns(&g.name), "lan_ip": g.lan.ip, "eips": eips})
+                       "netns": naming::gw_netns(&g.name), "lan_ip": g.lan.ip, "eips": eips, "qos": qos})
             })
             .collect();
         let last = self.last_apply.as_ref().map(|r| {

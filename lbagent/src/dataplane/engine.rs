@@ -137,7 +137,9 @@ impl Engine {
     /// Removes every rule of `zone` and flushes its flows; returns the flow count.
     pub fn clear_zone(&mut self, zone: u16) -> Result<usize> {
         self.sync_zone(zone, &[], Some(&[]), &mut Vec::new())?;
-        self.tables()?.flush_conntrack(|k, _| k.zone == zone)
+        let t = self.tables()?;
+        t.sync_qos(zone, &super::qos::QosZone::default())?;
+        t.flush_conntrack(|k, _| k.zone == zone)
     }
 
     pub fn tables(&self) -> Result<Tables> {

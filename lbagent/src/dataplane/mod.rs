@@ -9,6 +9,7 @@ pub mod engine;
 pub mod loader;
 pub mod logs;
 pub mod pins;
+pub mod qos;
 pub mod sync;
 pub mod tables;
 

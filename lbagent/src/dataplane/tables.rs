@@ -174,12 +174,12 @@ impl Tables {
         Ok(Self { dir })
     }
 
-    fn data(&self, name: &str) -> Result<MapData> {
+    pub(super) fn data(&self, name: &str) -> Result<MapData> {
         let path = self.dir.join(name);
         MapData::from_pin(&path).with_context(|| format!("opening pinned map {}", path.display()))
     }
 
-    fn hash<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<HashMap<MapData, K, V>> {
+    pub(super) fn hash<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<HashMap<MapData, K, V>> {
         let data = self.data(name)?;
         let map = if name == MAP_CT_NEW { Map::LruHashMap(data) } else { Map::HashMap(data) };
         Ok(HashMap::try_from(map)?)

@@ -3,16 +3,23 @@
 //! Changes touch only the map entries that differ; no program reload.
 
 pub mod plumb;
+pub mod qos;
 pub mod rules;
 
 use anyhow::{Context, Result};
 
-use crate::{alloc::Allocations, dataplane::engine::Engine, naming, state::model::NatGateway};
+use crate::{
+    alloc::Allocations,
+    dataplane::engine::Engine,
+    naming,
+    state::model::{NatGateway, QosPolicy},
+};
 
 pub fn ensure(
     engine: &mut Engine,
     bridge: &str,
     gw: &NatGateway,
+    policies: &[QosPolicy],
     prev: Option<&NatGateway>,
     alloc: &mut Allocations,
 ) -> Result<Vec<String>> {
@@ -36,7 +43,10 @@ pub fn ensure(
             changes.push(format!("flushed {n} flows of deleted rules"));
         }
     }
-    let released = alloc.release_rules(&rules::prefix(&gw.name), &want.keys);
+    let q = qos::qos(gw, policies, rules::Ifaces { lan, ext }, alloc)?;
+    changes.extend(t.sync_qos(zone, &q.zone)?);
+    let keys: std::collections::BTreeSet<String> = want.keys.union(&q.keys).cloned().collect();
+    let released = alloc.release_rules(&rules::prefix(&gw.name), &keys);
     if !released.is_empty() {
         t.forget_rule_stats(&released)?;
         changes.push(format!("released {} rule ids", released.len()));

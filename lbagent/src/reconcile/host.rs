@@ -16,7 +16,7 @@ use crate::{
     dataplane::{attach::AttachMode, engine::Engine},
     lb::{self, haproxy::Haproxy, health::Health},
     natgw,
-    state::model::{AgentConfig, ListenerMode, LoadBalancer, NatGateway},
+    state::model::{AgentConfig, ListenerMode, LoadBalancer, NatGateway, QosPolicy},
 };
 
 pub struct Host {
@@ -111,10 +111,11 @@ impl Realizer for Host {
     fn ensure_gw(
         &mut self,
         gw: &NatGateway,
+        qos: &[QosPolicy],
         prev: Option<&NatGateway>,
         alloc: &mut Allocations,
     ) -> Result<Vec<String>> {
-        natgw::ensure(&mut self.engine, &self.bridge, gw, prev, alloc)
+        natgw::ensure(&mut self.engine, &self.bridge, gw, qos, prev, alloc)
     }
 
     fn remove_gw(&mut self, prev: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>> {

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::{
     StateFile,
-    model::{AgentConfig, LoadBalancer, NatGateway},
+    model::{AgentConfig, LoadBalancer, NatGateway, QosPolicy},
 };
 
 /// What the state file asks for (disabled load balancers are absent: they
@@ -16,15 +16,40 @@ pub struct Desired {
     pub agent: AgentConfig,
     pub lbs: BTreeMap<String, LoadBalancer>,
     pub gws: BTreeMap<String, NatGateway>,
+    /// The QoS policies each gateway uses (its own and its EIPs'), by name:
+    /// part of the gateway's spec, so a rate change re-applies it.
+    pub gw_qos: BTreeMap<String, Vec<QosPolicy>>,
 }
 
 impl Desired {
     pub fn from_state(s: &StateFile) -> Self {
+        let gw_qos = s
+            .nat_gateways
+            .iter()
+            .map(|g| {
+                let used: std::collections::BTreeSet<&str> = g
+                    .qos_policy
+                    .iter()
+                    .chain(g.eips.iter().filter_map(|e| e.qos_policy.as_ref()))
+                    .map(String::as_str)
+                    .collect();
+                let mut ps: Vec<QosPolicy> =
+                    s.qos_policies.iter().filter(|p| used.contains(p.name.as_str())).cloned().collect();
+                ps.sort_by(|a, b| a.name.cmp(&b.name));
+                (g.name.clone(), ps)
+            })
+            .collect();
         Desired {
             agent: s.agent.clone(),
             lbs: s.load_balancers.iter().filter(|l| l.enabled).map(|l| (l.id.clone(), l.clone())).collect(),
             gws: s.nat_gateways.iter().map(|g| (g.name.clone(), g.clone())).collect(),
+            gw_qos,
         }
+    }
+
+    /// The QoS policies gateway `name` uses.
+    pub fn qos_of(&self, name: &str) -> &[QosPolicy] {
+        self.gw_qos.get(name).map(Vec::as_slice).unwrap_or_default()
     }
 }
 
@@ -43,6 +68,9 @@ pub struct Applied {
     pub partial_lbs: BTreeMap<String, LoadBalancer>,
     #[serde(default)]
     pub partial_gws: BTreeMap<String, NatGateway>,
+    /// The QoS policies each applied gateway was applied with.
+    #[serde(default)]
+    pub gw_qos: BTreeMap<String, Vec<QosPolicy>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -71,7 +99,14 @@ pub enum Step {
 /// With `repair`, unchanged objects are re-ensured too.
 pub fn plan(desired: &Desired, applied: &Applied, repair: bool) -> Vec<Step> {
     let mut steps = Vec::new();
-    diff(Kind::Gw, &desired.gws, &applied.gws, &applied.partial_gws, repair, &mut steps);
+    // A gateway's spec is its entry and the QoS policies it uses.
+    let with_qos = |gws: &BTreeMap<String, NatGateway>, qos: &BTreeMap<String, Vec<QosPolicy>>| {
+        gws.iter().map(|(k, g)| (k.clone(), (g.clone(), qos.get(k).cloned().unwrap_or_default()))).collect()
+    };
+    let want: BTreeMap<_, _> = with_qos(&desired.gws, &desired.gw_qos);
+    let have: BTreeMap<_, _> = with_qos(&applied.gws, &applied.gw_qos);
+    let partial: BTreeMap<_, _> = with_qos(&applied.partial_gws, &BTreeMap::new());
+    diff(Kind::Gw, &want, &have, &partial, repair, &mut steps);
     diff(Kind::Lb, &desired.lbs, &applied.lbs, &applied.partial_lbs, repair, &mut steps);
     steps.sort_by_key(|s| !matches!(s, Step::Remove { .. }));
     steps
@@ -111,7 +146,7 @@ mod tests {
     }
 
     fn applied_from(d: &Desired) -> Applied {
-        Applied { lbs: d.lbs.clone(), gws: d.gws.clone(), ..Default::default() }
+        Applied { lbs: d.lbs.clone(), gws: d.gws.clone(), gw_qos: d.gw_qos.clone(), ..Default::default() }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tracing::{error, info};
 use super::plan::{Applied, Desired, Kind, Reason, Step, plan};
 use crate::{
     alloc::{Allocations, store::JsonFile},
-    state::model::{AgentConfig, LoadBalancer, NatGateway},
+    state::model::{AgentConfig, LoadBalancer, NatGateway, QosPolicy},
 };
 
 /// The part that makes the host match a spec. Each method must be safe to
@@ -35,9 +35,15 @@ pub trait Realizer {
     }
     fn ensure_lb(&mut self, lb: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>>;
     fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
-    /// `prev` is the spec applied before (for deciding which flows to flush).
-    fn ensure_gw(&mut self, gw: &NatGateway, prev: Option<&NatGateway>, alloc: &mut Allocations)
-    -> Result<Vec<String>>;
+    /// `qos`: the policies the gateway uses; `prev` the spec applied before
+    /// (for deciding which flows to flush).
+    fn ensure_gw(
+        &mut self,
+        gw: &NatGateway,
+        qos: &[QosPolicy],
+        prev: Option<&NatGateway>,
+        alloc: &mut Allocations,
+    ) -> Result<Vec<String>>;
     fn remove_gw(&mut self, prev: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>>;
 }
 
@@ -140,12 +146,14 @@ impl<R: Realizer> Reconciler<R> {
                 let prev = self.applied.gws.get(key).cloned();
                 self.applied.partial_gws.insert(key.clone(), gw.clone());
                 self.persist()?;
-                let mut changes = self.realizer.ensure_gw(gw, prev.as_ref(), &mut self.alloc)?;
+                let qos = desired.qos_of(key);
+                let mut changes = self.realizer.ensure_gw(gw, qos, prev.as_ref(), &mut self.alloc)?;
                 if *reason != Reason::Repair {
                     changes.insert(0, format!("{} NAT gateway", verb(*reason)));
                 }
                 self.applied.partial_gws.remove(key);
                 self.applied.gws.insert(key.clone(), gw.clone());
+                self.applied.gw_qos.insert(key.clone(), qos.to_vec());
                 Ok(changes)
             }
             Step::Remove { kind: Kind::Lb, key } => {
@@ -162,6 +170,7 @@ impl<R: Realizer> Reconciler<R> {
                 changes.insert(0, "removed NAT gateway".into());
                 self.applied.gws.remove(key);
                 self.applied.partial_gws.remove(key);
+                self.applied.gw_qos.remove(key);
                 Ok(changes)
             }
         }

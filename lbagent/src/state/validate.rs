@@ -16,6 +16,9 @@ use super::{
 };
 use crate::naming;
 
+/// Highest QoS rate (100 Gbit/s).
+pub const MAX_RATE_MBPS: u64 = 100_000;
+
 /// Longest HTTP health-check path.
 pub const HEALTH_PATH_MAX: usize = 256;
 
@@ -307,6 +310,28 @@ pub fn check_health_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// What is accepted but changed or likely unintended: a QoS burst below
+/// the floor (raised to it). Reported by `lbagent validate` and the daemon.
+pub fn warnings(s: &StateFile) -> Vec<Problem> {
+    let mut c = Check::default();
+    for (i, q) in s.qos_policies.iter().enumerate() {
+        for (j, r) in q.rules.iter().enumerate() {
+            let b = r.burst_mb.mb_to_bytes();
+            if b != 0 && b < lbagent_common::QOS_BURST_FLOOR {
+                c.err(
+                    format!("qos_policies[{i}].rules[{j}].burst_mb"),
+                    format!(
+                        "{} MB ({b} bytes) cannot pass a full-size GSO packet; raised to the floor of {} bytes",
+                        r.burst_mb,
+                        lbagent_common::QOS_BURST_FLOOR
+                    ),
+                );
+            }
+        }
+    }
+    c.problems
+}
+
 fn qos_policies<'a>(c: &mut Check, qs: &'a [QosPolicy]) -> HashMap<&'a str, &'a QosPolicy> {
     let mut out = HashMap::new();
     for (i, q) in qs.iter().enumerate() {
@@ -319,8 +344,39 @@ fn qos_policies<'a>(c: &mut Check, qs: &'a [QosPolicy]) -> HashMap<&'a str, &'a 
             c.err(format!("{p}.shared"), "natgw policies must be shared");
         }
         let mut rules = HashSet::new();
+        let mut per_hook: HashMap<(&str, Direction), usize> = HashMap::new();
         for (j, r) in q.rules.iter().enumerate() {
             let rp = format!("{p}.rules[{j}]");
+            if r.rate_mbps.is_zero() {
+                c.err(format!("{rp}.rate_mbps"), "a rate of 0 would drop everything; remove the rule to stop limiting");
+            } else if r.rate_mbps.micros() > MAX_RATE_MBPS * 1_000_000 {
+                c.err(format!("{rp}.rate_mbps"), format!("{} is above {MAX_RATE_MBPS} Mbit/s", r.rate_mbps));
+            }
+            if q.binding == QosBinding::Natgw {
+                if let Some(i) = r.interface.as_deref()
+                    && i != "eth0"
+                    && i != "net1"
+                {
+                    c.err(format!("{rp}.interface"), format!("{i:?}: a gateway's interfaces are eth0 and net1"));
+                }
+                let ifname = match (r.interface.as_deref(), r.direction) {
+                    (Some(i), _) => i,
+                    (None, Direction::Egress) => "net1",
+                    (None, Direction::Ingress) => "eth0",
+                };
+                let n = per_hook.entry((ifname, r.direction)).or_default();
+                *n += 1;
+                if *n == lbagent_common::QOS_HOOK_RULES + 1 {
+                    c.err(
+                        rp.clone(),
+                        format!(
+                            "more than {} rules on {ifname} {:?} in one policy",
+                            lbagent_common::QOS_HOOK_RULES,
+                            r.direction
+                        ),
+                    );
+                }
+            }
             c.ok(&format!("{rp}.name"), check_id(&r.name, 1, 64));
             c.unique(&mut rules, r.name.clone(), &format!("{rp}.name"), || format!("rule name {:?}", r.name));
             if let Some(ifn) = &r.interface {

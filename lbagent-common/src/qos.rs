@@ -1,0 +1,212 @@
+//! QoS maps: bandwidth limits by the priority ladder of DESIGN §2.2.
+//!
+//! | map (pin name) | type             | key             | value          | written by | read by |
+//! |----------------|------------------|-----------------|----------------|------------|---------|
+//! | `qos_zones`    | array[65536]     | zone `u32`      | `u32` hooks with rules | agent | program (the cheap "nothing here" check) |
+//! | `qos_hooks`    | hash             | [`QosHookKey`]  | [`QosHook`]    | agent      | program |
+//! | `qos_eips`     | hash             | [`QosEipKey`]   | [`QosEip`]     | agent      | program |
+//! | `qos_config`   | hash             | bucket id `u32` | [`QosConfig`]  | agent (replaced whole) | program |
+//! | `qos_state`    | hash             | bucket id `u32` | [`QosBucket`]  | agent creates/deletes, never rewrites; program | program |
+//! | `qos_stats`    | per-CPU hash     | bucket id `u32` | [`QosStats`]   | program    | agent, metrics, `lbagent maps` |
+//!
+//! A bucket is one rule instance (a policy rule bound to one EIP, or a
+//! gateway policy rule on one gateway); its id comes from the agent's rule
+//! id allocator, so a rate change keeps the bucket (and its state).
+
+/// Map names (pin file names).
+pub const MAP_QOS_ZONES: &str = "qos_zones";
+pub const MAP_QOS_HOOKS: &str = "qos_hooks";
+pub const MAP_QOS_EIPS: &str = "qos_eips";
+pub const MAP_QOS_CONFIG: &str = "qos_config";
+pub const MAP_QOS_STATE: &str = "qos_state";
+pub const MAP_QOS_STATS: &str = "qos_stats";
+
+pub const QOS_ZONES_MAX: u32 = 65_536;
+pub const QOS_HOOKS_MAX: u32 = 16_384;
+pub const QOS_EIPS_MAX: u32 = 65_536;
+pub const QOS_BUCKETS_MAX: u32 = 65_536;
+
+/// Gateway rules one hook (interface and direction) can hold.
+pub const QOS_HOOK_RULES: usize = 8;
+
+/// `QosHookKey::dir` / `QosEipKey::dir`.
+pub const QOS_INGRESS: u8 = 0;
+pub const QOS_EGRESS: u8 = 1;
+
+/// `QosHook::eip_side`: which address is looked up in `qos_eips`.
+pub const QOS_EIP_NONE: u32 = 0;
+pub const QOS_EIP_DADDR: u32 = 1;
+pub const QOS_EIP_SADDR: u32 = 2;
+
+/// `QosMatch::kind`.
+pub const QOS_MATCH_ALL: u8 = 0;
+pub const QOS_MATCH_SRC: u8 = 1;
+pub const QOS_MATCH_DST: u8 = 2;
+
+/// One hook of a zone: interface (in the zone's namespace) and direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QosHookKey {
+    pub ifindex: u32,
+    pub zone: u16,
+    pub dir: u8,
+    pub _pad0: u8,
+}
+
+/// A gateway rule on a hook: which packets, which bucket, at what priority.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QosMatch {
+    pub bucket: u32,
+    pub priority: u32,
+    /// Prefix (network order) for `QOS_MATCH_SRC`/`QOS_MATCH_DST`.
+    pub addr: [u8; 4],
+    pub kind: u8,
+    pub prefix_len: u8,
+    pub _pad0: u16,
+}
+
+/// A hook's ladder: whether EIP rules apply here (and on which address),
+/// then up to `QOS_HOOK_RULES` gateway rules sorted by priority (lower
+/// first). The program takes the first gateway rule that matches with a
+/// priority below the EIP rule's, else the EIP rule (ties go to the EIP).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QosHook {
+    pub eip_side: u32,
+    pub count: u32,
+    pub rules: [QosMatch; QOS_HOOK_RULES],
+}
+
+/// An EIP's rule for one direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QosEipKey {
+    pub addr: [u8; 4],
+    pub zone: u16,
+    pub dir: u8,
+    pub _pad0: u8,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QosEip {
+    pub bucket: u32,
+    pub priority: u32,
+}
+
+/// A bucket's rate and thresholds, all precomputed by the agent. Times are
+/// in the bucket's virtual clock: a packet of `len` bytes costs
+/// `len * 8e9 / rate_bps` ns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QosConfig {
+    /// Rate in bit/s (SI: `rate_mbps` × 10⁶).
+    pub rate_bps: u64,
+    /// The burst as time at the rate: how far the virtual clock may run
+    /// ahead of real time before packets are dropped.
+    pub burst_ns: u64,
+    /// Past this backlog, ECN-capable packets are CE-marked and other TCP
+    /// sees isolated early drops (half the burst).
+    pub mark_ns: u64,
+    /// Extra room for small packets (ACKs, SYNs) beyond `burst_ns`.
+    pub headroom_ns: u64,
+    /// At most one early drop per this interval (a quarter of the burst).
+    pub early_gap_ns: u64,
+}
+
+/// The bucket's running state: a virtual clock (ns, `bpf_ktime_get_ns`
+/// base). When it is behind real time the bucket is full; how far it runs
+/// ahead of real time is the backlog. `last_early_ns`: the last early drop.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QosBucket {
+    pub clock_ns: u64,
+    pub last_early_ns: u64,
+}
+
+/// Per bucket and CPU: packets and layer-2 bytes by outcome.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QosStats {
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub marked_packets: u64,
+    pub marked_bytes: u64,
+    pub dropped_packets: u64,
+    pub dropped_bytes: u64,
+}
+
+/// Packets up to this many layer-2 bytes are "small" (ACKs, SYNs): they get
+/// `headroom_ns` beyond the burst and are never dropped early.
+pub const QOS_SMALL_PACKET: u32 = 128;
+
+/// Smallest burst (bytes): two full-size GSO packets (64 KiB each) with
+/// their headers. A smaller configured burst is raised to this (validate warns).
+pub const QOS_BURST_FLOOR: u64 = 2 * (65_536 + 14 + 60 + 60);
+
+/// The burst a rule with `burst_mb: 0` gets: 100 ms at its rate, at least
+/// the floor.
+pub fn qos_default_burst(rate_bps: u64) -> u64 {
+    (rate_bps / 8 / 10).max(QOS_BURST_FLOOR)
+}
+
+/// The bucket config for a rate (bit/s) and burst (bytes, 0 = default).
+pub fn qos_config(rate_bps: u64, burst_bytes: u64) -> QosConfig {
+    let burst = if burst_bytes == 0 { qos_default_burst(rate_bps) } else { burst_bytes.max(QOS_BURST_FLOOR) };
+    let ns = |bytes: u64| ((bytes as u128 * 8_000_000_000u128) / rate_bps.max(1) as u128) as u64;
+    let burst_ns = ns(burst);
+    QosConfig {
+        rate_bps,
+        burst_ns,
+        mark_ns: burst_ns / 2,
+        headroom_ns: ns(16 * QOS_SMALL_PACKET as u64).max(burst_ns / 16),
+        early_gap_ns: burst_ns / 4,
+    }
+}
+
+#[cfg(feature = "user")]
+mod user {
+    use super::*;
+
+    macro_rules! pod {
+        ($($t:ty),*) => {$(
+            // SAFETY: repr(C), no implicit padding (checked below), every bit pattern valid.
+            unsafe impl bytemuck::Zeroable for $t {}
+            // SAFETY: as above.
+            unsafe impl bytemuck::Pod for $t {}
+            // SAFETY: as above.
+            unsafe impl aya::Pod for $t {}
+        )*};
+    }
+    pod!(QosHookKey, QosMatch, QosHook, QosEipKey, QosEip, QosConfig, QosBucket, QosStats);
+}
+
+/// No implicit padding: each size is the sum of its fields.
+const _: () = {
+    assert!(core::mem::size_of::<QosHookKey>() == 8);
+    assert!(core::mem::size_of::<QosMatch>() == 4 + 4 + 4 + 1 + 1 + 2);
+    assert!(core::mem::size_of::<QosHook>() == 8 + 16 * QOS_HOOK_RULES);
+    assert!(core::mem::size_of::<QosEipKey>() == 8);
+    assert!(core::mem::size_of::<QosEip>() == 8);
+    assert!(core::mem::size_of::<QosConfig>() == 40);
+    assert!(core::mem::size_of::<QosBucket>() == 16);
+    assert!(core::mem::size_of::<QosStats>() == 48);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_uses_si_bits_and_floors_the_burst() {
+        // 10 Mbit/s, 1 MiB burst: 1 048 576 B × 8 / 10⁷ b/s = 0.8388608 s.
+        let c = qos_config(10_000_000, 1 << 20);
+        assert_eq!(c.burst_ns, 838_860_800);
+        assert_eq!(c.mark_ns, c.burst_ns / 2);
+        // A 1 000-byte burst is raised to the floor.
+        assert_eq!(qos_config(10_000_000, 1000).burst_ns, qos_config(10_000_000, QOS_BURST_FLOOR).burst_ns);
+        // burst 0: 100 ms at 100 Mbit/s = 1 250 000 bytes.
+        assert_eq!(qos_config(100_000_000, 0).burst_ns, 100_000_000);
+    }
+}

@@ -1,0 +1,222 @@
+//! QoS: bandwidth limits by the priority ladder (DESIGN §2.2, docs/qos.md).
+//!
+//! Run first on every IPv4 packet, before any translation: at ingress a
+//! gateway sees an EIP as the destination (before DNAT), at egress as the
+//! source (after SNAT, done at the LAN side's ingress).
+//!
+//! Classification: `qos_zones[zone]` says whether the zone has any rules (an
+//! array lookup: traffic of zones without QoS pays that only); `qos_hooks`
+//! holds the hook's gateway rules sorted by priority and whether EIP rules
+//! apply (`qos_eips`, exact address). The first gateway rule that matches
+//! with a lower priority number than the EIP's rule wins, else the EIP's.
+//!
+//! The limiter is a virtual clock per bucket (the arithmetic of tc's
+//! `act_police` turned around): a packet of `len` layer-2 bytes costs
+//! `len × 8e9 / rate` ns; the clock runs ahead of real time by the backlog;
+//! a packet that would push the backlog past the burst is dropped and not
+//! charged. Past half the burst, ECN-capable packets are CE-marked and
+//! other TCP sees isolated early drops (at most one per quarter burst), so
+//! TCP backs off before a tail-drop burst; small packets (ACKs, SYNs) get
+//! extra headroom and are never dropped early.
+//!
+//! Concurrency (both CPUs on one bucket): kernel 5.10 has atomic add but no
+//! fetch-add or compare-exchange, and aya-ebpf has no spin lock, so the
+//! charge is an atomic add (never lost) and the decision reads the clock
+//! without a lock. Two CPUs may both admit a packet against the same
+//! backlog: the burst is exceeded by at most one packet per CPU, and the
+//! clock still counts both. Restarting an idle bucket (clock behind real
+//! time) is a plain store: a charge racing with it can be lost, at most one
+//! packet per CPU per idle-to-busy transition. The early-drop timestamp is a
+//! plain store too (a lost update only spaces early drops differently).
+
+use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
+use lbagent_common::*;
+
+use crate::{
+    maps::{QOS_CONFIG, QOS_EIPS, QOS_HOOKS, QOS_STATE, QOS_STATS, QOS_ZONES},
+    parse::Packet,
+};
+
+/// IPv4 header offsets.
+const IP_TOS: usize = 1;
+const IP_CSUM: usize = 10;
+/// ECN codepoints (low two bits of the TOS byte).
+const ECN_MASK: u8 = 0x03;
+const ECN_CE: u8 = 0x03;
+const NS_PER_S_BITS: u64 = 8_000_000_000;
+
+/// Whether the packet is dropped by its bucket (counted in `qos_stats`).
+#[inline(always)]
+pub fn police(ctx: &TcContext, p: &Packet, dir: u8) -> bool {
+    let zone = p.tuple.zone;
+    match QOS_ZONES.get(zone as u32) {
+        Some(n) if *n != 0 => {}
+        _ => return false,
+    }
+    let key = QosHookKey { ifindex: p.ifindex, zone, dir, _pad0: 0 };
+    // SAFETY: a hash map value, read-only, valid for this program run.
+    let Some(hook) = (unsafe { QOS_HOOKS.get(&key) }) else { return false };
+    let bucket = classify(hook, p, dir);
+    bucket != 0 && limit(ctx, p, bucket)
+}
+
+#[inline(always)]
+fn mask(len: u8) -> u32 {
+    if len == 0 { 0 } else { u32::MAX << (32 - len.min(32) as u32) }
+}
+
+/// The bucket of the first matching rule on the ladder (0 = unlimited).
+#[inline(always)]
+fn classify(hook: &QosHook, p: &Packet, dir: u8) -> u32 {
+    let mut eip = QosEip { bucket: 0, priority: u32::MAX };
+    if hook.eip_side != QOS_EIP_NONE {
+        let addr = if hook.eip_side == QOS_EIP_DADDR { p.tuple.daddr } else { p.tuple.saddr };
+        let key = QosEipKey { addr, zone: p.tuple.zone, dir, _pad0: 0 };
+        // SAFETY: a hash map value, copied out at once.
+        if let Some(e) = unsafe { QOS_EIPS.get(&key) } {
+            eip = *e;
+        }
+    }
+    let (saddr, daddr) = (u32::from_be_bytes(p.tuple.saddr), u32::from_be_bytes(p.tuple.daddr));
+    let count = hook.count;
+    for (i, r) in hook.rules.iter().enumerate() {
+        if i as u32 >= count {
+            break;
+        }
+        if r.priority >= eip.priority {
+            break;
+        }
+        let net = u32::from_be_bytes(r.addr);
+        let hit = match r.kind {
+            QOS_MATCH_SRC => saddr & mask(r.prefix_len) == net,
+            QOS_MATCH_DST => daddr & mask(r.prefix_len) == net,
+            _ => true,
+        };
+        if hit {
+            return r.bucket;
+        }
+    }
+    eip.bucket
+}
+
+/// What happened to a packet in its bucket.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Passed,
+    Marked,
+    Dropped,
+}
+
+#[inline(always)]
+fn limit(ctx: &TcContext, p: &Packet, bucket: u32) -> bool {
+    // SAFETY: a hash map value, read in place (the agent replaces configs
+    // whole with one update).
+    let Some(c) = (unsafe { QOS_CONFIG.get(&bucket) }) else { return false };
+    let Some(st) = QOS_STATE.get_ptr_mut(&bucket) else { return false };
+    if c.rate_bps == 0 {
+        return false;
+    }
+    let len = ctx.len() as u64;
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cost = len * NS_PER_S_BITS / c.rate_bps;
+    // SAFETY: `st` points at this bucket's map value for the program run;
+    // other CPUs update it concurrently (see the module notes).
+    let mut clock = unsafe { core::ptr::read_volatile(&(*st).clock_ns) };
+    let mut backlog = clock.saturating_sub(now);
+    if backlog > c.burst_ns + c.headroom_ns {
+        // Only after a rate increase (the backlog was charged at the old,
+        // slower rate): the bucket is full at the new rate's scale and
+        // drains at the new rate from now on.
+        backlog = c.burst_ns;
+        clock = now + backlog;
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(&mut (*st).clock_ns, clock) };
+    }
+    let small = len <= QOS_SMALL_PACKET as u64;
+    let room = if small { c.burst_ns + c.headroom_ns } else { c.burst_ns };
+    let outcome = if backlog + cost > room {
+        Outcome::Dropped
+    } else if backlog > c.mark_ns && !small {
+        if mark_ce(ctx, p) {
+            Outcome::Marked
+        } else if p.tuple.proto == PROTO_TCP {
+            // SAFETY: as above.
+            let last = unsafe { core::ptr::read_volatile(&(*st).last_early_ns) };
+            if now.saturating_sub(last) >= c.early_gap_ns {
+                // SAFETY: as above.
+                unsafe { core::ptr::write_volatile(&mut (*st).last_early_ns, now) };
+                Outcome::Dropped
+            } else {
+                Outcome::Passed
+            }
+        } else {
+            Outcome::Passed
+        }
+    } else {
+        Outcome::Passed
+    };
+    if outcome != Outcome::Dropped {
+        if clock < now {
+            // SAFETY: as above.
+            unsafe { core::ptr::write_volatile(&mut (*st).clock_ns, now + cost) };
+        } else {
+            // SAFETY: as above. The result is unused, so LLVM emits the
+            // plain atomic add of kernel 5.10 (`lock +=`), not a fetch-add
+            // (5.12+); the static check of the object guards that.
+            unsafe {
+                core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                    &mut (*st).clock_ns,
+                    cost,
+                );
+            }
+        }
+    }
+    count(bucket, outcome, len);
+    outcome == Outcome::Dropped
+}
+
+/// CE-marks an ECN-capable packet (fixing the IP checksum); false if the
+/// packet is not ECN-capable. A packet already marked counts as marked.
+#[inline(always)]
+fn mark_ce(ctx: &TcContext, p: &Packet) -> bool {
+    let Ok(word) = ctx.load::<[u8; 2]>(p.l3) else { return false };
+    let tos = word[1];
+    if tos & ECN_MASK == 0 {
+        return false;
+    }
+    if tos & ECN_MASK == ECN_CE {
+        return true;
+    }
+    let new = [word[0], tos | ECN_CE];
+    if ctx.store(p.l3 + IP_TOS, &new[1], 0).is_err() {
+        return false;
+    }
+    ctx.l3_csum_replace(p.l3 + IP_CSUM, u16::from_ne_bytes(word) as u64, u16::from_ne_bytes(new) as u64, 2).is_ok()
+}
+
+/// Counts the packet in the bucket's per-CPU stats (created with the
+/// bucket by the agent; a missing entry is not counted).
+#[inline(always)]
+fn count(bucket: u32, outcome: Outcome, bytes: u64) {
+    let Some(s) = QOS_STATS.get_ptr_mut(&bucket) else { return };
+    // SAFETY: a per-CPU map value, this CPU's, valid for the program run.
+    unsafe {
+        match outcome {
+            Outcome::Dropped => {
+                (*s).dropped_packets += 1;
+                (*s).dropped_bytes += bytes;
+            }
+            Outcome::Marked => {
+                (*s).marked_packets += 1;
+                (*s).marked_bytes += bytes;
+                (*s).passed_packets += 1;
+                (*s).passed_bytes += bytes;
+            }
+            Outcome::Passed => {
+                (*s).passed_packets += 1;
+                (*s).passed_bytes += bytes;
+            }
+        }
+    }
+}

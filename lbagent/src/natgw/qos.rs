@@ -1,0 +1,179 @@
+//! QoS of a gateway (pure): its bound policies → the entries of
+//! `dataplane::qos::QosZone`, each rule instance with a bucket id of its own.
+//!
+//! - An EIP policy's rules limit that EIP: `ingress` on `net1` ingress by
+//!   destination (before DNAT), `egress` on `net1` egress by source (after
+//!   SNAT). One EIP has one rule per direction on the ladder: its
+//!   lowest-priority-number rule (the others could never match first).
+//! - A gateway policy's rules limit the gateway on `interface` (default
+//!   `net1` for egress, `eth0` for ingress), all traffic or `match: src|dst
+//!   CIDR`, sorted by priority on their hook.
+//!
+//! Bucket ids come from the rule id allocator under stable keys, so a rate
+//! change keeps the bucket; a key no longer used is released with the
+//! gateway's other rule ids.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::{Result, bail};
+use lbagent_common::*;
+
+use super::{
+    plumb::{EXT_IF, LAN_IF},
+    rules::Ifaces,
+};
+use crate::{
+    alloc::Allocations,
+    dataplane::qos::QosZone,
+    state::{
+        model::{Direction, NatGateway, QosPolicy, QosRule},
+        names::{parse_cidr, parse_ip},
+    },
+};
+
+/// A rule instance as status shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bound {
+    pub key: String,
+    pub bucket: u32,
+    /// `eip/<name>` or `gateway`.
+    pub target: String,
+    pub policy: String,
+    pub rule: String,
+    pub direction: Direction,
+    pub interface: &'static str,
+    pub rate_bps: u64,
+    pub burst_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GwQos {
+    pub zone: QosZone,
+    pub keys: BTreeSet<String>,
+    pub bound: Vec<Bound>,
+}
+
+fn key(gw: &str, target: &str, policy: &str, rule: &str) -> String {
+    format!("natgw/{gw}/qos/{target}/{policy}/{rule}")
+}
+
+fn dir(d: Direction) -> u8 {
+    match d {
+        Direction::Ingress => QOS_INGRESS,
+        Direction::Egress => QOS_EGRESS,
+    }
+}
+
+fn config(r: &QosRule) -> QosConfig {
+    qos_config(r.rate_mbps.micros(), r.burst_mb.mb_to_bytes())
+}
+
+/// The interface a gateway rule acts on.
+pub fn interface(r: &QosRule) -> &'static str {
+    match (r.interface.as_deref(), r.direction) {
+        (Some(LAN_IF), _) => LAN_IF,
+        (Some(_), _) => EXT_IF,
+        (None, Direction::Egress) => EXT_IF,
+        (None, Direction::Ingress) => LAN_IF,
+    }
+}
+
+/// The gateway's QoS entries, allocating bucket ids.
+pub fn qos(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, alloc: &mut Allocations) -> Result<GwQos> {
+    build(gw, policies, ifs, &mut |k| alloc.rule_id(k))
+}
+
+/// The gateway's bound rules with their bucket ids as allocated (0 when
+/// not allocated yet), for status; allocates nothing.
+pub fn bound(gw: &NatGateway, policies: &[QosPolicy], alloc: &Allocations) -> Vec<Bound> {
+    let ifs = Ifaces { lan: 0, ext: 0 };
+    build(gw, policies, ifs, &mut |k| alloc.rule_ids.get(k).copied().unwrap_or(0)).map(|q| q.bound).unwrap_or_default()
+}
+
+fn build(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, id: &mut dyn FnMut(&str) -> u32) -> Result<GwQos> {
+    let policy = |name: &str| policies.iter().find(|p| p.name == name);
+    let mut out = GwQos::default();
+    let mut gw_rules: BTreeMap<(u32, u8), Vec<QosMatch>> = BTreeMap::new();
+    for e in &gw.eips {
+        let Some(p) = e.qos_policy.as_deref().and_then(policy) else { continue };
+        let ip = parse_ip(&e.ip).map_err(anyhow::Error::msg)?;
+        for d in [Direction::Ingress, Direction::Egress] {
+            let Some(r) = p.rules.iter().filter(|r| r.direction == d).min_by_key(|r| (r.priority, r.name.clone()))
+            else {
+                continue;
+            };
+            let k = key(&gw.name, &format!("eip/{}", e.name), &p.name, &r.name);
+            let bucket = id(&k);
+            out.zone.eips.insert((ip.octets(), dir(d)), QosEip { bucket, priority: r.priority });
+            out.zone.buckets.insert(bucket, config(r));
+            out.bound.push(Bound {
+                key: k.clone(),
+                bucket,
+                target: format!("eip/{}", e.name),
+                policy: p.name.clone(),
+                rule: r.name.clone(),
+                direction: d,
+                interface: EXT_IF,
+                rate_bps: r.rate_mbps.micros(),
+                burst_bytes: r.burst_mb.mb_to_bytes(),
+            });
+            out.keys.insert(k);
+        }
+    }
+    if let Some(p) = gw.qos_policy.as_deref().and_then(policy) {
+        for r in &p.rules {
+            let k = key(&gw.name, "gateway", &p.name, &r.name);
+            let bucket = id(&k);
+            let ifname = interface(r);
+            let ifindex = if ifname == LAN_IF { ifs.lan } else { ifs.ext };
+            let (kind, (addr, len)) = match r.matches.as_deref().and_then(|m| m.split_once(' ')) {
+                Some(("src", c)) => (QOS_MATCH_SRC, parse_cidr(c).map_err(anyhow::Error::msg)?),
+                Some(("dst", c)) => (QOS_MATCH_DST, parse_cidr(c).map_err(anyhow::Error::msg)?),
+                _ => (QOS_MATCH_ALL, (std::net::Ipv4Addr::UNSPECIFIED, 0)),
+            };
+            gw_rules.entry((ifindex, dir(r.direction))).or_default().push(QosMatch {
+                bucket,
+                priority: r.priority,
+                addr: addr.octets(),
+                kind,
+                prefix_len: len,
+                _pad0: 0,
+            });
+            out.zone.buckets.insert(bucket, config(r));
+            out.bound.push(Bound {
+                key: k.clone(),
+                bucket,
+                target: "gateway".into(),
+                policy: p.name.clone(),
+                rule: r.name.clone(),
+                direction: r.direction,
+                interface: ifname,
+                rate_bps: r.rate_mbps.micros(),
+                burst_bytes: r.burst_mb.mb_to_bytes(),
+            });
+            out.keys.insert(k);
+        }
+    }
+    let eip_dirs: BTreeSet<u8> = out.zone.eips.keys().map(|(_, d)| *d).collect();
+    for d in &eip_dirs {
+        gw_rules.entry((ifs.ext, *d)).or_default();
+    }
+    for ((ifindex, d), mut rules) in gw_rules {
+        rules.sort_by_key(|r| (r.priority, r.bucket));
+        if rules.len() > QOS_HOOK_RULES {
+            bail!("more than {QOS_HOOK_RULES} gateway QoS rules on one interface and direction");
+        }
+        let mut hook = QosHook {
+            eip_side: match (ifindex == ifs.ext && eip_dirs.contains(&d), d) {
+                (false, _) => QOS_EIP_NONE,
+                (true, QOS_INGRESS) => QOS_EIP_DADDR,
+                (true, _) => QOS_EIP_SADDR,
+            },
+            count: rules.len() as u32,
+            ..Default::default()
+        };
+        hook.rules[..rules.len()].copy_from_slice(&rules);
+        out.zone.hooks.insert((ifindex, d), hook);
+    }
+    Ok(out)
+}

@@ -1,0 +1,214 @@
+//! QoS (issue 10): the limiter in the program (`lbagent-ebpf/src/qos.rs`),
+//! its maps (`lbagent_common::qos`) and their writer (`dataplane/qos.rs`).
+//!
+//! Program tests run the classifier on crafted frames (`BPF_PROG_TEST_RUN`
+//! delivers them on `lo`, ifindex 1): a burst passes then drops at the tail,
+//! ECN-capable TCP is CE-marked past half the burst with a correct
+//! checksum, other TCP sees one isolated early drop, small packets get
+//! headroom, the priority ladder picks the right bucket, and a rate change
+//! keeps the bucket's clock.
+
+use lbagent::dataplane::{attach::Direction, qos::QosZone};
+use lbagent_common::*;
+use lbagent_tests::{
+    engine::{Engine, TC_ACT_OK, TC_ACT_SHOT},
+    fixture::{LO, ZONE, engine, tcp, udp},
+    packet::{ACK, Ip, checksum, frame, verify},
+};
+
+const EIP: [u8; 4] = [198, 51, 100, 10];
+const PEER: [u8; 4] = [203, 0, 113, 7];
+const VPC: [u8; 4] = [10, 0, 1, 2];
+const BUCKET_EIP: u32 = 900;
+const BUCKET_GW: u32 = 901;
+const BUCKET_ALL: u32 = 902;
+
+/// 1 400-byte UDP to the EIP (1 442 bytes on the wire).
+fn big_udp(src: [u8; 4]) -> Vec<u8> {
+    frame(&Ip::new(src, EIP), &udp(4000, 5000, &[7u8; 1400]))
+}
+
+/// A frame with its TOS byte set (IP checksum recomputed).
+fn with_tos(mut f: Vec<u8>, tos: u8) -> Vec<u8> {
+    f[15] = tos;
+    f[24] = 0;
+    f[25] = 0;
+    let ihl = ((f[14] & 0x0f) as usize) * 4;
+    let c = checksum(&f[14..14 + ihl]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    f
+}
+
+fn eip_rule(priority: u32) -> QosZone {
+    let mut z = QosZone::default();
+    z.hooks.insert((LO, QOS_INGRESS), QosHook { eip_side: QOS_EIP_DADDR, count: 0, ..Default::default() });
+    z.eips.insert((EIP, QOS_INGRESS), QosEip { bucket: BUCKET_EIP, priority });
+    z.buckets.insert(BUCKET_EIP, qos_config(1_000_000, 0));
+    z
+}
+
+fn stats(e: &Engine, bucket: u32) -> QosStats {
+    e.tables.qos_stats().unwrap().get(&bucket).copied().unwrap_or_default()
+}
+
+/// Sends `f` `n` times; returns how many passed.
+fn passed(e: &mut Engine, f: &[u8], n: usize) -> usize {
+    (0..n).filter(|_| e.run_on(Direction::Ingress, f).unwrap().0 == TC_ACT_OK).count()
+}
+
+#[test]
+fn a_burst_passes_then_the_tail_drops_uncharged() {
+    let Some(mut e) = engine() else { return };
+    e.tables.sync_qos(ZONE, &eip_rule(1)).unwrap();
+    let f = big_udp(PEER);
+    let wire = f.len() as u64;
+    // 1 Mbit/s with the default burst (the floor): floor / wire bytes pass.
+    let fit = (QOS_BURST_FLOOR / wire) as usize;
+    let n = passed(&mut e, &f, fit + 20);
+    assert!((fit..=fit + 1).contains(&n), "{n} passed, expected {fit} (+1 for time passing)");
+    let st = stats(&e, BUCKET_EIP);
+    assert_eq!(st.passed_packets as usize, n);
+    assert_eq!(st.passed_bytes, n as u64 * wire, "layer-2 bytes");
+    assert_eq!(st.dropped_packets as usize, fit + 20 - n);
+    // Dropped packets were not charged: the backlog is what passed.
+    let backlog = e.tables.qos_dump().unwrap().state[0].1.clock_ns - lbagent::dataplane::tables::monotonic_ns();
+    let cost = wire * 8_000_000_000 / 1_000_000;
+    // (Real time has passed since: up to a few hundred ms of test runs.)
+    assert!(backlog <= n as u64 * cost && backlog + 500_000_000 >= n as u64 * cost, "backlog {backlog} ns");
+    // Unlimited traffic (not to the EIP) passes and is not counted.
+    let other = frame(&Ip::new(PEER, VPC), &udp(4000, 5000, &[7u8; 1400]));
+    assert_eq!(passed(&mut e, &other, 50), 50);
+    assert_eq!(stats(&e, BUCKET_EIP).passed_packets as usize, n);
+}
+
+#[test]
+fn ecn_tcp_is_marked_past_half_the_burst_other_tcp_dropped_early_and_acks_pass() {
+    let Some(mut e) = engine() else { return };
+    e.tables.sync_qos(ZONE, &eip_rule(1)).unwrap();
+    let data = frame(&Ip::new(PEER, EIP), &tcp(ACK, 4000, 80, &[1u8; 1400]));
+    let ect = with_tos(data.clone(), 0x02);
+    verify(&ect).unwrap();
+    let fit = (QOS_BURST_FLOOR / data.len() as u64) as usize;
+    // ECN-capable: passes to the tail, marked CE from half the burst on.
+    let mut marked = 0;
+    for _ in 0..fit {
+        let (v, out) = e.run_on(Direction::Ingress, &ect).unwrap();
+        assert_eq!(v, TC_ACT_OK);
+        verify(&out).unwrap();
+        if out[15] & 3 == 3 {
+            marked += 1;
+            assert_eq!(out[15], 0x03, "only the ECN bits change");
+        }
+    }
+    let half = fit / 2;
+    assert!((half - 1..=half + 1).contains(&(fit - marked)), "{marked} of {fit} marked");
+    assert_eq!(stats(&e, BUCKET_EIP).marked_packets, marked as u64);
+    // The bucket is full now: a small ACK still passes (headroom) …
+    let ack = frame(&Ip::new(PEER, EIP), &tcp(ACK, 4000, 80, &[]));
+    assert_eq!(e.run_on(Direction::Ingress, &ack).unwrap().0, TC_ACT_OK);
+    // … a full-size segment does not.
+    assert_eq!(e.run_on(Direction::Ingress, &data).unwrap().0, TC_ACT_SHOT);
+
+    // Not ECN-capable, on a fresh bucket: one isolated early drop past half
+    // the burst (not a run of drops), then packets pass again to the tail.
+    let mut z = eip_rule(1);
+    z.eips.clear();
+    z.buckets.clear();
+    e.tables.sync_qos(ZONE, &z).unwrap();
+    e.tables.sync_qos(ZONE, &eip_rule(1)).unwrap();
+    let verdicts: Vec<u32> = (0..fit + 5).map(|_| e.run_on(Direction::Ingress, &data).unwrap().0).collect();
+    let first_drop = verdicts.iter().position(|v| *v == TC_ACT_SHOT).unwrap();
+    assert!((half - 1..=half + 2).contains(&first_drop), "first drop at {first_drop} of {fit}");
+    assert_eq!(verdicts[first_drop + 1], TC_ACT_OK, "early drops are isolated: {verdicts:?}");
+}
+
+#[test]
+fn the_priority_ladder_picks_the_first_matching_rule() {
+    let Some(mut e) = engine() else { return };
+    let rule = |bucket, priority, kind, addr: [u8; 4], prefix_len| QosMatch {
+        bucket,
+        priority,
+        addr,
+        kind,
+        prefix_len,
+        _pad0: 0,
+    };
+    let ladder = |eip_priority: u32| {
+        let mut z = eip_rule(eip_priority);
+        let h = z.hooks.get_mut(&(LO, QOS_INGRESS)).unwrap();
+        h.count = 2;
+        h.rules[0] = rule(BUCKET_GW, 2, QOS_MATCH_SRC, [203, 0, 113, 0], 24);
+        h.rules[1] = rule(BUCKET_ALL, 3, QOS_MATCH_ALL, [0; 4], 0);
+        z.buckets.insert(BUCKET_GW, qos_config(10_000_000, 0));
+        z.buckets.insert(BUCKET_ALL, qos_config(50_000_000, 0));
+        z
+    };
+    let counted = |e: &Engine| [BUCKET_EIP, BUCKET_GW, BUCKET_ALL].map(|b| stats(e, b).passed_packets);
+    // EIP rule priority 1 beats the gateway's src rule (2) and catch-all (3).
+    e.tables.sync_qos(ZONE, &ladder(1)).unwrap();
+    passed(&mut e, &big_udp(PEER), 1);
+    assert_eq!(counted(&e), [1, 0, 0]);
+    // EIP rule at priority 5: the src rule matches first.
+    e.tables.sync_qos(ZONE, &ladder(5)).unwrap();
+    passed(&mut e, &big_udp(PEER), 1);
+    assert_eq!(counted(&e), [1, 1, 0]);
+    // A source outside the src rule falls to the catch-all (3 < 5).
+    passed(&mut e, &big_udp([192, 0, 2, 1]), 1);
+    assert_eq!(counted(&e), [1, 1, 1]);
+    // Not to the EIP: only gateway rules apply.
+    passed(&mut e, &frame(&Ip::new(PEER, VPC), &udp(1, 2, &[0u8; 100])), 1);
+    assert_eq!(counted(&e), [1, 2, 1]);
+    // Unbinding the EIP's policy removes its bucket, config, state and stats.
+    let mut z = ladder(5);
+    z.eips.clear();
+    z.buckets.remove(&BUCKET_EIP);
+    z.hooks.get_mut(&(LO, QOS_INGRESS)).unwrap().eip_side = QOS_EIP_NONE;
+    e.tables.sync_qos(ZONE, &z).unwrap();
+    let d = e.tables.qos_dump().unwrap();
+    assert!(d.config.iter().all(|(b, _)| *b != BUCKET_EIP) && d.state.iter().all(|(b, _)| *b != BUCKET_EIP));
+    assert_eq!(e.tables.qos_zone(ZONE).unwrap(), z);
+    // Clearing the zone removes everything and traffic is unlimited.
+    e.tables.sync_qos(ZONE, &QosZone::default()).unwrap();
+    let d = e.tables.qos_dump().unwrap();
+    assert!(d.zones.is_empty() && d.hooks.is_empty() && d.eips.is_empty() && d.config.is_empty());
+    assert_eq!(passed(&mut e, &big_udp(PEER), 200), 200);
+}
+
+#[test]
+fn a_rate_change_keeps_the_bucket_and_applies_at_once() {
+    let Some(mut e) = engine() else { return };
+    e.tables.sync_qos(ZONE, &eip_rule(1)).unwrap();
+    let f = big_udp(PEER);
+    let fit = (QOS_BURST_FLOOR / f.len() as u64) as usize;
+    passed(&mut e, &f, fit / 2);
+    let clock = |e: &Engine| e.tables.qos_dump().unwrap().state[0].1.clock_ns;
+    let before = clock(&e);
+    // 1 → 100 Mbit/s: same bucket, same clock, the new cost at once.
+    let mut z = eip_rule(1);
+    z.buckets.insert(BUCKET_EIP, qos_config(100_000_000, 0));
+    let changes = e.tables.sync_qos(ZONE, &z).unwrap();
+    assert!(changes.iter().any(|c| c.contains("100000000 bit/s")), "{changes:?}");
+    assert_eq!(clock(&e), before, "the rate change reset the bucket");
+    // The backlog charged at 1 Mbit/s (~0.5 s) is held to the new burst
+    // (100 ms at 100 Mbit/s): after that long, full-size packets pass again,
+    // where the old rate would still drop them for ~0.4 s.
+    let burst_ns = qos_config(100_000_000, 0).burst_ns;
+    assert!(clock(&e) - lbagent::dataplane::tables::monotonic_ns() > burst_ns, "precondition: a long backlog");
+    let _ = e.run_on(Direction::Ingress, &f).unwrap();
+    std::thread::sleep(std::time::Duration::from_nanos(burst_ns + 20_000_000));
+    assert_eq!(passed(&mut e, &f, 20), 20, "the new rate did not apply at once");
+}
+
+#[test]
+fn zones_without_rules_pay_one_lookup_and_are_never_limited() {
+    let Some(mut e) = engine() else { return };
+    let f = big_udp(PEER);
+    assert_eq!(passed(&mut e, &f, 300), 300);
+    assert!(e.tables.qos_stats().unwrap().is_empty());
+    // Another zone's rules do not apply here.
+    let mut z = eip_rule(1);
+    z.buckets.insert(BUCKET_EIP, qos_config(1_000_000, 0));
+    e.tables.sync_qos(ZONE + 1, &z).unwrap();
+    assert_eq!(passed(&mut e, &f, 300), 300);
+    e.tables.sync_qos(ZONE + 1, &QosZone::default()).unwrap();
+}

@@ -10,6 +10,9 @@
 //! apply (`qos_eips`, exact address). The first gateway rule that matches
 //! with a lower priority number than the EIP's rule wins, else the EIP's.
 //!
+//! Bytes are counted as tc counts them: layer-2 length, a GSO packet whole
+//! with the headers of each of its segments.
+//!
 //! The limiter is a virtual clock per bucket (the arithmetic of tc's
 //! `act_police` turned around): a packet of `len` layer-2 bytes costs
 //! `len × 8e9 / rate` ns; the clock runs ahead of real time by the backlog;
@@ -29,7 +32,7 @@
 //! packet per CPU per idle-to-busy transition. The early-drop timestamp is a
 //! plain store too (a lost update only spaces early drops differently).
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
+use aya_ebpf::{EbpfContext, bindings::__sk_buff, helpers::bpf_ktime_get_ns, programs::TcContext};
 use lbagent_common::*;
 
 use crate::{
@@ -40,6 +43,8 @@ use crate::{
 /// IPv4 header offsets.
 const IP_TOS: usize = 1;
 const IP_CSUM: usize = 10;
+/// TCP data offset (header length in 32-bit words, high nibble).
+const TCP_DOFF: usize = 12;
 /// ECN codepoints (low two bits of the TOS byte).
 const ECN_MASK: u8 = 0x03;
 const ECN_CE: u8 = 0x03;
@@ -116,7 +121,7 @@ fn limit(ctx: &TcContext, p: &Packet, bucket: u32) -> bool {
     if c.rate_bps == 0 {
         return false;
     }
-    let len = ctx.len() as u64;
+    let len = wire_len(ctx, p);
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let cost = len * NS_PER_S_BITS / c.rate_bps;
@@ -124,10 +129,12 @@ fn limit(ctx: &TcContext, p: &Packet, bucket: u32) -> bool {
     // other CPUs update it concurrently (see the module notes).
     let mut clock = unsafe { core::ptr::read_volatile(&(*st).clock_ns) };
     let mut backlog = clock.saturating_sub(now);
-    if backlog > c.burst_ns + c.headroom_ns {
+    if backlog > 2 * c.burst_ns + c.headroom_ns {
         // Only after a rate increase (the backlog was charged at the old,
-        // slower rate): the bucket is full at the new rate's scale and
-        // drains at the new rate from now on.
+        // slower rate; admitted packets overshoot the burst by at most one
+        // packet, and the burst floor is two full-size GSO packets): the
+        // bucket is full at the new rate's scale and drains at the new rate
+        // from now on.
         backlog = c.burst_ns;
         clock = now + backlog;
         // SAFETY: as above.
@@ -135,7 +142,7 @@ fn limit(ctx: &TcContext, p: &Packet, bucket: u32) -> bool {
     }
     let small = len <= QOS_SMALL_PACKET as u64;
     let room = if small { c.burst_ns + c.headroom_ns } else { c.burst_ns };
-    let outcome = if backlog + cost > room {
+    let outcome = if backlog > room {
         Outcome::Dropped
     } else if backlog > c.mark_ns && !small {
         if mark_ce(ctx, p) {
@@ -174,6 +181,27 @@ fn limit(ctx: &TcContext, p: &Packet, bucket: u32) -> bool {
     }
     count(bucket, outcome, len);
     outcome == Outcome::Dropped
+}
+
+/// The packet's layer-2 length as tc counts it (`qdisc_pkt_len`): a GSO
+/// packet is charged whole, with the headers each of its segments will
+/// carry on the wire.
+#[inline(always)]
+fn wire_len(ctx: &TcContext, p: &Packet) -> u64 {
+    let len = ctx.len() as u64;
+    // SAFETY: the context pointer of a TC program is a valid __sk_buff.
+    let segs = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).gso_segs } as u64;
+    if segs <= 1 {
+        return len;
+    }
+    let l4 = match p.tuple.proto {
+        PROTO_TCP => match ctx.load::<u8>(p.l4 + TCP_DOFF) {
+            Ok(b) => ((b >> 4) as u64) * 4,
+            Err(_) => 20,
+        },
+        _ => 8,
+    };
+    len + (segs - 1) * (p.l4 as u64 + l4)
 }
 
 /// CE-marks an ECN-capable packet (fixing the IP checksum); false if the

@@ -12,6 +12,7 @@ pub mod net;
 pub mod ovn;
 pub mod ovs;
 pub mod packet;
+pub mod rate;
 pub mod topology;
 pub mod traffic;
 

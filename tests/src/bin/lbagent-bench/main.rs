@@ -19,8 +19,14 @@
 //!    against reading them per zone as before), and conntrack GC over a full
 //!    table.
 //!
+//! 8. QoS fidelity: achieved ÷ configured rate for the eBPF limiter and
+//!    kube-ovn's tc HTB scheme at 10 and 100 Mbit/s, and the per-packet cost
+//!    of a matching rule (`qos.rs`).
+//!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale` picks sections.
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos` picks sections.
+
+mod qos;
 
 use std::{
     fmt::Write as _,
@@ -228,29 +234,6 @@ fn conn_rates(counts: &[usize], reps: usize, dur: Duration, out: &mut String) ->
     Ok(())
 }
 
-/// An iperf3 server in a namespace, killed on drop.
-struct Iperf(std::process::Child);
-
-impl Iperf {
-    fn start(ns: &str) -> Result<Iperf> {
-        let child = std::process::Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{ns}"))
-            .args(["--", "iperf3", "-s", "-p", "5201"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .context("starting iperf3 (is it installed?)")?;
-        std::thread::sleep(Duration::from_millis(300));
-        Ok(Iperf(child))
-    }
-}
-
-impl Drop for Iperf {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// One iperf3 run from `ns` to `to`; returns the parsed JSON.
 fn iperf(ns: &str, to: Ipv4Addr, extra: &[&str]) -> Result<serde_json::Value> {
     let out = lbagent_tests::net::in_ns(
@@ -295,7 +278,10 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
     let route = NatTopology::plain()?;
     let paths =
         [("eBPF engine", &ebpf, VIP), ("iptables (seed rules)", &ipt, VIP), ("plain routing, no NAT", &route, SERVER)];
-    let _servers: Vec<Iperf> = paths.iter().map(|(_, t, _)| Iperf::start(&t.server.name)).collect::<Result<_>>()?;
+    let _servers: Vec<lbagent_tests::rate::IperfServer> = paths
+        .iter()
+        .map(|(_, t, _)| lbagent_tests::rate::IperfServer::start(&t.server.name, 5201))
+        .collect::<Result<_>>()?;
     let mut rows = vec![(vec![], vec![], vec![]); 3];
     for _ in 0..reps {
         for (k, (_, t, to)) in paths.iter().enumerate() {
@@ -713,6 +699,9 @@ fn main() -> Result<()> {
     }
     if want("scale") {
         scale(&mut out)?;
+    }
+    if want("qos") {
+        qos::qos(if quick { 1 } else { 2 }, &mut out)?;
     }
     eprintln!();
     println!("{out}");

@@ -5,13 +5,15 @@
 //! | `qos_zones`    | array[65536]     | zone `u32`      | `u32` hooks with rules | agent | program (the cheap "nothing here" check) |
 //! | `qos_hooks`    | hash             | [`QosHookKey`]  | [`QosHook`]    | agent      | program |
 //! | `qos_eips`     | hash             | [`QosEipKey`]   | [`QosEip`]     | agent      | program |
-//! | `qos_config`   | hash             | bucket id `u32` | [`QosConfig`]  | agent (replaced whole) | program |
-//! | `qos_state`    | hash             | bucket id `u32` | [`QosBucket`]  | agent creates/deletes, never rewrites; program | program |
-//! | `qos_stats`    | per-CPU hash     | bucket id `u32` | [`QosStats`]   | program    | agent, metrics, `lbagent maps` |
+//! | `qos_config`   | array[16384]     | bucket `u32`    | [`QosConfig`]  | agent (replaced whole; rate 0 = unused) | program |
+//! | `qos_state`    | array[16384]     | bucket `u32`    | [`QosBucket`]  | agent zeroes it when a bucket is created or freed, never otherwise; program | program |
+//! | `qos_stats`    | array[16384]     | bucket `u32`    | [`QosStats`]   | program (atomic adds), agent (zeroes) | agent, metrics, `lbagent maps` |
 //!
 //! A bucket is one rule instance (a policy rule bound to one EIP, or a
-//! gateway policy rule on one gateway); its id comes from the agent's rule
-//! id allocator, so a rate change keeps the bucket (and its state).
+//! gateway policy rule on one gateway); its index comes from the agent's
+//! bucket allocator under a stable key, so a rate change keeps the bucket
+//! (and its state). Arrays, not hashes: a packet's three bucket lookups are
+//! array accesses the verifier inlines.
 
 /// Map names (pin file names).
 pub const MAP_QOS_ZONES: &str = "qos_zones";
@@ -24,7 +26,8 @@ pub const MAP_QOS_STATS: &str = "qos_stats";
 pub const QOS_ZONES_MAX: u32 = 65_536;
 pub const QOS_HOOKS_MAX: u32 = 16_384;
 pub const QOS_EIPS_MAX: u32 = 65_536;
-pub const QOS_BUCKETS_MAX: u32 = 65_536;
+/// Buckets (index 0 is never used: it means "no limit").
+pub const QOS_BUCKETS_MAX: u32 = 16_384;
 
 /// Gateway rules one hook (interface and direction) can hold.
 pub const QOS_HOOK_RULES: usize = 8;
@@ -125,7 +128,7 @@ pub struct QosBucket {
     pub last_early_ns: u64,
 }
 
-/// Per bucket and CPU: packets and layer-2 bytes by outcome.
+/// Per bucket: packets and layer-2 bytes by outcome (atomic adds).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QosStats {

@@ -2,7 +2,7 @@
 //! `lbagent_common::maps`; every map is pinned by name.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray},
     macros::btf_map,
 };
 use lbagent_common::*;
@@ -66,15 +66,16 @@ pub static QOS_HOOKS: HashMap<QosHookKey, QosHook, { QOS_HOOKS_MAX as usize }> =
 #[btf_map(name = "qos_eips", pin_by_name)]
 pub static QOS_EIPS: HashMap<QosEipKey, QosEip, { QOS_EIPS_MAX as usize }> = HashMap::new();
 
-/// QoS: each bucket's rate and thresholds (replaced whole by the agent).
+/// QoS: each bucket's rate and thresholds (replaced whole by the agent;
+/// rate 0 = unused).
 #[btf_map(name = "qos_config", pin_by_name)]
-pub static QOS_CONFIG: HashMap<u32, QosConfig, { QOS_BUCKETS_MAX as usize }> = HashMap::new();
+pub static QOS_CONFIG: Array<QosConfig, { QOS_BUCKETS_MAX as usize }> = Array::new();
 
-/// QoS: each bucket's virtual clock (created and deleted by the agent,
-/// never rewritten: a rate change keeps it).
+/// QoS: each bucket's virtual clock (zeroed by the agent when the bucket is
+/// created or freed, never otherwise: a rate change keeps it).
 #[btf_map(name = "qos_state", pin_by_name)]
-pub static QOS_STATE: HashMap<u32, QosBucket, { QOS_BUCKETS_MAX as usize }> = HashMap::new();
+pub static QOS_STATE: Array<QosBucket, { QOS_BUCKETS_MAX as usize }> = Array::new();
 
-/// QoS: per bucket and CPU, packets and bytes passed, marked and dropped.
+/// QoS: per bucket, packets and bytes passed, marked and dropped.
 #[btf_map(name = "qos_stats", pin_by_name)]
-pub static QOS_STATS: PerCpuHashMap<u32, QosStats, { QOS_BUCKETS_MAX as usize }> = PerCpuHashMap::new();
+pub static QOS_STATS: Array<QosStats, { QOS_BUCKETS_MAX as usize }> = Array::new();

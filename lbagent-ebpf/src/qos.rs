@@ -114,10 +114,8 @@ enum Outcome {
 
 #[inline(always)]
 fn limit(ctx: &TcContext, p: &Packet, bucket: u32) -> bool {
-    // SAFETY: a hash map value, read in place (the agent replaces configs
-    // whole with one update).
-    let Some(c) = (unsafe { QOS_CONFIG.get(&bucket) }) else { return false };
-    let Some(st) = QOS_STATE.get_ptr_mut(&bucket) else { return false };
+    let Some(c) = QOS_CONFIG.get(bucket) else { return false };
+    let Some(st) = QOS_STATE.get_ptr_mut(bucket) else { return false };
     if c.rate_bps == 0 {
         return false;
     }
@@ -168,15 +166,9 @@ fn limit(ctx: &TcContext, p: &Packet, bucket: u32) -> bool {
             // SAFETY: as above.
             unsafe { core::ptr::write_volatile(&mut (*st).clock_ns, now + cost) };
         } else {
-            // SAFETY: as above. The result is unused, so LLVM emits the
-            // plain atomic add of kernel 5.10 (`lock +=`), not a fetch-add
-            // (5.12+); the static check of the object guards that.
-            unsafe {
-                core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-                    &mut (*st).clock_ns,
-                    cost,
-                );
-            }
+            // SAFETY: as above. The plain atomic add of kernel 5.10 (not a
+            // fetch-add, 5.12+); the static check of the object guards that.
+            add(unsafe { &raw mut (*st).clock_ns }, cost);
         }
     }
     count(bucket, outcome, len);
@@ -223,28 +215,43 @@ fn mark_ce(ctx: &TcContext, p: &Packet) -> bool {
     ctx.l3_csum_replace(p.l3 + IP_CSUM, u16::from_ne_bytes(word) as u64, u16::from_ne_bytes(new) as u64, 2).is_ok()
 }
 
-/// Counts the packet in the bucket's per-CPU stats (created with the
-/// bucket by the agent; a missing entry is not counted).
+/// Adds `v` to `*p` with the 5.10 atomic add (result unused).
+#[inline(always)]
+fn add(p: *mut u64, v: u64) {
+    // SAFETY: `p` points into a map value valid for the program run; the
+    // unused result makes this a plain `lock +=`.
+    unsafe { core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, v) };
+}
+
+/// Counts the packet in the bucket's stats (shared by all CPUs: atomic adds).
 #[inline(always)]
 fn count(bucket: u32, outcome: Outcome, bytes: u64) {
-    let Some(s) = QOS_STATS.get_ptr_mut(&bucket) else { return };
-    // SAFETY: a per-CPU map value, this CPU's, valid for the program run.
-    unsafe {
-        match outcome {
-            Outcome::Dropped => {
-                (*s).dropped_packets += 1;
-                (*s).dropped_bytes += bytes;
-            }
-            Outcome::Marked => {
-                (*s).marked_packets += 1;
-                (*s).marked_bytes += bytes;
-                (*s).passed_packets += 1;
-                (*s).passed_bytes += bytes;
-            }
-            Outcome::Passed => {
-                (*s).passed_packets += 1;
-                (*s).passed_bytes += bytes;
-            }
+    let Some(s) = QOS_STATS.get_ptr_mut(bucket) else { return };
+    // SAFETY: the map value's fields, valid for the program run.
+    let (pp, pb, mp, mb, dp, db) = unsafe {
+        (
+            &raw mut (*s).passed_packets,
+            &raw mut (*s).passed_bytes,
+            &raw mut (*s).marked_packets,
+            &raw mut (*s).marked_bytes,
+            &raw mut (*s).dropped_packets,
+            &raw mut (*s).dropped_bytes,
+        )
+    };
+    match outcome {
+        Outcome::Dropped => {
+            add(dp, 1);
+            add(db, bytes);
+        }
+        Outcome::Marked => {
+            add(mp, 1);
+            add(mb, bytes);
+            add(pp, 1);
+            add(pb, bytes);
+        }
+        Outcome::Passed => {
+            add(pp, 1);
+            add(pb, bytes);
         }
     }
 }

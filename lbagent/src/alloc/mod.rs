@@ -35,6 +35,10 @@ pub struct Allocations {
     /// under its id, and its statistics must not be mistaken for a new rule's.
     #[serde(default)]
     pub next_rule_id: u32,
+    /// QoS bucket (index into the QoS arrays) per rule-instance key
+    /// (`natgw/<gw>/qos/...`); 1 … `QOS_BUCKETS_MAX` − 1, lowest free first.
+    #[serde(default)]
+    pub qos_buckets: BTreeMap<String, u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +57,7 @@ pub enum AllocError {
     ZonesExhausted,
     AddressesExhausted,
     PortsExhausted(String),
+    QosBucketsExhausted,
 }
 
 impl std::fmt::Display for AllocError {
@@ -61,6 +66,9 @@ impl std::fmt::Display for AllocError {
             AllocError::ZonesExhausted => write!(f, "no free zone id (65535 in use)"),
             AllocError::AddressesExhausted => write!(f, "no free link-local address in 169.254.0.0/16"),
             AllocError::PortsExhausted(lb) => write!(f, "load balancer {lb}: no free mapped port in 1025-65535"),
+            AllocError::QosBucketsExhausted => {
+                write!(f, "no free QoS bucket ({} rule instances in use)", lbagent_common::QOS_BUCKETS_MAX - 1)
+            }
         }
     }
 }
@@ -155,6 +163,32 @@ impl Allocations {
         self.next_rule_id = id.wrapping_add(1);
         self.rule_ids.insert(key.to_string(), id);
         id
+    }
+
+    /// The QoS bucket of `key`, allocating the lowest free one.
+    pub fn qos_bucket(&mut self, key: &str) -> Result<u32, AllocError> {
+        if let Some(b) = self.qos_buckets.get(key) {
+            return Ok(*b);
+        }
+        let used: BTreeSet<u32> = self.qos_buckets.values().copied().collect();
+        let b =
+            (1..lbagent_common::QOS_BUCKETS_MAX).find(|b| !used.contains(b)).ok_or(AllocError::QosBucketsExhausted)?;
+        self.qos_buckets.insert(key.to_string(), b);
+        Ok(b)
+    }
+
+    /// Releases QoS buckets whose key starts with `prefix` and is not in
+    /// `keep`; returns them.
+    pub fn release_qos(&mut self, prefix: &str, keep: &BTreeSet<String>) -> Vec<u32> {
+        let mut released = Vec::new();
+        self.qos_buckets.retain(|k, b| {
+            let stays = !k.starts_with(prefix) || keep.contains(k);
+            if !stays {
+                released.push(*b);
+            }
+            stays
+        });
+        released
     }
 
     /// Releases rule ids whose key starts with `prefix` and is not in `keep`;

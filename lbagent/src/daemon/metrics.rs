@@ -35,7 +35,7 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
         for (id, st) in &stats {
             let _ = writeln!(out, "lbagent_rule_bytes_total{{rule=\"{}\"}} {}", name(*id), st.bytes);
         }
-        let qos = t.qos_stats().unwrap_or_default();
+        let qos = t.qos_stats_of(status.qos_names.keys().copied()).unwrap_or_default();
         out += "# HELP lbagent_qos_packets_total Packets by QoS rule instance and outcome (passed includes marked).\n";
         out += "# TYPE lbagent_qos_packets_total counter\n";
         out += "# HELP lbagent_qos_bytes_total Layer-2 bytes by QoS rule instance and outcome.\n";
@@ -46,8 +46,9 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
                 ("marked", st.marked_packets, st.marked_bytes),
                 ("dropped", st.dropped_packets, st.dropped_bytes),
             ] {
-                let _ = writeln!(out, "lbagent_qos_packets_total{{rule=\"{}\",outcome=\"{outcome}\"}} {p}", name(*id));
-                let _ = writeln!(out, "lbagent_qos_bytes_total{{rule=\"{}\",outcome=\"{outcome}\"}} {b}", name(*id));
+                let key = &status.qos_names[id];
+                let _ = writeln!(out, "lbagent_qos_packets_total{{rule=\"{key}\",outcome=\"{outcome}\"}} {p}");
+                let _ = writeln!(out, "lbagent_qos_bytes_total{{rule=\"{key}\",outcome=\"{outcome}\"}} {b}");
             }
         }
         out += "# HELP lbagent_rule_acl_drops_total New flows a listener's ACL refused.\n";

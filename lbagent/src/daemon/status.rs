@@ -23,6 +23,8 @@ pub struct Status {
     pub document: Value,
     /// Rule id → rule key (`natgw/<gw>/fip/<eip>`, `lb/<id>/listener/<l>` …), for metrics.
     pub rule_names: std::collections::BTreeMap<u32, String>,
+    /// QoS bucket → rule-instance key (`natgw/<gw>/qos/...`), for metrics.
+    pub qos_names: std::collections::BTreeMap<u32, String>,
 }
 
 fn secs(t: Option<SystemTime>) -> Value {
@@ -33,6 +35,7 @@ impl Status {
     /// Recomputes the document after an apply or a refused reload.
     pub fn refresh(&mut self, applied: &Applied, alloc: &Allocations) {
         self.rule_names = alloc.rule_ids.iter().map(|(k, id)| (*id, k.clone())).collect();
+        self.qos_names = alloc.qos_buckets.iter().map(|(k, b)| (*b, k.clone())).collect();
         let lbs: Vec<Value> = applied
             .lbs
             .values()

@@ -3,16 +3,17 @@
 //! hooks, EIP rules and buckets made equal to a desired set, touching only
 //! what differs.
 //!
-//! Order keeps every packet consistent: a new bucket's config and state
-//! exist before any hook or EIP entry points at it; entries stop pointing at
-//! a bucket before it goes. A bucket's state is created once and never
-//! rewritten (a rate change replaces only its config, so the bucket keeps
-//! its clock and no flow sees a reset).
+//! Order keeps every packet consistent: a new bucket's state and counters
+//! are zeroed and its config written before any hook or EIP entry points at
+//! it; entries stop pointing at a bucket before it is cleared. A bucket's
+//! state is zeroed only when the bucket is created or freed (a rate change
+//! replaces only its config, so the bucket keeps its clock and no flow sees
+//! a reset).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use aya::maps::{Array, Map, MapError, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, Map, MapData};
 use lbagent_common::*;
 
 use super::tables::Tables;
@@ -24,19 +25,8 @@ pub struct QosZone {
     pub hooks: BTreeMap<(u32, u8), QosHook>,
     /// (EIP, direction) → its rule.
     pub eips: BTreeMap<([u8; 4], u8), QosEip>,
-    /// Bucket id → config.
+    /// Bucket → config.
     pub buckets: BTreeMap<u32, QosConfig>,
-}
-
-/// Create only if absent.
-const BPF_NOEXIST: u64 = 1;
-
-/// An insert that lost a race with another creator is fine.
-fn ignore_exists(r: Result<(), MapError>) -> Result<()> {
-    match r {
-        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => Ok(()),
-        r => Ok(r?),
-    }
 }
 
 /// Every entry of the QoS maps.
@@ -46,20 +36,14 @@ pub struct QosDump {
     pub zones: Vec<(u32, u32)>,
     pub hooks: Vec<(QosHookKey, QosHook)>,
     pub eips: Vec<(QosEipKey, QosEip)>,
+    /// Buckets in use (rate > 0): config and state.
     pub config: Vec<(u32, QosConfig)>,
     pub state: Vec<(u32, QosBucket)>,
 }
 
-/// One bucket's counters summed over CPUs.
-pub type QosTotals = QosStats;
-
 impl Tables {
-    fn qos_zones(&self) -> Result<Array<aya::maps::MapData, u32>> {
-        Ok(Array::try_from(Map::Array(self.data(MAP_QOS_ZONES)?))?)
-    }
-
-    fn qos_stats_map(&self) -> Result<PerCpuHashMap<aya::maps::MapData, u32, QosStats>> {
-        Ok(PerCpuHashMap::try_from(Map::PerCpuHashMap(self.data(MAP_QOS_STATS)?))?)
+    fn array<V: aya::Pod>(&self, name: &str) -> Result<Array<MapData, V>> {
+        Ok(Array::try_from(Map::Array(self.data(name)?))?)
     }
 
     /// The zone's QoS entries as the maps hold them.
@@ -79,16 +63,17 @@ impl Tables {
                 out.eips.insert((k.addr, k.dir), v);
             }
         }
-        let config = self.hash::<u32, QosConfig>(MAP_QOS_CONFIG)?;
+        let config = self.array::<QosConfig>(MAP_QOS_CONFIG)?;
         let used: BTreeSet<u32> = out
             .hooks
             .values()
             .flat_map(|h| h.rules[..(h.count as usize).min(QOS_HOOK_RULES)].iter().map(|r| r.bucket))
             .chain(out.eips.values().map(|e| e.bucket))
             .collect();
-        for id in used {
-            if let Ok(c) = config.get(&id, 0) {
-                out.buckets.insert(id, c);
+        for b in used {
+            let c = config.get(&b, 0)?;
+            if c.rate_bps != 0 {
+                out.buckets.insert(b, c);
             }
         }
         Ok(out)
@@ -101,25 +86,20 @@ impl Tables {
             return Ok(vec![]);
         }
         let mut changes = Vec::new();
-        let mut config = self.hash::<u32, QosConfig>(MAP_QOS_CONFIG)?;
-        let mut state = self.hash::<u32, QosBucket>(MAP_QOS_STATE)?;
+        let mut config = self.array::<QosConfig>(MAP_QOS_CONFIG)?;
+        let mut state = self.array::<QosBucket>(MAP_QOS_STATE)?;
+        let mut stats = self.array::<QosStats>(MAP_QOS_STATS)?;
         let mut hooks = self.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?;
         let mut eips = self.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?;
-        let mut stats = self.qos_stats_map()?;
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| anyhow::anyhow!("counting CPUs: {e}"))?;
-        for (id, c) in &want.buckets {
-            if have.buckets.get(id) != Some(c) {
-                config.insert(id, c, 0)?;
-                changes.push(format!("QoS bucket {id}: {} bit/s, burst {} ns", c.rate_bps, c.burst_ns));
+        for (b, c) in &want.buckets {
+            if !have.buckets.contains_key(b) {
+                // A new bucket: full, with no counts.
+                state.set(*b, &QosBucket::default(), 0)?;
+                stats.set(*b, &QosStats::default(), 0)?;
             }
-            // Created once (BPF_NOEXIST): a running bucket keeps its clock
-            // and its counters.
-            if state.get(id, 0).is_err() {
-                ignore_exists(state.insert(id, &QosBucket::default(), BPF_NOEXIST))?;
-            }
-            if stats.get(id, 0).is_err() {
-                let zero = PerCpuValues::try_from(vec![QosStats::default(); cpus.get() as usize])?;
-                ignore_exists(stats.insert(id, zero, BPF_NOEXIST))?;
+            if have.buckets.get(b) != Some(c) {
+                config.set(*b, c, 0)?;
+                changes.push(format!("QoS bucket {b}: {} bit/s, burst {} ns", c.rate_bps, c.burst_ns));
             }
         }
         for ((addr, dir), e) in &want.eips {
@@ -132,28 +112,46 @@ impl Tables {
                 hooks.insert(&QosHookKey { ifindex: *ifindex, zone, dir: *dir, _pad0: 0 }, h, 0)?;
             }
         }
-        self.qos_zones()?.set(zone as u32, &(want.hooks.len() as u32), 0)?;
+        self.array::<u32>(MAP_QOS_ZONES)?.set(zone as u32, &(want.hooks.len() as u32), 0)?;
         for (addr, dir) in have.eips.keys().filter(|k| !want.eips.contains_key(k)) {
             let _ = eips.remove(&QosEipKey { addr: *addr, zone, dir: *dir, _pad0: 0 });
         }
         for (ifindex, dir) in have.hooks.keys().filter(|k| !want.hooks.contains_key(k)) {
             let _ = hooks.remove(&QosHookKey { ifindex: *ifindex, zone, dir: *dir, _pad0: 0 });
         }
-        for id in have.buckets.keys().filter(|id| !want.buckets.contains_key(id)) {
-            let _ = config.remove(id);
-            let _ = state.remove(id);
-            let _ = stats.remove(id);
-            changes.push(format!("QoS bucket {id} removed"));
+        for b in have.buckets.keys().filter(|b| !want.buckets.contains_key(b)) {
+            config.set(*b, &QosConfig::default(), 0)?;
+            state.set(*b, &QosBucket::default(), 0)?;
+            stats.set(*b, &QosStats::default(), 0)?;
+            changes.push(format!("QoS bucket {b} removed"));
         }
         Ok(changes)
+    }
+
+    /// The counters of `buckets`.
+    pub fn qos_stats_of(&self, buckets: impl IntoIterator<Item = u32>) -> Result<BTreeMap<u32, QosStats>> {
+        let stats = self.array::<QosStats>(MAP_QOS_STATS)?;
+        let mut out = BTreeMap::new();
+        for b in buckets {
+            if b != 0 && b < QOS_BUCKETS_MAX {
+                out.insert(b, stats.get(&b, 0)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The counters of every bucket in use (rate > 0).
+    pub fn qos_stats(&self) -> Result<BTreeMap<u32, QosStats>> {
+        let used: Vec<u32> = self.qos_dump()?.config.iter().map(|(b, _)| *b).collect();
+        self.qos_stats_of(used)
     }
 
     /// Every QoS map's entries (for `lbagent maps`).
     pub fn qos_dump(&self) -> Result<QosDump> {
         let mut d = QosDump::default();
-        let zones = self.qos_zones()?;
-        for z in 0..QOS_ZONES_MAX {
-            let n = zones.get(&z, 0)?;
+        let zones = self.array::<u32>(MAP_QOS_ZONES)?;
+        for item in zones.iter().enumerate() {
+            let (z, n) = (item.0 as u32, item.1?);
             if n != 0 {
                 d.zones.push((z, n));
             }
@@ -164,35 +162,17 @@ impl Tables {
         for item in self.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?.iter() {
             d.eips.push(item?);
         }
-        for item in self.hash::<u32, QosConfig>(MAP_QOS_CONFIG)?.iter() {
-            d.config.push(item?);
-        }
-        for item in self.hash::<u32, QosBucket>(MAP_QOS_STATE)?.iter() {
-            d.state.push(item?);
+        let config = self.array::<QosConfig>(MAP_QOS_CONFIG)?;
+        let state = self.array::<QosBucket>(MAP_QOS_STATE)?;
+        for (b, c) in config.iter().enumerate() {
+            let c = c?;
+            if c.rate_bps != 0 {
+                d.config.push((b as u32, c));
+                d.state.push((b as u32, state.get(&(b as u32), 0)?));
+            }
         }
         d.hooks.sort_by_key(|(k, _)| (k.zone, k.ifindex, k.dir));
         d.eips.sort_by_key(|(k, _)| (k.zone, k.dir, k.addr));
-        d.config.sort_by_key(|(id, _)| *id);
-        d.state.sort_by_key(|(id, _)| *id);
         Ok(d)
-    }
-
-    /// Every bucket's counters, summed over CPUs.
-    pub fn qos_stats(&self) -> Result<BTreeMap<u32, QosTotals>> {
-        let map = self.qos_stats_map()?;
-        let mut out = BTreeMap::new();
-        for item in map.iter() {
-            let (id, per_cpu) = item?;
-            let sum = per_cpu.iter().fold(QosStats::default(), |a, v| QosStats {
-                passed_packets: a.passed_packets + v.passed_packets,
-                passed_bytes: a.passed_bytes + v.passed_bytes,
-                marked_packets: a.marked_packets + v.marked_packets,
-                marked_bytes: a.marked_bytes + v.marked_bytes,
-                dropped_packets: a.dropped_packets + v.dropped_packets,
-                dropped_bytes: a.dropped_bytes + v.dropped_bytes,
-            });
-            out.insert(id, sum);
-        }
-        Ok(out)
     }
 }

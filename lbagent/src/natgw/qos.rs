@@ -9,9 +9,8 @@
 //!   `net1` for egress, `eth0` for ingress), all traffic or `match: src|dst
 //!   CIDR`, sorted by priority on their hook.
 //!
-//! Bucket ids come from the rule id allocator under stable keys, so a rate
-//! change keeps the bucket; a key no longer used is released with the
-//! gateway's other rule ids.
+//! Buckets come from the QoS bucket allocator under stable keys, so a rate
+//! change keeps the bucket; a key no longer used is released.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -78,16 +77,33 @@ pub fn interface(r: &QosRule) -> &'static str {
     }
 }
 
-/// The gateway's QoS entries, allocating bucket ids.
+/// The gateway's QoS entries, allocating buckets.
 pub fn qos(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, alloc: &mut Allocations) -> Result<GwQos> {
-    build(gw, policies, ifs, &mut |k| alloc.rule_id(k))
+    let mut exhausted = None;
+    let q = build(gw, policies, ifs, &mut |k| {
+        alloc.qos_bucket(k).unwrap_or_else(|e| {
+            exhausted = Some(e);
+            0
+        })
+    })?;
+    if let Some(e) = exhausted {
+        bail!("{e}");
+    }
+    Ok(q)
+}
+
+/// Prefix of the gateway's bucket keys.
+pub fn prefix(gw: &str) -> String {
+    format!("natgw/{gw}/qos/")
 }
 
 /// The gateway's bound rules with their bucket ids as allocated (0 when
 /// not allocated yet), for status; allocates nothing.
 pub fn bound(gw: &NatGateway, policies: &[QosPolicy], alloc: &Allocations) -> Vec<Bound> {
     let ifs = Ifaces { lan: 0, ext: 0 };
-    build(gw, policies, ifs, &mut |k| alloc.rule_ids.get(k).copied().unwrap_or(0)).map(|q| q.bound).unwrap_or_default()
+    build(gw, policies, ifs, &mut |k| alloc.qos_buckets.get(k).copied().unwrap_or(0))
+        .map(|q| q.bound)
+        .unwrap_or_default()
 }
 
 fn build(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, id: &mut dyn FnMut(&str) -> u32) -> Result<GwQos> {

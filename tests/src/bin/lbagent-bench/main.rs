@@ -702,6 +702,8 @@ fn main() -> Result<()> {
     }
     if want("qos") {
         qos::qos(if quick { 1 } else { 2 }, &mut out)?;
+    } else if want("qos-cost") {
+        qos::cost(&mut out)?;
     }
     eprintln!();
     println!("{out}");

@@ -379,6 +379,9 @@ load_balancers:
     .unwrap();
     let _daemon = env.start();
     let vip: std::net::SocketAddr = "10.70.0.5:9000".parse().unwrap();
+    // The load balancer's OVS port was added by the first apply; the
+    // userspace datapath may take a moment before it forwards.
+    wait(|| ask_tcp(&client.ns.name, vip).is_ok(), "the VIP answers");
     let tags = |n| -> HashSet<String> {
         (0..n).map(|_| ask_tcp(&client.ns.name, vip).unwrap().split(' ').next().unwrap().to_string()).collect()
     };

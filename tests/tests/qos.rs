@@ -222,7 +222,7 @@ fn zones_without_rules_pay_one_lookup_and_are_never_limited() {
     assert_eq!(passed(&mut e, &f, 300), 300);
     assert!(e.tables.qos_stats().unwrap().is_empty());
     // Another zone's rules do not apply here.
-    let mut z = eip_rule(1);
+    let z = eip_rule(1);
     e.tables.sync_qos(ZONE + 1, &z).unwrap();
     assert_eq!(passed(&mut e, &f, 300), 300);
     e.tables.sync_qos(ZONE + 1, &QosZone::default()).unwrap();

@@ -46,11 +46,11 @@ const LOOPBACK_IFINDEX: u32 = 1;
 #[inline(always)]
 pub fn process(ctx: &TcContext) -> i32 {
     // QoS first, on the packet as it leaves (an EIP after SNAT).
+    if qos::police(ctx, zone(), QOS_EGRESS) {
+        return TC_ACT_SHOT;
+    }
     match parse(ctx, zone()) {
         Ok(Parsed::IcmpError(p, e)) => {
-            if qos::police(ctx, &p, QOS_EGRESS) {
-                return TC_ACT_SHOT;
-            }
             if p.ifindex == LOOPBACK_IFINDEX {
                 looped_error(ctx, &p, &e)
             } else {
@@ -58,10 +58,11 @@ pub fn process(ctx: &TcContext) -> i32 {
             }
         }
         Ok(Parsed::Flow(p)) => {
-            if qos::police(ctx, &p, QOS_EGRESS) {
-                return TC_ACT_SHOT;
+            if p.frag == Frag::None && from_socket(ctx) {
+                own_connection(ctx, &p)
+            } else {
+                TC_ACT_OK
             }
-            if p.frag == Frag::None && from_socket(ctx) { own_connection(ctx, &p) } else { TC_ACT_OK }
         }
         _ => TC_ACT_OK,
     }

@@ -25,11 +25,11 @@ const COLLISION_PORT_MIN: u16 = 1024;
 pub fn process(ctx: &TcContext) -> i32 {
     count(Counter::Packets);
     // QoS first, on the packet as it arrived (an EIP before DNAT).
+    if qos::police(ctx, zone(), QOS_INGRESS) {
+        return TC_ACT_SHOT;
+    }
     match parse(ctx, zone()) {
         Ok(Parsed::Flow(p)) => {
-            if qos::police(ctx, &p, QOS_INGRESS) {
-                return TC_ACT_SHOT;
-            }
             if p.frag == Frag::Later {
                 return fragment::later(ctx, &p);
             }
@@ -38,12 +38,7 @@ pub fn process(ctx: &TcContext) -> i32 {
             }
             flow(ctx, &p)
         }
-        Ok(Parsed::IcmpError(p, e)) => {
-            if qos::police(ctx, &p, QOS_INGRESS) {
-                return TC_ACT_SHOT;
-            }
-            icmp_error::translate(ctx, &p, &e, Side::Ingress)
-        }
+        Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e, Side::Ingress),
         Err(c) => verdict(c),
     }
 }

@@ -234,6 +234,7 @@ mod traffic {
     use std::time::Duration;
 
     use super::serial;
+    use lbagent_common::{MAP_QOS_EIPS, MAP_QOS_HOOKS, MAP_QOS_STATS};
     use lbagent_tests::{
         gateway::{GwBed, INTERNET_IP},
         rate::{IperfClient, IperfServer, rx_rate},
@@ -395,6 +396,31 @@ mod traffic {
         let st = state(&b, "e", "", "gw", &format!("{gw}{eip}"));
         b.apply(&st);
         check("EIP rule (priority 1)", measure(&inet, FIP1, &vpc, &udp, 1.5, 3.0), 2.0, 0.90, 1.05);
+        // Status, metrics and `lbagent maps` show the bound rules and their counters.
+        let mut status = lbagent::daemon::status::Status::default();
+        status.refresh(&b.bed.reconciler.applied, &b.bed.reconciler.alloc);
+        let qos = status.document["nat_gateways"][0]["qos"].as_array().unwrap().clone();
+        assert_eq!(qos.len(), 3, "{qos:?}");
+        let eip_rule = qos.iter().find(|q| q["target"] == "eip/eip1").unwrap();
+        assert_eq!(eip_rule["rate_bps"], 2_000_000);
+        assert_eq!(eip_rule["direction"], "ingress");
+        assert!(
+            qos.iter().any(|q| q["rule"] == "from-inet" && q["interface"] == "net1" && q["rate_bps"] == 10_000_000)
+        );
+        let metrics = lbagent::daemon::metrics::render(&b.bed.reconciler.realizer.engine.bpffs, &status);
+        let key = format!("natgw/{}/qos/eip/eip1/e/in", b.gw);
+        let dropped = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("lbagent_qos_packets_total{{rule=\"{key}\",outcome=\"dropped\"}}")))
+            .unwrap_or_else(|| panic!("no QoS metric for {key}:\n{metrics}"));
+        assert!(dropped.rsplit(' ').next().unwrap().parse::<u64>().unwrap() > 0, "{dropped}");
+        let t = b.bed.reconciler.realizer.engine.tables().unwrap();
+        let (hooks, _) = lbagent::cli::maps::render(&t, MAP_QOS_HOOKS).unwrap();
+        assert!(hooks.contains("src 198.51.100.0/24") && hooks.contains("EIP rules by destination"), "{hooks}");
+        let (eips, _) = lbagent::cli::maps::render(&t, MAP_QOS_EIPS).unwrap();
+        assert!(eips.contains(FIP1), "{eips}");
+        let (stats, _) = lbagent::cli::maps::render(&t, MAP_QOS_STATS).unwrap();
+        assert!(stats.contains("dropped"), "{stats}");
         // Unbinding the EIP's policy: the gateway's src rule (priority 2).
         let st = state(&b, "", "", "gw", &format!("{gw}{eip}"));
         b.apply(&st);

@@ -11,6 +11,21 @@
 //! directory is versioned by it, so an old pin is never silently reused.
 #![no_std]
 
+/// Marks map key/value types as plain data for the agent (bytemuck, aya).
+/// Only for `#[repr(C)]` types without implicit padding (each module
+/// proves that with size assertions) whose every bit pattern is valid.
+#[cfg(feature = "user")]
+macro_rules! pod {
+    ($($t:ty),* $(,)?) => {$(
+        // SAFETY: repr(C), no implicit padding, every bit pattern valid (see above).
+        unsafe impl bytemuck::Zeroable for $t {}
+        // SAFETY: as above.
+        unsafe impl bytemuck::Pod for $t {}
+        // SAFETY: as above.
+        unsafe impl aya::Pod for $t {}
+    )*};
+}
+
 pub mod maps;
 pub mod qos;
 

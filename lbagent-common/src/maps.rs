@@ -467,13 +467,6 @@ impl Counter {
 mod user {
     use super::*;
 
-    macro_rules! pod {
-        ($($t:ty),*) => {$(
-            unsafe impl bytemuck::Zeroable for $t {}
-            unsafe impl bytemuck::Pod for $t {}
-            unsafe impl aya::Pod for $t {}
-        )*};
-    }
     pod!(
         Tuple, CtEntry, FragKey, FragEntry, AclKey, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule,
         NatConfig, Meta, RuleStats

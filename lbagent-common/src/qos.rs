@@ -172,16 +172,6 @@ pub fn qos_config(rate_bps: u64, burst_bytes: u64) -> QosConfig {
 mod user {
     use super::*;
 
-    macro_rules! pod {
-        ($($t:ty),*) => {$(
-            // SAFETY: repr(C), no implicit padding (checked below), every bit pattern valid.
-            unsafe impl bytemuck::Zeroable for $t {}
-            // SAFETY: as above.
-            unsafe impl bytemuck::Pod for $t {}
-            // SAFETY: as above.
-            unsafe impl aya::Pod for $t {}
-        )*};
-    }
     pod!(QosHookKey, QosMatch, QosHook, QosEipKey, QosEip, QosConfig, QosBucket, QosStats);
 }
 

@@ -78,43 +78,35 @@ impl Nl {
         })
     }
 
-    /// Whether the link is up, and its MAC.
-    pub fn link_info(&self, index: u32) -> Result<(bool, Vec<u8>)> {
+    /// The link's attributes and flags as the kernel reports them.
+    fn link(&self, index: u32) -> Result<rtnetlink::packet_route::link::LinkMessage> {
         self.rt.block_on(async {
-            let m = self
-                .h
+            self.h
                 .link()
                 .get()
                 .match_index(index)
                 .execute()
                 .try_next()
                 .await?
-                .ok_or_else(|| anyhow!("link {index} vanished"))?;
-            let mac = m
-                .attributes
-                .iter()
-                .find_map(|a| if let LinkAttribute::Address(a) = a { Some(a.clone()) } else { None });
-            Ok((m.header.flags.contains(LinkFlags::Up), mac.unwrap_or_default()))
+                .ok_or_else(|| anyhow!("link {index} vanished"))
         })
+    }
+
+    /// Whether the link is up, and its MAC.
+    pub fn link_info(&self, index: u32) -> Result<(bool, Vec<u8>)> {
+        let m = self.link(index)?;
+        let mac =
+            m.attributes.iter().find_map(|a| if let LinkAttribute::Address(a) = a { Some(a.clone()) } else { None });
+        Ok((m.header.flags.contains(LinkFlags::Up), mac.unwrap_or_default()))
     }
 
     /// The link's alias (IFLA_IFALIAS), empty when unset.
     pub fn alias(&self, index: u32) -> Result<String> {
-        self.rt.block_on(async {
-            let m = self
-                .h
-                .link()
-                .get()
-                .match_index(index)
-                .execute()
-                .try_next()
-                .await?
-                .ok_or_else(|| anyhow!("link {index} vanished"))?;
-            Ok(m.attributes
-                .iter()
-                .find_map(|a| if let LinkAttribute::IfAlias(s) = a { Some(s.clone()) } else { None })
-                .unwrap_or_default())
-        })
+        let m = self.link(index)?;
+        Ok(m.attributes
+            .iter()
+            .find_map(|a| if let LinkAttribute::IfAlias(s) = a { Some(s.clone()) } else { None })
+            .unwrap_or_default())
     }
 
     pub fn set_alias(&self, index: u32, alias: &str) -> Result<()> {

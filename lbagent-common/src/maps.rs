@@ -31,7 +31,7 @@ pub const MAP_NAT_CONFIG: &str = "nat_config";
 pub const MAP_COUNTERS: &str = "counters";
 pub const MAP_META: &str = "meta";
 pub const MAP_RULE_STATS: &str = "rule_stats";
-pub const ALL_MAPS: [&str; 17] = [
+pub const ALL_MAPS: [&str; 18] = [
     MAP_CT,
     MAP_CT_NEW,
     MAP_FRAGS,
@@ -48,6 +48,7 @@ pub const ALL_MAPS: [&str; 17] = [
     crate::qos::MAP_QOS_EIPS,
     crate::qos::MAP_QOS_CONFIG,
     crate::qos::MAP_QOS_STATE,
+    crate::qos::MAP_QOS_DROPS,
     crate::qos::MAP_QOS_STATS,
 ];
 

@@ -7,6 +7,7 @@
 //! | `qos_eips`     | hash             | [`QosEipKey`]   | [`QosEip`]     | agent      | program |
 //! | `qos_config`   | array[16384]     | bucket `u32`    | [`QosConfig`]  | agent (replaced whole; rate 0 = unused) | program |
 //! | `qos_state`    | array[16384]     | bucket `u32`    | [`QosBucket`]  | agent zeroes it when a bucket is created or freed, never otherwise; program | program |
+//! | `qos_drops`    | LRU hash[65536]  | [`QosDropKey`]  | [`QosDrop`]    | program; agent removes a bucket's entries when it is created or freed | program |
 //! | `qos_stats`    | array[16384]     | bucket `u32`    | [`QosStats`]   | program (atomic adds), agent (zeroes) | agent, metrics, `lbagent maps` |
 //!
 //! A bucket is one rule instance (a policy rule bound to one EIP, or a
@@ -21,6 +22,7 @@ pub const MAP_QOS_HOOKS: &str = "qos_hooks";
 pub const MAP_QOS_EIPS: &str = "qos_eips";
 pub const MAP_QOS_CONFIG: &str = "qos_config";
 pub const MAP_QOS_STATE: &str = "qos_state";
+pub const MAP_QOS_DROPS: &str = "qos_drops";
 pub const MAP_QOS_STATS: &str = "qos_stats";
 
 pub const QOS_ZONES_MAX: u32 = 65_536;
@@ -128,6 +130,39 @@ pub struct QosBucket {
     pub last_early_ns: u64,
 }
 
+/// Flows whose latest drop `qos_drops` remembers (LRU: the oldest make room).
+pub const QOS_DROPS_MAX: u32 = 65_536;
+
+/// A TCP flow in a bucket (`qos_drops` key): addresses and ports as on the
+/// wire.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QosDropKey {
+    pub bucket: u32,
+    pub saddr: [u8; 4],
+    pub daddr: [u8; 4],
+    pub sport: [u8; 2],
+    pub dport: [u8; 2],
+}
+
+/// The latest TCP segment of a flow its bucket dropped, so that its
+/// retransmission is not dropped again (a lost retransmission costs the
+/// sender a retransmission timeout, ≥ 200 ms of silence): where the
+/// dropped data ends (sequence number + payload) and when it was dropped
+/// (`bpf_ktime_get_ns`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QosDrop {
+    pub end_seq: u32,
+    pub _pad0: u32,
+    pub at_ns: u64,
+}
+
+/// A flow whose latest drop is this old is probing (a tail loss probe or a
+/// timeout's retransmission follows ≥ 10 ms of silence on Linux): its next
+/// segment passes like a resend.
+pub const QOS_PROBE_GAP_NS: u64 = 1_000_000;
+
 /// Per bucket: packets and layer-2 bytes by outcome (atomic adds).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -172,7 +207,7 @@ pub fn qos_config(rate_bps: u64, burst_bytes: u64) -> QosConfig {
 mod user {
     use super::*;
 
-    pod!(QosHookKey, QosMatch, QosHook, QosEipKey, QosEip, QosConfig, QosBucket, QosStats);
+    pod!(QosHookKey, QosMatch, QosHook, QosEipKey, QosEip, QosConfig, QosBucket, QosDropKey, QosDrop, QosStats);
 }
 
 /// No implicit padding: each size is the sum of its fields.
@@ -184,6 +219,8 @@ const _: () = {
     assert!(core::mem::size_of::<QosEip>() == 8);
     assert!(core::mem::size_of::<QosConfig>() == 40);
     assert!(core::mem::size_of::<QosBucket>() == 16);
+    assert!(core::mem::size_of::<QosDropKey>() == 16);
+    assert!(core::mem::size_of::<QosDrop>() == 16);
     assert!(core::mem::size_of::<QosStats>() == 48);
 };
 

@@ -76,6 +76,10 @@ pub static QOS_CONFIG: Array<QosConfig, { QOS_BUCKETS_MAX as usize }> = Array::n
 #[btf_map(name = "qos_state", pin_by_name)]
 pub static QOS_STATE: Array<QosBucket, { QOS_BUCKETS_MAX as usize }> = Array::new();
 
+/// QoS: per TCP flow, the latest segment its bucket dropped (LRU).
+#[btf_map(name = "qos_drops", pin_by_name)]
+pub static QOS_DROPS: LruHashMap<QosDropKey, QosDrop, { QOS_DROPS_MAX as usize }> = LruHashMap::new();
+
 /// QoS: per bucket, packets and bytes passed, marked and dropped.
 #[btf_map(name = "qos_stats", pin_by_name)]
 pub static QOS_STATS: Array<QosStats, { QOS_BUCKETS_MAX as usize }> = Array::new();

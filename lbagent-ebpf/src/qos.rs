@@ -40,7 +40,7 @@ use aya_ebpf::{EbpfContext, bindings::__sk_buff, helpers::bpf_ktime_get_ns, prog
 use lbagent_common::*;
 
 use crate::{
-    maps::{QOS_CONFIG, QOS_EIPS, QOS_HOOKS, QOS_STATE, QOS_STATS, QOS_ZONES},
+    maps::{QOS_CONFIG, QOS_DROPS, QOS_EIPS, QOS_HOOKS, QOS_STATE, QOS_STATS, QOS_ZONES},
     parse::ETH_LEN,
 };
 
@@ -51,6 +51,7 @@ const HEAD_LEN: usize = ETH_LEN + 20;
 
 /// IPv4 header offsets.
 const IP_TOS: usize = 1;
+const IP_FRAG: usize = 6;
 const IP_CSUM: usize = 10;
 /// TCP data offset (header length in 32-bit words, high nibble).
 const TCP_DOFF: usize = 12;
@@ -67,6 +68,8 @@ struct Head {
     saddr: [u8; 4],
     daddr: [u8; 4],
     proto: u8,
+    /// A fragment other than the first (no L4 header).
+    later_fragment: bool,
     /// Offset of the L4 header.
     l4: usize,
 }
@@ -97,6 +100,7 @@ pub fn police(ctx: &TcContext, zone: u16, dir: u8) -> bool {
         saddr: [ip[12], ip[13], ip[14], ip[15]],
         daddr: [ip[16], ip[17], ip[18], ip[19]],
         proto: ip[9],
+        later_fragment: (ip[IP_FRAG] & 0x1f) != 0 || ip[IP_FRAG + 1] != 0,
         l4: ETH_LEN + ((ip[0] & 0x0f) as usize) * 4,
     };
     let key = QosHookKey { ifindex, zone, dir, _pad0: 0 };
@@ -168,10 +172,11 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32) -> bool {
     // other CPUs update it concurrently (see the module notes).
     let mut clock = unsafe { core::ptr::read_volatile(&(*st).clock_ns) };
     let mut backlog = clock.saturating_sub(now);
-    if backlog > 2 * c.burst_ns + c.headroom_ns {
+    if backlog > 3 * c.burst_ns + c.headroom_ns {
         // Only after a rate increase (the backlog was charged at the old,
-        // slower rate; admitted packets overshoot the burst by at most one
-        // packet, and the burst floor is two full-size GSO packets): the
+        // slower rate; admitted packets, resends included, overshoot two
+        // bursts by at most one packet per CPU, and the burst floor is two
+        // full-size GSO packets): the
         // bucket is full at the new rate's scale and drains at the new rate
         // from now on.
         backlog = c.burst_ns;
@@ -181,7 +186,7 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32) -> bool {
     }
     let small = len <= QOS_SMALL_PACKET as u64;
     let room = if small { c.burst_ns + c.headroom_ns } else { c.burst_ns };
-    let outcome = if backlog > room {
+    let mut outcome = if backlog > room {
         Outcome::Dropped
     } else if backlog > c.mark_ns && !small {
         if mark_ce(ctx, p) {
@@ -202,6 +207,15 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32) -> bool {
     } else {
         Outcome::Passed
     };
+    if outcome == Outcome::Dropped && p.proto == PROTO_TCP && !p.later_fragment && resent(ctx, p, bucket, now) {
+        // A segment this bucket dropped before, sent again (or a loss
+        // probe): dropping it would cost the sender a retransmission
+        // timeout. It passes, charged, while the backlog is within one more
+        // burst beyond the tail: resends cannot carry a flow past its rate.
+        if backlog <= room + c.burst_ns {
+            outcome = Outcome::Passed;
+        }
+    }
     if outcome != Outcome::Dropped {
         if clock < now {
             // SAFETY: as above.
@@ -214,6 +228,43 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32) -> bool {
     }
     count(bucket, outcome, len);
     outcome == Outcome::Dropped
+}
+
+/// TCP header bytes `resent` reads: ports, sequence number, acknowledgment
+/// number and the data offset.
+const TCP_HEAD: usize = TCP_DOFF + 1;
+
+/// Whether a TCP segment about to be dropped resends data this bucket
+/// already dropped: its flow's entry in `qos_drops` ends (sequence number
+/// plus payload of the latest drop) after this segment starts; a resend
+/// may cut the dropped data differently (one GSO packet dropped, resent as
+/// several). Otherwise the segment is recorded as its flow's latest drop,
+/// unless the flow has had no drop for `QOS_PROBE_GAP_NS` (a loss probe
+/// after a silence: it passes too). Only packets about to be dropped come
+/// here. Two CPUs updating one flow's entry: the last write wins, which at
+/// worst forgets one drop.
+#[inline(always)]
+fn resent(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
+    let Ok(t) = ctx.load::<[u8; TCP_HEAD]>(p.l4) else { return false };
+    let key = QosDropKey { bucket, saddr: p.saddr, daddr: p.daddr, sport: [t[0], t[1]], dport: [t[2], t[3]] };
+    let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
+    let payload = (ctx.len() as usize).saturating_sub(p.l4 + ((t[TCP_DOFF] >> 4) as usize) * 4);
+    let mut end = seq.wrapping_add(payload as u32);
+    // SAFETY: a hash map value, copied out at once.
+    if let Some(last) = unsafe { QOS_DROPS.get(&key) }.copied() {
+        if (seq.wrapping_sub(last.end_seq) as i32) < 0 {
+            return true;
+        }
+        if now.saturating_sub(last.at_ns) >= QOS_PROBE_GAP_NS {
+            // The flow's first segment after a silence: a probe. The entry
+            // keeps its end; only the time moves.
+            end = last.end_seq;
+            let _ = QOS_DROPS.insert(&key, &QosDrop { end_seq: end, _pad0: 0, at_ns: now }, 0);
+            return true;
+        }
+    }
+    let _ = QOS_DROPS.insert(&key, &QosDrop { end_seq: end, _pad0: 0, at_ns: now }, 0);
+    false
 }
 
 /// The packet's layer-2 length as tc counts it (`qdisc_pkt_len`): a GSO

@@ -74,6 +74,9 @@ impl IperfClient {
             bail!("iperf3 client failed: {st}");
         }
         let v: serde_json::Value = serde_json::from_str(&out).context("iperf3 JSON")?;
+        if let Some(e) = v["error"].as_str() {
+            bail!("iperf3 client: {e}");
+        }
         let end = &v["end"];
         if let Some(r) = end["sum_received"]["bits_per_second"].as_f64() {
             return Ok(r);

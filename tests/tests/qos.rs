@@ -5,7 +5,8 @@
 //! delivers them on `lo`, ifindex 1): a burst passes then drops at the tail,
 //! ECN-capable TCP is CE-marked past half the burst with a correct
 //! checksum, other TCP sees one isolated early drop, small packets get
-//! headroom, the priority ladder picks the right bucket, and a rate change
+//! headroom, a segment dropped once passes when it is resent (and a loss
+//! probe after a silence), the priority ladder picks the right bucket, and a rate change
 //! keeps the bucket's clock.
 
 use lbagent::dataplane::{attach::Direction, qos::QosZone};
@@ -13,7 +14,7 @@ use lbagent_common::*;
 use lbagent_tests::{
     engine::{Engine, TC_ACT_OK, TC_ACT_SHOT},
     fixture::{LO, ZONE, engine, tcp, udp},
-    packet::{ACK, Ip, checksum, frame, verify},
+    packet::{ACK, Ip, L4, checksum, frame, verify},
 };
 
 const EIP: [u8; 4] = [198, 51, 100, 10];
@@ -133,6 +134,55 @@ fn ecn_tcp_is_marked_past_half_the_burst_other_tcp_dropped_early_and_acks_pass()
     let first_drop = verdicts.iter().position(|v| *v == TC_ACT_SHOT).unwrap();
     assert!((half - 1..=half + 2).contains(&first_drop), "first drop at {first_drop} of {fit}");
     assert_eq!(verdicts[first_drop + 1], TC_ACT_OK, "early drops are isolated: {verdicts:?}");
+}
+
+/// A full-size TCP segment from the peer to the EIP at sequence number `seq`.
+fn segment(seq: u32) -> Vec<u8> {
+    let payload = [1u8; 1400];
+    frame(
+        &Ip::new(PEER, EIP),
+        &L4::Tcp { sport: 4000, dport: 80, seq, ack: 2000, flags: ACK, payload: payload.to_vec() },
+    )
+}
+
+#[test]
+fn a_segment_dropped_once_is_not_dropped_again_and_a_probe_after_silence_passes() {
+    let _serial = serial();
+    let Some(mut e) = engine() else { return };
+    e.tables.sync_qos(ZONE, &eip_rule(1)).unwrap();
+    // Fill the bucket to its tail with UDP.
+    let fit = (QOS_BURST_FLOOR / big_udp(PEER).len() as u64) as usize;
+    passed(&mut e, &big_udp(PEER), fit + 2);
+    let verdict = |e: &mut Engine, seq: u32| e.run_on(Direction::Ingress, &segment(seq)).unwrap().0;
+    let s = 1_000_000u32;
+    assert_eq!(verdict(&mut e, s), TC_ACT_SHOT, "new data at the tail is dropped");
+    assert_eq!(verdict(&mut e, s), TC_ACT_OK, "its resend passes: a second loss would cost a timeout");
+    assert_eq!(verdict(&mut e, s + 1400), TC_ACT_SHOT, "new data is still dropped");
+    assert_eq!(verdict(&mut e, s + 700), TC_ACT_OK, "a resend cut differently starts inside dropped data");
+    assert_eq!(verdict(&mut e, s + 2800), TC_ACT_SHOT);
+    // A flow silent since its latest drop is probing (tail loss probe).
+    std::thread::sleep(std::time::Duration::from_nanos(2 * QOS_PROBE_GAP_NS));
+    assert_eq!(verdict(&mut e, s + 4200), TC_ACT_OK, "the first segment after a silence passes");
+    assert_eq!(verdict(&mut e, s + 5600), TC_ACT_SHOT, "and only that one");
+    // Resends are charged and bounded: one more burst beyond the tail (three
+    // segments of it already passed above).
+    let extra = (0..2 * fit).filter(|_| verdict(&mut e, s) == TC_ACT_OK).count();
+    assert!((fit - 5..=fit - 1).contains(&extra), "{extra} more resends passed, expected about {fit} - 3");
+    // `lbagent maps qos_drops` shows the flow's latest drop.
+    let (drops, _) = lbagent::cli::maps::render(&e.tables, MAP_QOS_DROPS).unwrap();
+    assert!(
+        drops.contains(&format!(
+            "bucket {BUCKET_EIP}    203.0.113.7:4000 -> 198.51.100.10:80 dropped up to seq {}",
+            s + 7000
+        )),
+        "{drops}"
+    );
+    // Another flow's drop does not vouch for this flow's data.
+    let other = frame(
+        &Ip::new([203, 0, 113, 8], EIP),
+        &L4::Tcp { sport: 4000, dport: 80, seq: s, ack: 2000, flags: ACK, payload: vec![1u8; 1400] },
+    );
+    assert_eq!(e.run_on(Direction::Ingress, &other).unwrap().0, TC_ACT_SHOT);
 }
 
 #[test]

@@ -228,6 +228,27 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             }
             Value::Array(arr)
         }
+        MAP_QOS_DROPS => {
+            let d = t.qos_dump()?;
+            let now = fmt::monotonic_ns();
+            let mut arr = Vec::new();
+            for (k, v) in &d.drops {
+                let (sport, dport) = (u16::from_be_bytes(k.sport), u16::from_be_bytes(k.dport));
+                let ago = now.saturating_sub(v.at_ns);
+                text += &format!(
+                    "bucket {:<6} {}:{sport} -> {}:{dport} dropped up to seq {} {ago} ns ago\n",
+                    k.bucket,
+                    ip(k.saddr),
+                    ip(k.daddr),
+                    v.end_seq
+                );
+                arr.push(
+                    json!({"bucket": k.bucket, "saddr": ip(k.saddr).to_string(), "daddr": ip(k.daddr).to_string(),
+                                "sport": sport, "dport": dport, "end_seq": v.end_seq, "ago_ns": ago}),
+                );
+            }
+            Value::Array(arr)
+        }
         MAP_QOS_STATS => {
             let mut arr = Vec::new();
             for (id, s) in t.qos_stats()? {

@@ -39,6 +39,8 @@ pub struct QosDump {
     /// Buckets in use (rate > 0): config and state.
     pub config: Vec<(u32, QosConfig)>,
     pub state: Vec<(u32, QosBucket)>,
+    /// Flows' latest drops.
+    pub drops: Vec<(QosDropKey, QosDrop)>,
 }
 
 impl Tables {
@@ -91,6 +93,14 @@ impl Tables {
         let mut stats = self.array::<QosStats>(MAP_QOS_STATS)?;
         let mut hooks = self.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?;
         let mut eips = self.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?;
+        let fresh: BTreeSet<u32> = want
+            .buckets
+            .keys()
+            .chain(have.buckets.keys())
+            .filter(|b| !(have.buckets.contains_key(b) && want.buckets.contains_key(b)))
+            .copied()
+            .collect();
+        self.forget_qos_drops(&fresh)?;
         for (b, c) in &want.buckets {
             if !have.buckets.contains_key(b) {
                 // A new bucket: full, with no counts.
@@ -126,6 +136,21 @@ impl Tables {
             changes.push(format!("QoS bucket {b} removed"));
         }
         Ok(changes)
+    }
+
+    /// Removes the `qos_drops` entries of `buckets` (created or freed: a
+    /// new bucket starts with no memory of another's drops).
+    fn forget_qos_drops(&self, buckets: &BTreeSet<u32>) -> Result<()> {
+        if buckets.is_empty() {
+            return Ok(());
+        }
+        let mut drops = self.hash::<QosDropKey, QosDrop>(MAP_QOS_DROPS)?;
+        let stale: Vec<QosDropKey> =
+            drops.keys().filter_map(|k| k.ok()).filter(|k| buckets.contains(&k.bucket)).collect();
+        for k in stale {
+            let _ = drops.remove(&k);
+        }
+        Ok(())
     }
 
     /// The counters of `buckets`.
@@ -171,6 +196,10 @@ impl Tables {
                 d.state.push((b as u32, state.get(&(b as u32), 0)?));
             }
         }
+        for item in self.hash::<QosDropKey, QosDrop>(MAP_QOS_DROPS)?.iter() {
+            d.drops.push(item?);
+        }
+        d.drops.sort_by_key(|(k, _)| *k);
         d.hooks.sort_by_key(|(k, _)| (k.zone, k.ifindex, k.dir));
         d.eips.sort_by_key(|(k, _)| (k.zone, k.dir, k.addr));
         Ok(d)

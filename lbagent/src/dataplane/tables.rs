@@ -15,9 +15,10 @@ use super::pins;
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`, so of every
 /// conntrack timestamp.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    // CLOCK_MONOTONIC cannot fail on Linux.
+    let ts =
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
 }
 
 pub struct Tables {
@@ -181,7 +182,7 @@ impl Tables {
 
     pub(super) fn hash<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<HashMap<MapData, K, V>> {
         let data = self.data(name)?;
-        let map = if name == MAP_CT_NEW { Map::LruHashMap(data) } else { Map::HashMap(data) };
+        let map = if name == MAP_CT_NEW || name == MAP_QOS_DROPS { Map::LruHashMap(data) } else { Map::HashMap(data) };
         Ok(HashMap::try_from(map)?)
     }
 

@@ -8,6 +8,8 @@ use crate::maps::{COUNTERS, RULE_STATS};
 #[inline(always)]
 pub fn count(c: Counter) {
     if let Some(p) = COUNTERS.get_ptr_mut(c as u32) {
+        // SAFETY: this CPU's slot of a per-CPU array, valid for the program
+        // run; no other CPU touches it.
         unsafe { *p += 1 };
     }
 }
@@ -19,6 +21,8 @@ pub fn count_rule(id: u32, bytes: u64) {
         return;
     }
     match RULE_STATS.get_ptr_mut(&id) {
+        // SAFETY: this CPU's value of a per-CPU hash entry, valid for the
+        // program run; no other CPU touches it.
         Some(p) => unsafe {
             (*p).packets += 1;
             (*p).bytes += bytes;

@@ -41,6 +41,8 @@ static ZONE: u16 = 0;
 
 #[inline(always)]
 pub(crate) fn zone() -> u16 {
+    // SAFETY: a read of a static the loader sets before the program runs
+    // (volatile, so the compiler does not fold the default 0 in).
     unsafe { core::ptr::read_volatile(&ZONE) }
 }
 

@@ -16,8 +16,7 @@ use anyhow::{Context, Result, bail};
 /// user or root that no other user can write.
 pub fn check_private_dir(dir: &Path) -> Result<()> {
     let m = fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     if !m.is_dir() {
         bail!("{} is not a directory", dir.display());
     }
@@ -69,7 +68,7 @@ pub fn write_private(path: &Path, bytes: &[u8], sync: bool) -> Result<()> {
 /// An exclusive advisory lock (flock) on a file or directory, held until
 /// dropped (or the process dies: a kill -9 frees it).
 pub struct Lock {
-    _f: fs::File,
+    _f: nix::fcntl::Flock<fs::File>,
 }
 
 /// Takes the lock on `path` (a directory, or a file created 0600) without
@@ -87,16 +86,13 @@ pub fn lock(path: &Path, what: &str) -> Result<Lock> {
             .open(path)
     }
     .with_context(|| format!("opening {}", path.display()))?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            bail!("another lbagent is using {what} {} (one agent per state dir and bpffs)", path.display());
+    match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(f) => Ok(Lock { _f: f }),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            bail!("another lbagent is using {what} {} (one agent per state dir and bpffs)", path.display())
         }
-        return Err(e).with_context(|| format!("locking {}", path.display()));
+        Err((_, e)) => Err(e).with_context(|| format!("locking {}", path.display())),
     }
-    Ok(Lock { _f: f })
 }
 
 #[cfg(test)]

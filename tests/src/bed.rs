@@ -2,7 +2,7 @@
 //! an in-process reconciler over the real host, teardown on drop, and a
 //! host-wide lock for tests that allocate host addresses.
 
-use std::{fs::File, os::fd::AsRawFd, path::PathBuf};
+use std::{fs::File, path::PathBuf};
 
 use anyhow::Result;
 use lbagent::{
@@ -54,13 +54,13 @@ impl Drop for Bed {
 /// Serialises tests that put link-local addresses in the host namespace
 /// (two agents would otherwise allocate the same outer address).
 pub struct HostLock {
-    _file: File,
+    _file: nix::fcntl::Flock<File>,
 }
 
 impl HostLock {
     pub fn take() -> Result<Self> {
         let f = File::create("/run/lbagent-tests-host.lock")?;
-        unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        let f = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e)?;
         Ok(HostLock { _file: f })
     }
 }

@@ -36,7 +36,7 @@ pub fn lbagent_bin() -> std::path::PathBuf {
 
 /// Skips (with a message) when not root; root tests need CAP_NET_ADMIN and CAP_BPF.
 pub fn require_root() -> bool {
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: needs root");
         return false;
     }

@@ -2,7 +2,7 @@
 //! per machine (under a file lock, shared by parallel test processes) and
 //! bridges with unique names removed on drop.
 
-use std::{fs::File, os::fd::AsRawFd, path::Path, process::Command, time::Duration};
+use std::{fs::File, path::Path, process::Command, time::Duration};
 
 use anyhow::{Context, Result, bail};
 
@@ -16,10 +16,9 @@ fn vsctl_ok() -> bool {
 }
 
 /// The machine-wide lock for starting daemons (held until dropped).
-pub fn lock() -> Result<File> {
+pub fn lock() -> Result<nix::fcntl::Flock<File>> {
     let lock = File::create(LOCK)?;
-    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-    Ok(lock)
+    Ok(nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e)?)
 }
 
 pub fn bridge_exists(name: &str) -> bool {

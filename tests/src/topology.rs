@@ -127,9 +127,5 @@ pub fn spawn_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> Result<T> + Sen
 }
 
 fn nix_setns(file: &File) -> Result<()> {
-    use std::os::fd::AsRawFd;
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("setns");
-    }
-    Ok(())
+    nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")
 }

@@ -457,29 +457,24 @@ pub fn http_get(ns: &str, to: SocketAddr) -> Result<String> {
 /// Captures ARP frames arriving in `ns` on any interface for `dur`.
 pub fn capture_arp(ns: &str, dur: Duration) -> std::thread::JoinHandle<Result<Vec<Vec<u8>>>> {
     spawn_in(ns, move || {
-        let proto = (libc::ETH_P_ARP as u16).to_be() as i32;
-        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, proto) };
-        ensure!(fd >= 0, "packet socket: {}", std::io::Error::last_os_error());
-        let tv = libc::timeval { tv_sec: 0, tv_usec: 200_000 };
-        unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as u32,
-            )
+        use nix::sys::socket::{
+            AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, recv, setsockopt, socket, sockopt,
         };
+        let fd = socket(AddressFamily::Packet, SockType::Raw, SockFlag::SOCK_CLOEXEC, SockProtocol::EthAll)
+            .context("packet socket")?;
+        setsockopt(&fd, sockopt::ReceiveTimeout, &nix::sys::time::TimeVal::new(0, 200_000)).context("SO_RCVTIMEO")?;
         let end = std::time::Instant::now() + dur;
         let mut frames = Vec::new();
         while std::time::Instant::now() < end {
             let mut buf = [0u8; 256];
-            let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n > 0 {
-                frames.push(buf[..n as usize].to_vec());
+            // Every protocol arrives (nix names no ARP protocol): keep ARP.
+            if let Ok(n) = recv(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut buf, MsgFlags::empty())
+                && n >= 14
+                && buf[12..14] == [0x08, 0x06]
+            {
+                frames.push(buf[..n].to_vec());
             }
         }
-        unsafe { libc::close(fd) };
         Ok(frames)
     })
 }

@@ -37,3 +37,38 @@ pub fn all(channel: &str) -> Result<()> {
     eprintln!("xtask: building userspace");
     run(cargo(channel).args(["build", "--workspace", "--exclude", "lbagent-ebpf", "--all-targets"]))
 }
+
+/// The lint policy: rustfmt's layout, and clippy with warnings denied on the
+/// host crates (every target) and on the eBPF crate (its own target). The
+/// workspace's `[workspace.lints]` adds `undocumented_unsafe_blocks`.
+pub fn lint(channel: &str) -> Result<()> {
+    eprintln!("xtask: checking formatting");
+    run(cargo(channel).args(["fmt", "--all", "--check"]))?;
+    eprintln!("xtask: clippy (host crates)");
+    run(cargo(channel).args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "lbagent-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    eprintln!("xtask: clippy (eBPF crate)");
+    run(cargo(channel)
+        .args([
+            "clippy",
+            "--release",
+            "-p",
+            "lbagent-ebpf",
+            "--target",
+            BPF_TARGET,
+            "-Z",
+            "build-std=core",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env("CARGO_ENCODED_RUSTFLAGS", ["-C", "debuginfo=2", "-C", "link-arg=--btf"].join("\x1f")))
+}

@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup|build-ebpf|build|test|demo`.
+//! Developer tasks: `cargo xtask setup|build-ebpf|build|lint|test|demo|bench`.
 //!
 //! Every task first runs the idempotent setup, so a fresh machine goes from
 //! `git clone` to a green test run with one command.
@@ -31,6 +31,8 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Check formatting (rustfmt) and lints (clippy, warnings denied) of the host crates and the eBPF crate.
+    Lint,
     /// Build everything, run the agent with a load balancer and a NAT gateway, send traffic, show the maps, clean up.
     Demo,
     /// Measure the dataplane side by side with iptables and plain routing (results in target/bench/results.md).
@@ -43,9 +45,11 @@ fn main() -> Result<()> {
         Cmd::Setup => setup::ensure_all().map(|_| ()),
         Cmd::BuildEbpf => build::ebpf(&setup::ensure_all()?),
         Cmd::Build => build::all(&setup::ensure_all()?),
+        Cmd::Lint => build::lint(&setup::ensure_all()?),
         Cmd::Test { args } => {
             let channel = setup::ensure_all()?;
             build::all(&channel)?;
+            build::lint(&channel)?;
             let started = std::time::Instant::now();
             // Root tests share the kernel; they use unique names and run two at a time.
             let mut cmd = build::cargo(&channel);

@@ -113,6 +113,8 @@ pub fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LBAGENT_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: logs in files and journals stay plain.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().cmd {
         Command::Run { state, attach, metrics, repair_interval, conntrack_max, ebpf_log, common } => {

@@ -48,8 +48,7 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
 
 /// Whether the peer may use the API: root, or the daemon's own user.
 fn allowed(stream: &tokio::net::UnixStream) -> Result<(), String> {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = nix::unistd::geteuid().as_raw();
     match stream.peer_cred() {
         Ok(c) if c.uid() == 0 || c.uid() == me => Ok(()),
         Ok(c) => Err(format!("uid {} may not use the API", c.uid())),

@@ -86,26 +86,19 @@ fn explain(e: EbpfError, dir: &Path) -> anyhow::Error {
 
 /// Kernels < 5.11 charge BPF memory to RLIMIT_MEMLOCK.
 fn raise_memlock() {
-    let lim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
-    // SAFETY: setrlimit reads a valid rlimit; failure leaves the old limit.
-    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+    use nix::sys::resource::{RLIM_INFINITY, Resource, setrlimit};
+    // Failure leaves the old limit (5.11+ does not need it).
+    let _ = setrlimit(Resource::RLIMIT_MEMLOCK, RLIM_INFINITY, RLIM_INFINITY);
 }
 
 /// Raises the soft RLIMIT_NOFILE to the hard limit (a host with hundreds
 /// of load balancers and gateways holds a program fd per zone, netlink and
 /// namespace fds, and the metrics and API sockets). Returns the new soft limit.
 pub fn raise_nofile() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes into a valid rlimit.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return 0;
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return 0 };
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return hard;
     }
-    if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
-        // SAFETY: setrlimit reads a valid rlimit; failure leaves the old limit.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            return raised.rlim_cur;
-        }
-    }
-    lim.rlim_cur
+    soft
 }

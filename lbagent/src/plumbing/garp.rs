@@ -22,29 +22,33 @@ pub fn frame(mac: [u8; 6], ip: Ipv4Addr) -> [u8; 42] {
 /// Sends one gratuitous ARP (call inside the interface's namespace).
 pub fn announce(ifindex: u32, mac: [u8; 6], ip: Ipv4Addr) -> Result<()> {
     let f = frame(mac, ip);
-    unsafe {
-        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
-        if fd < 0 {
-            bail!("packet socket: {}", std::io::Error::last_os_error());
-        }
-        let mut sa: libc::sockaddr_ll = mem::zeroed();
-        sa.sll_family = libc::AF_PACKET as u16;
-        sa.sll_ifindex = ifindex as i32;
-        sa.sll_halen = 6;
-        sa.sll_addr[..6].copy_from_slice(&[0xff; 6]);
-        let n = libc::sendto(
-            fd,
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+    use std::os::fd::AsRawFd;
+    let fd = socket(AddressFamily::Packet, SockType::Raw, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(|e| anyhow::anyhow!("packet socket: {e}"))?;
+    let sa = libc::sockaddr_ll {
+        sll_family: libc::AF_PACKET as u16,
+        sll_protocol: 0,
+        sll_ifindex: ifindex as i32,
+        sll_hatype: 0,
+        sll_pkttype: 0,
+        sll_halen: 6,
+        sll_addr: [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0],
+    };
+    // SAFETY: the buffer and the address are valid for the lengths given,
+    // and the descriptor is open (owned by `fd`).
+    let n = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
             f.as_ptr().cast(),
             f.len(),
             0,
             (&sa as *const libc::sockaddr_ll).cast(),
             mem::size_of::<libc::sockaddr_ll>() as u32,
-        );
-        let err = std::io::Error::last_os_error();
-        libc::close(fd);
-        if n < 0 {
-            bail!("sending gratuitous ARP for {ip}: {err}");
-        }
+        )
+    };
+    if n < 0 {
+        bail!("sending gratuitous ARP for {ip}: {}", std::io::Error::last_os_error());
     }
     Ok(())
 }

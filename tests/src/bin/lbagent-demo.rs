@@ -42,7 +42,10 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let _ = self.child.wait();
         match self.cli(&["teardown"]) {
             Ok(out) => print!("\n== lbagent teardown\n{out}"),

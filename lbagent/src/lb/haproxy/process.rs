@@ -276,8 +276,8 @@ impl Haproxy {
             std::thread::sleep(Duration::from_millis(50));
         }
         if m.alive() {
-            // SAFETY: kill(2) on the group of a master the pidfd shows alive.
-            unsafe { libc::kill(-m.pid, libc::SIGKILL) };
+            // The group of a master the pidfd shows alive.
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(m.pid), nix::sys::signal::Signal::SIGKILL);
         }
         fs::remove_dir_all(&self.dir).map_err(|e| anyhow!("removing {}: {e}", self.dir.display()))?;
         Ok(true)

@@ -135,17 +135,8 @@ fn conn_rate(client_ns: &str, to: SocketAddr, dur: Duration) -> Result<(f64, u32
 }
 
 fn set_linger_zero(s: &TcpStream) {
-    use std::os::fd::AsRawFd;
     let l = libc::linger { l_onoff: 1, l_linger: 0 };
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&l as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as u32,
-        )
-    };
+    let _ = nix::sys::socket::setsockopt(s, nix::sys::socket::sockopt::Linger, &l);
 }
 
 fn accept_forever(server_ns: &str) -> Result<()> {
@@ -344,7 +335,8 @@ impl Agent {
     }
 
     fn restart(&mut self, sig: i32) -> Result<()> {
-        unsafe { libc::kill(self.child.id() as i32, sig) };
+        let sig = nix::sys::signal::Signal::try_from(sig)?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig)?;
         self.child.wait()?;
         *self = Agent::start(self.args.clone(), self.common.clone())?;
         Ok(())

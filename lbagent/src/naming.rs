@@ -1,4 +1,11 @@
-//! Names of the kernel objects the agent creates, derived from ids (pure).
+//! One owner for every derived name (pure): the kernel objects the agent
+//! creates (namespaces, links, OVS iface-ids, aliases) and the keys that
+//! name objects and rules in the allocation store, reports, status,
+//! metrics and logs.
+
+use std::net::Ipv4Addr;
+
+use crate::state::model::Protocol;
 
 /// Network namespace of load balancer `id`.
 pub fn lb_netns(id: &str) -> String {
@@ -72,13 +79,80 @@ pub fn short_hash(s: &str) -> String {
     format!("{h:08x}")
 }
 
-/// Zone key of an object in the allocation store.
+// Object and rule keys: how the allocation store, the apply report, status,
+// metrics and logs name an object and each of its rules. Every key of an
+// object starts with its zone key and a `/`.
+
+/// Zone key of a load balancer (`lb/<id>`).
 pub fn lb_zone_key(id: &str) -> String {
     format!("lb/{id}")
 }
 
+/// Zone key of a NAT gateway (`natgw/<name>`).
 pub fn gw_zone_key(name: &str) -> String {
     format!("natgw/{name}")
+}
+
+/// Prefix of every rule key of a load balancer.
+pub fn lb_rule_prefix(id: &str) -> String {
+    format!("{}/", lb_zone_key(id))
+}
+
+/// A listener's rule: `lb/<id>/listener/<listener>`.
+pub fn lb_listener_key(id: &str, listener: &str) -> String {
+    format!("{}listener/{listener}", lb_rule_prefix(id))
+}
+
+/// A backend's mapped-port rule for one protocol: `lb/<id>/backend/<backend>/<tcp|udp>`.
+pub fn lb_backend_key(id: &str, backend: &str, proto: Protocol) -> String {
+    format!("{}backend/{backend}/{proto}", lb_rule_prefix(id))
+}
+
+/// Prefix of every rule key of a gateway.
+pub fn gw_rule_prefix(gw: &str) -> String {
+    format!("{}/", gw_zone_key(gw))
+}
+
+/// A FIP's DNAT rule: `natgw/<gw>/fip/<eip>`.
+pub fn gw_fip_key(gw: &str, eip: Ipv4Addr) -> String {
+    format!("{}fip/{eip}", gw_rule_prefix(gw))
+}
+
+/// A FIP's SNAT rule: `natgw/<gw>/fip-snat/<internal ip>`.
+pub fn gw_fip_snat_key(gw: &str, internal: Ipv4Addr) -> String {
+    format!("{}fip-snat/{internal}", gw_rule_prefix(gw))
+}
+
+/// A DNAT identity: `natgw/<gw>/dnat/<eip>/<tcp|udp>/<port>`.
+pub fn gw_dnat_key(gw: &str, eip: Ipv4Addr, proto: Protocol, port: u32) -> String {
+    format!("{}dnat/{eip}/{proto}/{port}", gw_rule_prefix(gw))
+}
+
+/// A CIDR SNAT: `natgw/<gw>/snat/<net>/<len>`.
+pub fn gw_snat_key(gw: &str, cidr: (Ipv4Addr, u8)) -> String {
+    format!("{}snat/{}/{}", gw_rule_prefix(gw), cidr.0, cidr.1)
+}
+
+/// Prefix of a gateway's QoS bucket keys.
+pub fn gw_qos_prefix(gw: &str) -> String {
+    format!("{}qos/", gw_rule_prefix(gw))
+}
+
+/// A QoS rule instance (bucket): `natgw/<gw>/qos/<eip/<name>|gateway>/<policy>/<rule>`.
+pub fn gw_qos_key(gw: &str, target: QosTarget, policy: &str, rule: &str) -> String {
+    match target {
+        QosTarget::Eip(eip) => format!("{}eip/{eip}/{policy}/{rule}", gw_qos_prefix(gw)),
+        QosTarget::Gateway => format!("{}gateway/{policy}/{rule}", gw_qos_prefix(gw)),
+    }
+}
+
+/// What a QoS rule instance limits.
+#[derive(Clone, Copy, Debug)]
+pub enum QosTarget<'a> {
+    /// One EIP, by name.
+    Eip(&'a str),
+    /// The whole gateway.
+    Gateway,
 }
 
 #[cfg(test)]
@@ -93,5 +167,25 @@ mod tests {
         assert_eq!(lb_host_veth(id).0, "h3f2a9c1e-7b4d0");
         assert!(lb_ovn_veth(id).0.len() <= 15);
         assert_eq!(lb_iface_id(id), "iface/lb/3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60");
+    }
+
+    #[test]
+    fn keys_start_with_their_zone_key() {
+        let eip = Ipv4Addr::new(198, 51, 100, 10);
+        assert_eq!(lb_listener_key("a", "l-web"), "lb/a/listener/l-web");
+        assert_eq!(lb_backend_key("a", "b1", Protocol::Udp), "lb/a/backend/b1/udp");
+        assert_eq!(gw_fip_key("g", eip), "natgw/g/fip/198.51.100.10");
+        assert_eq!(gw_fip_snat_key("g", eip), "natgw/g/fip-snat/198.51.100.10");
+        assert_eq!(gw_dnat_key("g", eip, Protocol::Tcp, 2222), "natgw/g/dnat/198.51.100.10/tcp/2222");
+        assert_eq!(gw_snat_key("g", (Ipv4Addr::new(10, 0, 0, 0), 24)), "natgw/g/snat/10.0.0.0/24");
+        assert_eq!(gw_qos_key("g", QosTarget::Eip("e1"), "p", "in"), "natgw/g/qos/eip/e1/p/in");
+        assert_eq!(gw_qos_key("g", QosTarget::Gateway, "p", "in"), "natgw/g/qos/gateway/p/in");
+        for k in [lb_listener_key("a", "l"), lb_backend_key("a", "b", Protocol::Tcp)] {
+            assert!(k.starts_with(&lb_rule_prefix("a")) && k.starts_with(&lb_zone_key("a")));
+        }
+        for k in [gw_fip_key("g", eip), gw_qos_key("g", QosTarget::Gateway, "p", "r")] {
+            assert!(k.starts_with(&gw_rule_prefix("g")) && k.starts_with(&gw_zone_key("g")));
+        }
+        assert!(gw_qos_key("g", QosTarget::Gateway, "p", "r").starts_with(&gw_qos_prefix("g")));
     }
 }

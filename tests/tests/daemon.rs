@@ -103,7 +103,8 @@ struct Daemon(Child);
 
 impl Daemon {
     fn signal(&self, sig: i32) {
-        unsafe { libc::kill(self.0.id() as i32, sig) };
+        let sig = nix::sys::signal::Signal::try_from(sig).expect("a signal number");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), sig);
     }
 
     /// SIGTERM and wait: true when it exited cleanly.
@@ -148,7 +149,7 @@ fn port_of(s: &Value, backend: &str) -> Option<u64> {
 }
 
 fn root() -> bool {
-    unsafe { libc::geteuid() == 0 }
+    nix::unistd::geteuid().is_root()
 }
 
 #[test]
@@ -198,6 +199,9 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     assert!(problems.iter().any(|p| p.starts_with("load_balancers[0].id")), "{problems:?}");
     assert!(problems.iter().any(|p| p.contains("duplicate tcp port 80")), "{problems:?}");
     assert_eq!(running(&after), running(&before), "nothing running changed");
+    // The refused document's revision was seen; the running one is older.
+    assert_eq!(after["revision_running"], before["revision_running"], "{after}");
+    assert_ne!(after["revision_seen"], after["revision_running"], "{after}");
     assert!(after["applies"].as_u64().unwrap() > applies, "repair passes keep running on the last good state");
 
     // A valid change: b2 removed, b9 added; b9 reuses the released port.
@@ -210,6 +214,8 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     wait(|| env.status().is_some_and(|s| port_of(&s, "b9").is_some()), "reload on change");
     let s = env.status().unwrap();
     assert!(s["rejected_state"].is_null());
+    assert!(s["revision_running"].is_string() && s["revision_running"] == s["revision_seen"], "{s}");
+    assert_ne!(s["revision_running"], before["revision_running"]);
     assert_eq!(port_of(&s, "b2"), None);
     assert_eq!(port_of(&s, "b9"), Some(1026));
     assert_eq!(port_of(&s, "b1"), port_of(&before, "b1"));
@@ -308,7 +314,7 @@ load_balancers:
     assert!(proxied.ping("1").unwrap().starts_with("b 10.60.0.5:"));
 
     // kill -9: the dataplane (maps, programs, haproxy) is not the daemon's.
-    unsafe { libc::kill(daemon.0.id() as i32, libc::SIGKILL) };
+    daemon.signal(libc::SIGKILL);
     drop(daemon);
     assert!(direct.ping("2").unwrap().starts_with("b "));
     assert!(proxied.ping("2").unwrap().starts_with("b "));

@@ -4,24 +4,28 @@ use std::net::Ipv4Addr;
 
 use lbagent_common::*;
 
+use crate::state::model::Protocol;
+
 pub use crate::dataplane::tables::monotonic_ns;
 use serde_json::{Value, json};
 
+/// A protocol number as shown: tcp/udp by [`Protocol`]'s names, icmp, `any`
+/// (0), or the number.
 pub fn proto_name(p: u8) -> String {
-    match p {
-        0 => "any".into(),
-        PROTO_ICMP => "icmp".into(),
-        PROTO_TCP => "tcp".into(),
-        PROTO_UDP => "udp".into(),
-        n => n.to_string(),
+    match (p, Protocol::from_number(p)) {
+        (_, Some(known)) => known.name().into(),
+        (0, _) => "any".into(),
+        (PROTO_ICMP, _) => "icmp".into(),
+        (n, _) => n.to_string(),
     }
 }
 
 pub fn proto_number(s: &str) -> Option<u8> {
+    if let Some(p) = Protocol::ALL.into_iter().find(|p| p.name() == s) {
+        return Some(p.number());
+    }
     match s {
         "icmp" => Some(PROTO_ICMP),
-        "tcp" => Some(PROTO_TCP),
-        "udp" => Some(PROTO_UDP),
         "any" => Some(0),
         n => n.parse().ok(),
     }

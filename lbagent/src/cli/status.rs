@@ -58,6 +58,10 @@ fn s(v: &Value) -> String {
 
 pub fn render(doc: &Value) -> String {
     let mut out = format!("state file: {}\n", s(&doc["state_file"]));
+    if !doc["revision_running"].is_null() || !doc["revision_seen"].is_null() {
+        out +=
+            &format!("revision: running {}, newest seen {}\n", s(&doc["revision_running"]), s(&doc["revision_seen"]));
+    }
     let last = &doc["last_apply"];
     if last.is_null() {
         out += "last apply: none yet\n";
@@ -93,7 +97,7 @@ pub fn render(doc: &Value) -> String {
             s(&lb["links"]["proxy"])
         );
         for l in lb["listeners"].as_array().into_iter().flatten() {
-            let st = &doc["rule_stats"][format!("lb/{}/listener/{}", s(&lb["id"]), s(&l["id"]))];
+            let st = &doc["rule_stats"][crate::naming::lb_listener_key(&s(&lb["id"]), &s(&l["id"]))];
             out += &format!(
                 "  listener {:<10} {}/{} {} -> {}  packets {} bytes {} acl drops {}\n",
                 s(&l["id"]),

@@ -1,10 +1,12 @@
-//! `lbagent run`: load the state file, reconcile, then keep reconciling on
-//! file change (polled every second), on SIGHUP and every repair interval.
-//! A refused (invalid) file changes nothing that runs. SIGTERM/SIGINT stop
+//! `lbagent run`: take desired state from its source (`source.rs`: the state
+//! file, polled every second, re-read on SIGHUP), reconcile, then keep
+//! reconciling on every new document and every repair interval. A refused
+//! (invalid) document changes nothing that runs. SIGTERM/SIGINT stop
 //! the daemon and leave the dataplane running: it belongs to the kernel.
 
 pub mod api;
 pub mod metrics;
+pub mod source;
 pub mod status;
 
 use std::{
@@ -39,17 +41,6 @@ pub struct Options {
     pub conntrack_max: Option<u32>,
 }
 
-/// Content fingerprint of the state file (`None` when unreadable). Only a
-/// regular file within the size cap is read (a FIFO would block the loop);
-/// anything else changes the fingerprint, and loading refuses it.
-fn fingerprint(path: &Path) -> Option<Vec<u8>> {
-    let meta = std::fs::metadata(path).ok()?;
-    if !meta.is_file() || meta.len() > crate::state::load::MAX_STATE_FILE_BYTES {
-        return Some(format!("not loadable: {:?} {}", meta.file_type(), meta.len()).into_bytes());
-    }
-    std::fs::read(path).ok()
-}
-
 struct Daemon {
     opts: Options,
     reconciler: Reconciler<Host>,
@@ -73,21 +64,31 @@ impl Daemon {
         st.document["backends_down"] = serde_json::json!(down);
     }
 
-    /// Loads the file; applies it when valid, otherwise logs every problem
-    /// and keeps what runs.
-    fn reload(&mut self, why: &str) {
-        match state::load_file(&self.opts.state) {
+    /// Takes a document from the source: applies it when valid, otherwise
+    /// logs every problem and keeps what runs.
+    fn reload(&mut self, update: source::Update) {
+        let why = update.why;
+        self.status.lock().unwrap().revision_seen = Some(update.revision.clone());
+        match update.state {
             Ok(s) => {
-                info!("{why}: state file valid, applying");
+                info!(revision = %update.revision, "{why}: desired state valid, applying");
                 for w in state::validate::warnings(&s) {
                     warn!("  {w}");
                 }
-                self.status.lock().unwrap().rejected = None;
+                {
+                    let mut st = self.status.lock().unwrap();
+                    st.rejected = None;
+                    st.revision_running = Some(update.revision);
+                }
                 self.last_good = Some(s);
                 self.apply(false);
             }
             Err(problems) => {
-                error!("{why}: state file refused ({} problems); keeping the running state", problems.0.len());
+                error!(
+                    revision = %update.revision,
+                    "{why}: desired state refused ({} problems); keeping the running state",
+                    problems.0.len()
+                );
                 for p in &problems.0 {
                     error!("  {p}");
                 }
@@ -149,13 +150,13 @@ fn prober(
                 health::Probe::Down => false,
                 health::Probe::LocalError(e) => {
                     let (lb, l, b) = &t.key;
-                    warn!(object = %format!("lb/{lb}"), "listener {l} backend {b}: check could not run ({e}); state kept");
+                    warn!(object = %crate::naming::lb_zone_key(lb), "listener {l} backend {b}: check could not run ({e}); state kept");
                     continue;
                 }
             };
             if health.lock().unwrap().observe(&t.key, ok, t.rise, t.fall) {
                 let (lb, l, b) = &t.key;
-                info!(object = %format!("lb/{lb}"), "listener {l} backend {b} ({}) is {}", t.addr, if ok { "up" } else { "down" });
+                info!(object = %crate::naming::lb_zone_key(lb), "listener {l} backend {b} ({}) is {}", t.addr, if ok { "up" } else { "down" });
                 changed = true;
             }
         }
@@ -183,6 +184,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut host = Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir);
     host.engine.ct_max = opts.conntrack_max;
     let reconciler = Reconciler::open(host, &opts.state_dir)?;
+    let source: Box<dyn source::Source> = Box::new(source::FileSource::new(opts.state.clone()));
     let status = Arc::new(Mutex::new(Status { state_file: opts.state.display().to_string(), ..Default::default() }));
     status.lock().unwrap().refresh(&reconciler.applied, &reconciler.alloc);
 
@@ -206,40 +208,20 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let mut seen = fingerprint(&opts.state);
-    let mut pending: Option<Option<Vec<u8>>> = None;
-    d.reload("start");
+    let (updates_tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
+    let refresh = Arc::new(tokio::sync::Notify::new());
+    info!("desired state from {}", source.describe());
+    let source_task = source.run(updates_tx, refresh.clone());
+    let first = updates.recv().await.context("the desired-state source stopped before its first document")?;
+    tokio::task::block_in_place(|| d.reload(first));
     d.apply(true);
-    let mut poll = tokio::time::interval(Duration::from_secs(1));
-    // Ticks stay a full second apart even after a long apply (no burst of
-    // missed ticks): the stability window below depends on it.
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut repair = tokio::time::interval(opts.repair_interval);
     repair.tick().await;
     info!(api = %opts.api_socket.display(), "running");
     loop {
         tokio::select! {
-            _ = poll.tick() => {
-                // A changed file is applied once it has stayed the same for a
-                // whole poll interval: an editor's truncate-and-rewrite is never
-                // applied half-written (a valid prefix such as `version: 1`
-                // alone would tear every object down).
-                let now = fingerprint(&opts.state);
-                if now == seen {
-                    pending = None;
-                } else if pending.as_ref() == Some(&now) {
-                    seen = now;
-                    pending = None;
-                    tokio::task::block_in_place(|| d.reload("state file changed"));
-                } else {
-                    pending = Some(now);
-                }
-            }
-            _ = hup.recv() => {
-                pending = None;
-                seen = fingerprint(&opts.state);
-                tokio::task::block_in_place(|| d.reload("SIGHUP"));
-            }
+            Some(update) = updates.recv() => tokio::task::block_in_place(|| d.reload(update)),
+            _ = hup.recv() => refresh.notify_one(),
             Some(()) = health_changed.recv() => tokio::task::block_in_place(|| d.apply(true)),
             _ = repair.tick() => tokio::task::block_in_place(|| {
                 d.apply(true);
@@ -249,6 +231,7 @@ pub async fn run(opts: Options) -> Result<()> {
             _ = int.recv() => break,
         }
     }
+    source_task.abort();
     let _ = std::fs::remove_file(&opts.api_socket);
     info!("stopped; the dataplane keeps running (`lbagent teardown` removes it)");
     Ok(())

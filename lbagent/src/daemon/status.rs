@@ -15,6 +15,10 @@ use crate::{
 #[derive(Clone, Default)]
 pub struct Status {
     pub state_file: String,
+    /// Revision label of the newest document the source gave (accepted or not).
+    pub revision_seen: Option<String>,
+    /// Revision label of the document running (the last accepted one).
+    pub revision_running: Option<String>,
     /// Applies done since start.
     pub applies: u64,
     pub last_apply: Option<ApplyReport>,
@@ -77,11 +81,7 @@ impl Status {
                             g.fips.iter().filter(|f| f.eip == e.name).map(|f| format!("fip -> {}", f.internal_ip)),
                         );
                         used_by.extend(g.dnats.iter().filter(|d| d.eip == e.name).map(|d| {
-                            format!(
-                                "dnat {:?} {} -> {}:{}",
-                                d.protocol, d.external_port, d.internal_ip, d.internal_port
-                            )
-                            .to_lowercase()
+                            format!("dnat {} {} -> {}:{}", d.protocol, d.external_port, d.internal_ip, d.internal_port)
                         }));
                         used_by.extend(
                             g.snats.iter().filter(|s| s.eip == e.name).map(|s| format!("snat {}", s.internal_cidr)),
@@ -108,6 +108,8 @@ impl Status {
         });
         self.document = json!({
             "state_file": self.state_file,
+            "revision_seen": self.revision_seen,
+            "revision_running": self.revision_running,
             "applies": self.applies,
             "last_apply": last,
             "rejected_state": self.rejected.as_ref().map(|p| p.0.iter().map(|x| x.to_string()).collect::<Vec<_>>()),

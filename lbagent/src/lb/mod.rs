@@ -10,7 +10,7 @@ pub mod rules;
 use anyhow::{Context, Result};
 
 use crate::{
-    alloc::Allocations, dataplane::engine::Engine, naming, reconcile::host::host_addresses, state::model::LoadBalancer,
+    alloc::Allocations, dataplane::engine::Engine, naming, plumbing::host_addresses, state::model::LoadBalancer,
 };
 
 /// Allocates what the load balancer needs and makes the host match it.
@@ -48,7 +48,7 @@ pub fn ensure(
     let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, alloc);
     engine.sync_zone(zone, &want, None, &mut changes)?;
     let t = engine.tables()?;
-    let released = alloc.release_rules(&rules::prefix(&lb.id), &keys);
+    let released = alloc.release_rules(&naming::lb_rule_prefix(&lb.id), &keys);
     if !released.is_empty() {
         t.forget_rule_stats(&released)?;
         changes.push(format!("released {} rule ids", released.len()));
@@ -71,7 +71,7 @@ pub fn remove(engine: &mut Engine, id: &str, alloc: &mut Allocations) -> Result<
         changes.push(format!("removed rules, flushed {n} flows"));
     }
     plumb::remove(id, &mut changes)?;
-    let released = alloc.release_rules(&rules::prefix(id), &Default::default());
+    let released = alloc.release_rules(&naming::lb_rule_prefix(id), &Default::default());
     engine.tables()?.forget_rule_stats(&released)?;
     if let Some(a) = alloc.release_lb(id) {
         changes.push(format!("released inner {}, outer {}, {} mapped ports", a.inner, a.outer, a.ports.len()));

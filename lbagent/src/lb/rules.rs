@@ -12,13 +12,12 @@
 
 use std::collections::BTreeSet;
 
-use lbagent_common::{PROTO_TCP, PROTO_UDP};
-
 use crate::{
     alloc::{Allocations, LbAlloc},
     dataplane::tables::{AclSpec, DnatSpec, RuleSnat},
+    naming,
     state::{
-        model::{Acl, AclAction, ListenerMode, ListenerType, LoadBalancer, Scheduler},
+        model::{Acl, AclAction, ListenerMode, LoadBalancer, Protocol, Scheduler},
         names::{parse_cidr, parse_ip},
     },
 };
@@ -32,10 +31,6 @@ pub struct LbIfaces {
     pub ovn: u32,
     /// `h…0`, toward the host and its proxy.
     pub proxy: u32,
-}
-
-pub fn prefix(id: &str) -> String {
-    format!("lb/{id}/")
 }
 
 /// A listener's ACL as the engine takes it.
@@ -62,8 +57,8 @@ pub fn rules(
         id
     };
     for l in &lb.listeners {
-        let proto = if l.kind == ListenerType::Udp { PROTO_UDP } else { PROTO_TCP };
-        let rule_id = id(format!("lb/{}/listener/{}", lb.id, l.id));
+        let proto = l.kind.protocol().number();
+        let rule_id = id(naming::lb_listener_key(&lb.id, &l.id));
         let (backends, snat_to) = match l.effective_mode() {
             ListenerMode::Proxy => (vec![(a.outer, l.port as u16)], a.inner),
             ListenerMode::Direct => {
@@ -94,8 +89,8 @@ pub fn rules(
     for g in &lb.backend_groups {
         for b in &g.backends {
             let (Some(port), Ok(addr)) = (a.ports.get(&b.id), parse_ip(&b.address)) else { continue };
-            for (proto, name) in [(PROTO_TCP, "tcp"), (PROTO_UDP, "udp")] {
-                let rule_id = id(format!("lb/{}/backend/{}/{name}", lb.id, b.id));
+            for p in Protocol::ALL {
+                let (proto, rule_id) = (p.number(), id(naming::lb_backend_key(&lb.id, &b.id, p)));
                 out.push(DnatSpec {
                     zone,
                     addr: a.inner,

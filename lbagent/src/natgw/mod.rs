@@ -45,8 +45,8 @@ pub fn ensure(
     }
     let q = qos::qos(gw, policies, rules::Ifaces { lan, ext }, alloc)?;
     changes.extend(t.sync_qos(zone, &q.zone)?);
-    alloc.release_qos(&qos::prefix(&gw.name), &q.keys);
-    let released = alloc.release_rules(&rules::prefix(&gw.name), &want.keys);
+    alloc.release_qos(&naming::gw_qos_prefix(&gw.name), &q.keys);
+    let released = alloc.release_rules(&naming::gw_rule_prefix(&gw.name), &want.keys);
     if !released.is_empty() {
         t.forget_rule_stats(&released)?;
         changes.push(format!("released {} rule ids", released.len()));
@@ -65,8 +65,8 @@ pub fn remove(engine: &mut Engine, prev: &NatGateway, alloc: &mut Allocations) -
     let n = engine.clear_zone(zone)?;
     changes.push(format!("removed rules, flushed {n} flows"));
     plumb::remove(&prev.name, &mut changes)?;
-    alloc.release_qos(&qos::prefix(&prev.name), &Default::default());
-    let released = alloc.release_rules(&rules::prefix(&prev.name), &Default::default());
+    alloc.release_qos(&naming::gw_qos_prefix(&prev.name), &Default::default());
+    let released = alloc.release_rules(&naming::gw_rule_prefix(&prev.name), &Default::default());
     engine.tables()?.forget_rule_stats(&released)?;
     alloc.release_zone(&key);
     changes.push(format!("released zone {zone}"));

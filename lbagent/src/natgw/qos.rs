@@ -24,6 +24,7 @@ use super::{
 use crate::{
     alloc::Allocations,
     dataplane::qos::QosZone,
+    naming::{self, QosTarget},
     state::{
         model::{Direction, NatGateway, QosPolicy, QosRule},
         names::{parse_cidr, parse_ip},
@@ -50,10 +51,6 @@ pub struct GwQos {
     pub zone: QosZone,
     pub keys: BTreeSet<String>,
     pub bound: Vec<Bound>,
-}
-
-fn key(gw: &str, target: &str, policy: &str, rule: &str) -> String {
-    format!("natgw/{gw}/qos/{target}/{policy}/{rule}")
 }
 
 fn dir(d: Direction) -> u8 {
@@ -92,11 +89,6 @@ pub fn qos(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, alloc: &mut All
     Ok(q)
 }
 
-/// Prefix of the gateway's bucket keys.
-pub fn prefix(gw: &str) -> String {
-    format!("natgw/{gw}/qos/")
-}
-
 /// The gateway's bound rules with their bucket ids as allocated (0 when
 /// not allocated yet), for status; allocates nothing.
 pub fn bound(gw: &NatGateway, policies: &[QosPolicy], alloc: &Allocations) -> Vec<Bound> {
@@ -118,7 +110,7 @@ fn build(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, id: &mut dyn FnMu
             else {
                 continue;
             };
-            let k = key(&gw.name, &format!("eip/{}", e.name), &p.name, &r.name);
+            let k = naming::gw_qos_key(&gw.name, QosTarget::Eip(&e.name), &p.name, &r.name);
             let bucket = id(&k);
             out.zone.eips.insert((ip.octets(), dir(d)), QosEip { bucket, priority: r.priority });
             out.zone.buckets.insert(bucket, config(r));
@@ -138,7 +130,7 @@ fn build(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, id: &mut dyn FnMu
     }
     if let Some(p) = gw.qos_policy.as_deref().and_then(policy) {
         for r in &p.rules {
-            let k = key(&gw.name, "gateway", &p.name, &r.name);
+            let k = naming::gw_qos_key(&gw.name, QosTarget::Gateway, &p.name, &r.name);
             let bucket = id(&k);
             let ifname = interface(r);
             let ifindex = if ifname == LAN_IF { ifs.lan } else { ifs.ext };

@@ -19,11 +19,10 @@ use std::{
     net::Ipv4Addr,
 };
 
-use lbagent_common::{PROTO_TCP, PROTO_UDP};
-
 use crate::{
     alloc::Allocations,
     dataplane::tables::{DnatSpec, RuleSnat, SnatSpec},
+    naming,
     state::{
         model::{DnatMode, NatGateway, Protocol},
         names::{parse_cidr, parse_ip},
@@ -47,35 +46,8 @@ pub struct GwRules {
     pub keys: BTreeSet<String>,
 }
 
-pub fn prefix(gw: &str) -> String {
-    format!("natgw/{gw}/")
-}
-
-fn proto(p: Protocol) -> u8 {
-    match p {
-        Protocol::Tcp => PROTO_TCP,
-        Protocol::Udp => PROTO_UDP,
-    }
-}
-
 fn eip_ip(gw: &NatGateway, name: &str) -> Option<Ipv4Addr> {
     gw.eips.iter().find(|e| e.name == name).and_then(|e| parse_ip(&e.ip).ok())
-}
-
-fn fip_key(gw: &str, eip: Ipv4Addr) -> String {
-    format!("natgw/{gw}/fip/{eip}")
-}
-
-fn fip_snat_key(gw: &str, internal: Ipv4Addr) -> String {
-    format!("natgw/{gw}/fip-snat/{internal}")
-}
-
-fn dnat_key(gw: &str, eip: Ipv4Addr, p: Protocol, port: u32) -> String {
-    format!("natgw/{gw}/dnat/{eip}/{}/{port}", if p == Protocol::Tcp { "tcp" } else { "udp" })
-}
-
-fn snat_key(gw: &str, cidr: (Ipv4Addr, u8)) -> String {
-    format!("natgw/{gw}/snat/{}/{}", cidr.0, cidr.1)
 }
 
 /// CIDR SNATs as internal CIDR → EIP address.
@@ -116,7 +88,7 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
     };
     let fips = fips(gw);
     for (eip, internal) in &fips {
-        let rule_id = id(fip_key(&gw.name, *eip), &mut r);
+        let rule_id = id(naming::gw_fip_key(&gw.name, *eip), &mut r);
         r.dnats.push(DnatSpec {
             zone,
             addr: *eip,
@@ -127,7 +99,7 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
             snat: Some(RuleSnat::hairpin(ifs.lan)),
             acl: None,
         });
-        let rule_id = id(fip_snat_key(&gw.name, *internal), &mut r);
+        let rule_id = id(naming::gw_fip_snat_key(&gw.name, *internal), &mut r);
         r.snats.push(SnatSpec {
             zone,
             ifindex: ifs.ext,
@@ -139,11 +111,11 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
         });
     }
     for ((eip, p, port), (backends, _)) in identities(gw) {
-        let rule_id = id(dnat_key(&gw.name, eip, p, port), &mut r);
+        let rule_id = id(naming::gw_dnat_key(&gw.name, eip, p, port), &mut r);
         r.dnats.push(DnatSpec {
             zone,
             addr: eip,
-            proto: proto(p),
+            proto: p.number(),
             port: port as u16,
             rule_id,
             backends,
@@ -155,7 +127,7 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
         if cidr.1 == 32 && fips.iter().any(|(_, i)| *i == cidr.0) {
             continue; // the FIP's own SNAT wins
         }
-        let rule_id = id(snat_key(&gw.name, cidr), &mut r);
+        let rule_id = id(naming::gw_snat_key(&gw.name, cidr), &mut r);
         r.snats.push(SnatSpec { zone, ifindex: ifs.ext, cidr, to: eip, ports: SNAT_PORTS, random: true, rule_id });
     }
     r
@@ -168,8 +140,8 @@ pub fn flushes(prev: &NatGateway, next: Option<&NatGateway>, alloc: &Allocations
     let next_fips = next.map(fips).unwrap_or_default();
     for (eip, internal) in fips(prev) {
         if !next_fips.contains(&(eip, internal)) {
-            out.extend(id(fip_key(&prev.name, eip)));
-            out.extend(id(fip_snat_key(&prev.name, internal)));
+            out.extend(id(naming::gw_fip_key(&prev.name, eip)));
+            out.extend(id(naming::gw_fip_snat_key(&prev.name, internal)));
         }
     }
     let next_ids = next.map(identities).unwrap_or_default();
@@ -180,13 +152,13 @@ pub fn flushes(prev: &NatGateway, next: Option<&NatGateway>, alloc: &Allocations
             Some(_) => false,
         };
         if gone {
-            out.extend(id(dnat_key(&prev.name, ident.0, ident.1, ident.2)));
+            out.extend(id(naming::gw_dnat_key(&prev.name, ident.0, ident.1, ident.2)));
         }
     }
     let next_snats = next.map(snats).unwrap_or_default();
     for (cidr, eip) in snats(prev) {
         if next_snats.get(&cidr) != Some(&eip) {
-            out.extend(id(snat_key(&prev.name, cidr)));
+            out.extend(id(naming::gw_snat_key(&prev.name, cidr)));
         }
     }
     out
@@ -226,9 +198,9 @@ mod tests {
         let mut a = Allocations::default();
         let prev = gw();
         rules(&prev, 5, IFS, &mut a);
-        let fip_id = a.rule_ids[&fip_key("gw1", Ipv4Addr::new(198, 51, 100, 10))];
-        let ssh_id = a.rule_ids[&dnat_key("gw1", Ipv4Addr::new(198, 51, 100, 11), Protocol::Tcp, 2222)];
-        let snat_id = a.rule_ids[&snat_key("gw1", (Ipv4Addr::new(10, 10, 0, 0), 24))];
+        let fip_id = a.rule_ids[&naming::gw_fip_key("gw1", Ipv4Addr::new(198, 51, 100, 10))];
+        let ssh_id = a.rule_ids[&naming::gw_dnat_key("gw1", Ipv4Addr::new(198, 51, 100, 11), Protocol::Tcp, 2222)];
+        let snat_id = a.rule_ids[&naming::gw_snat_key("gw1", (Ipv4Addr::new(10, 10, 0, 0), 24))];
         // Deleting a FIP flushes it; deleting a SNAT flushes it (its flows
         // would keep sending from the EIP); a share backend flushes nothing here.
         let mut next = prev.clone();

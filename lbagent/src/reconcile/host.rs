@@ -2,8 +2,6 @@
 //! engine rules, allocations) and the shared haproxy for proxy listeners.
 
 use std::{
-    collections::HashSet,
-    net::Ipv4Addr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
 };
@@ -40,13 +38,6 @@ impl Host {
     }
 }
 
-/// IPv4 addresses configured on the host (the agent's namespace).
-pub fn host_addresses() -> HashSet<Ipv4Addr> {
-    nix::ifaddrs::getifaddrs()
-        .map(|it| it.filter_map(|ifa| ifa.address.and_then(|a| a.as_sockaddr_in().map(|s| s.ip()))).collect())
-        .unwrap_or_default()
-}
-
 impl Realizer for Host {
     fn ensure_lb(&mut self, l: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>> {
         let health = self.health.lock().unwrap();
@@ -72,7 +63,7 @@ impl Realizer for Host {
         let outcome = self.haproxy.apply(&config)?;
         Ok(Finish {
             changes: outcome.action.map(str::to_string).into_iter().collect(),
-            errors: outcome.faults.into_iter().map(|(id, e)| (format!("lb/{id}"), e)).collect(),
+            errors: outcome.faults.into_iter().map(|(id, e)| (crate::naming::lb_zone_key(&id), e)).collect(),
         })
     }
 

@@ -205,7 +205,7 @@ fn describe(step: &Step) -> String {
         Step::Remove { kind, key } | Step::Ensure { kind, key, .. } => (kind, key),
     };
     match kind {
-        Kind::Lb => format!("lb/{key}"),
-        Kind::Gw => format!("natgw/{key}"),
+        Kind::Lb => crate::naming::lb_zone_key(key),
+        Kind::Gw => crate::naming::gw_zone_key(key),
     }
 }

@@ -128,8 +128,8 @@ pub enum ListenerType {
 
 impl ListenerType {
     /// The L4 protocol the listener binds.
-    pub fn l4(self) -> &'static str {
-        if self == ListenerType::Udp { "udp" } else { "tcp" }
+    pub fn protocol(self) -> Protocol {
+        if self == ListenerType::Udp { Protocol::Udp } else { Protocol::Tcp }
     }
 }
 
@@ -334,6 +334,36 @@ pub enum DnatMode {
 pub enum Protocol {
     Tcp,
     Udp,
+}
+
+impl Protocol {
+    pub const ALL: [Protocol; 2] = [Protocol::Tcp, Protocol::Udp];
+
+    /// The IP protocol number (what the maps hold).
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => lbagent_common::PROTO_TCP,
+            Protocol::Udp => lbagent_common::PROTO_UDP,
+        }
+    }
+
+    /// The name, as in the state file and in keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Protocol> {
+        Protocol::ALL.into_iter().find(|p| p.number() == n)
+    }
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

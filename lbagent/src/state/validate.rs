@@ -231,8 +231,8 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
         c.ok(&format!("{lp}.id"), check_id(&l.id, 1, 64));
         c.unique(&mut ids, l.id.clone(), &format!("{lp}.id"), || format!("listener id {:?}", l.id));
         c.port(&format!("{lp}.port"), l.port);
-        c.unique(&mut ports, (l.kind.l4(), l.port), &format!("{lp}.port"), || {
-            format!("{} port {}", l.kind.l4(), l.port)
+        c.unique(&mut ports, (l.kind.protocol(), l.port), &format!("{lp}.port"), || {
+            format!("{} port {}", l.kind.protocol(), l.port)
         });
         if !groups.contains(&l.backend_group) {
             c.err(
@@ -566,9 +566,7 @@ fn nat_gateway<'a>(
                 format!("{dp}.external_port"),
                 format!(
                     "duplicate DNAT {:?} {} {} (several backends need mode: share on every entry)",
-                    d.eip,
-                    if d.protocol == Protocol::Tcp { "tcp" } else { "udp" },
-                    d.external_port
+                    d.eip, d.protocol, d.external_port
                 ),
             );
         }

@@ -1,0 +1,178 @@
+//! Where the daemon's desired state comes from.
+//!
+//! A [`Source`] yields whole documents, each with a revision label: the
+//! daemon validates every document the same way and keeps the last good one
+//! running whatever the source (a refused document changes nothing). The
+//! state file is the first source: polled every second, a change applied
+//! once it has stayed the same for a whole poll interval, re-read at once
+//! on SIGHUP. A distributed store is the next one (`../shared/DESIGN.md` §9).
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use tokio::sync::{Notify, mpsc::UnboundedSender};
+
+use crate::state::{self, Problems, StateFile};
+
+/// One document from a source.
+pub struct Update {
+    /// Why it was read ("start", "state file changed", "SIGHUP" …).
+    pub why: &'static str,
+    /// The source's label for this document (the file's content hash).
+    pub revision: String,
+    /// The validated document, or every problem with its path.
+    pub state: Result<StateFile, Problems>,
+}
+
+/// A source of desired state, run as its own task: it sends an [`Update`]
+/// at start, on every change, and when `refresh` is notified (SIGHUP).
+pub trait Source: Send + 'static {
+    /// What the source is, for logs and status (`file /etc/lbagent/state.yaml`).
+    fn describe(&self) -> String;
+
+    /// Runs until the receiver is gone.
+    fn run(
+        self: Box<Self>,
+        updates: UnboundedSender<Update>,
+        refresh: std::sync::Arc<Notify>,
+    ) -> tokio::task::JoinHandle<()>;
+}
+
+/// The state file.
+pub struct FileSource {
+    pub path: PathBuf,
+    /// How often the file is looked at (a change is applied after it has
+    /// been stable for one interval).
+    pub poll: Duration,
+}
+
+impl FileSource {
+    pub fn new(path: PathBuf) -> Self {
+        FileSource { path, poll: Duration::from_secs(1) }
+    }
+
+    fn read(&self, why: &'static str) -> Update {
+        Update { why, revision: revision(fingerprint(&self.path).as_deref()), state: state::load_file(&self.path) }
+    }
+}
+
+impl Source for FileSource {
+    fn describe(&self) -> String {
+        format!("file {}", self.path.display())
+    }
+
+    fn run(
+        self: Box<Self>,
+        updates: UnboundedSender<Update>,
+        refresh: std::sync::Arc<Notify>,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut seen = fingerprint(&self.path);
+            if updates.send(self.read("start")).is_err() {
+                return;
+            }
+            let mut pending: Option<Option<Vec<u8>>> = None;
+            let mut poll = tokio::time::interval(self.poll);
+            // Ticks stay a full interval apart even after a slow read (no
+            // burst of missed ticks): the stability window depends on it.
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let update = tokio::select! {
+                    _ = poll.tick() => {
+                        // A changed file is read once it has stayed the same for
+                        // a whole poll interval: an editor's truncate-and-rewrite
+                        // is never applied half-written (a valid prefix such as
+                        // `version: 1` alone would tear every object down).
+                        let now = fingerprint(&self.path);
+                        if now == seen {
+                            pending = None;
+                            continue;
+                        } else if pending.as_ref() == Some(&now) {
+                            seen = now;
+                            pending = None;
+                            self.read("state file changed")
+                        } else {
+                            pending = Some(now);
+                            continue;
+                        }
+                    }
+                    _ = refresh.notified() => {
+                        pending = None;
+                        seen = fingerprint(&self.path);
+                        self.read("SIGHUP")
+                    }
+                };
+                if updates.send(update).is_err() {
+                    return;
+                }
+            }
+        })
+    }
+}
+
+/// Content fingerprint of the state file (`None` when unreadable). Only a
+/// regular file within the size cap is read (a FIFO would block the loop);
+/// anything else changes the fingerprint, and loading refuses it.
+fn fingerprint(path: &Path) -> Option<Vec<u8>> {
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() || meta.len() > crate::state::load::MAX_STATE_FILE_BYTES {
+        return Some(format!("not loadable: {:?} {}", meta.file_type(), meta.len()).into_bytes());
+    }
+    std::fs::read(path).ok()
+}
+
+/// A file revision: 16 hex digits of FNV-1a (64-bit) of its content, or
+/// `unreadable`.
+fn revision(content: Option<&[u8]>) -> String {
+    match content {
+        Some(c) => {
+            let h = c.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3));
+            format!("{h:016x}")
+        }
+        None => "unreadable".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revisions_follow_the_content() {
+        assert_eq!(revision(Some(b"version: 1\n")), revision(Some(b"version: 1\n")));
+        assert_ne!(revision(Some(b"version: 1\n")), revision(Some(b"version: 1\n\n")));
+        assert_eq!(revision(None), "unreadable");
+        assert_eq!(revision(Some(b"")).len(), 16);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_file_source_sends_start_stable_changes_and_refreshes() {
+        let dir = std::env::temp_dir().join(format!("lbagent-source-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.yaml");
+        std::fs::write(&path, "version: 1\n").unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let refresh = std::sync::Arc::new(Notify::new());
+        let source = FileSource { path: path.clone(), poll: Duration::from_millis(20) };
+        let task = Box::new(source).run(tx, refresh.clone());
+        let first = rx.recv().await.unwrap();
+        assert_eq!(first.why, "start");
+        assert!(first.state.is_ok());
+        // A change is sent once it has been stable for a poll interval.
+        std::fs::write(&path, "version: 2\n").unwrap();
+        let changed = rx.recv().await.unwrap();
+        assert_eq!(changed.why, "state file changed");
+        assert!(changed.state.is_err(), "version 2 is refused");
+        assert_ne!(changed.revision, first.revision);
+        // A refresh re-reads at once, even unchanged.
+        refresh.notify_one();
+        let again = rx.recv().await.unwrap();
+        assert_eq!((again.why, again.revision), ("SIGHUP", changed.revision));
+        drop(rx);
+        refresh.notify_one();
+        task.await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -143,7 +143,8 @@ fn load_balancer_seed_parity_and_lifecycle() {
     // Status shows what a proxy config generator needs.
     let mut st = Status::default();
     st.refresh(&b.bed.reconciler.applied, &b.bed.reconciler.alloc);
-    let lbs = st.document["load_balancers"].as_array().unwrap().clone();
+    let doc = serde_json::to_value(&st.document).unwrap();
+    let lbs = doc["load_balancers"].as_array().unwrap().clone();
     let lb1 = lbs.iter().find(|l| l["id"] == b.ids[0].as_str()).unwrap();
     assert_eq!(lb1["netns"], naming::lb_netns(&b.ids[0]));
     assert!(lb1["inner"].as_str().unwrap().starts_with("169.254."));

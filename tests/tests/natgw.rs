@@ -117,7 +117,8 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     // Status: each EIP and what uses it.
     let mut st = Status::default();
     st.refresh(&b.bed.reconciler.applied, &b.bed.reconciler.alloc);
-    let eips = &st.document["nat_gateways"][0]["eips"];
+    let doc = serde_json::to_value(&st.document).unwrap();
+    let eips = &doc["nat_gateways"][0]["eips"];
     assert_eq!(eips[0]["used_by"][0], "fip -> 10.10.0.21");
     assert_eq!(eips[1]["used_by"][0], "dnat tcp 2222 -> 10.10.0.22:8022");
     assert_eq!(eips[1]["used_by"][1], "snat 10.10.0.0/25");

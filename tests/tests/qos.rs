@@ -449,7 +449,8 @@ mod traffic {
         // Status, metrics and `lbagent maps` show the bound rules and their counters.
         let mut status = lbagent::daemon::status::Status::default();
         status.refresh(&b.bed.reconciler.applied, &b.bed.reconciler.alloc);
-        let qos = status.document["nat_gateways"][0]["qos"].as_array().unwrap().clone();
+        let doc = serde_json::to_value(&status.document).unwrap();
+        let qos = doc["nat_gateways"][0]["qos"].as_array().unwrap().clone();
         assert_eq!(qos.len(), 3, "{qos:?}");
         let eip_rule = qos.iter().find(|q| q["target"] == "eip/eip1").unwrap();
         assert_eq!(eip_rule["rate_bps"], 2_000_000);

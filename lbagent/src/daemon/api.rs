@@ -95,7 +95,7 @@ async fn answer(stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>) {
         serde_json::json!({"error": format!("a request is one line of at most {MAX_REQUEST} bytes")}).to_string()
     } else {
         match line.trim() {
-            "status" => status.lock().unwrap().document.to_string(),
+            "status" => serde_json::to_string(&status.lock().unwrap().document).unwrap_or_default(),
             other => serde_json::json!({"error": format!("unknown request {other:?}")}).to_string(),
         }
     };

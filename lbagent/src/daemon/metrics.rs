@@ -58,7 +58,7 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
         }
     }
     let doc = &status.document;
-    let ok = doc["last_apply"]["ok"].as_bool().map(|b| b as u8).unwrap_or(0);
+    let ok = doc.last_apply.as_ref().map(|l| l.ok as u8).unwrap_or(0);
     let _ = writeln!(out, "# TYPE lbagent_applies_total counter\nlbagent_applies_total {}", status.applies);
     let _ = writeln!(out, "# TYPE lbagent_last_apply_success gauge\nlbagent_last_apply_success {ok}");
     let _ = writeln!(
@@ -66,9 +66,8 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
         "# TYPE lbagent_state_rejected gauge\nlbagent_state_rejected {}",
         status.rejected.is_some() as u8
     );
-    let n = |k: &str| doc[k].as_array().map(|a| a.len()).unwrap_or(0);
-    let _ = writeln!(out, "# TYPE lbagent_load_balancers gauge\nlbagent_load_balancers {}", n("load_balancers"));
-    let _ = writeln!(out, "# TYPE lbagent_nat_gateways gauge\nlbagent_nat_gateways {}", n("nat_gateways"));
+    let _ = writeln!(out, "# TYPE lbagent_load_balancers gauge\nlbagent_load_balancers {}", doc.load_balancers.len());
+    let _ = writeln!(out, "# TYPE lbagent_nat_gateways gauge\nlbagent_nat_gateways {}", doc.nat_gateways.len());
     out
 }
 

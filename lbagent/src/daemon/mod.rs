@@ -61,7 +61,7 @@ impl Daemon {
         st.refresh(&self.reconciler.applied, &self.reconciler.alloc);
         let down: Vec<String> =
             health.lock().unwrap().down().iter().map(|(lb, l, b)| format!("{lb}/{l}/{b}")).collect();
-        st.document["backends_down"] = serde_json::json!(down);
+        st.document.backends_down = down;
     }
 
     /// Takes a document from the source: applies it when valid, otherwise

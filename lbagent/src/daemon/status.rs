@@ -1,16 +1,161 @@
 //! The document `lbagent status` shows, built from what was applied and
 //! what was allocated.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::{
+    collections::BTreeMap,
+    time::{SystemTime, UNIX_EPOCH},
+};
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
 use crate::{
     alloc::Allocations,
     naming,
     reconcile::{Applied, ApplyReport},
-    state::Problems,
+    state::{
+        Problems,
+        model::{Direction, ListenerMode, ListenerType},
+    },
 };
+
+/// The status document: built by the daemon, served by the API, read by
+/// `lbagent status` and the metrics endpoint. Field names are the JSON
+/// contract (`lbagent status --json`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusDoc {
+    pub state_file: String,
+    /// Revision label of the newest document the source gave (accepted or not).
+    pub revision_seen: Option<String>,
+    /// Revision label of the document running (the last accepted one).
+    pub revision_running: Option<String>,
+    /// Applies done since start.
+    pub applies: u64,
+    pub last_apply: Option<LastApply>,
+    /// Problems of the newest document when it was refused.
+    pub rejected_state: Option<Vec<String>>,
+    pub load_balancers: Vec<LbStatus>,
+    pub nat_gateways: Vec<GwStatus>,
+    /// Rule key → rule id.
+    pub rules: BTreeMap<String, u32>,
+    /// Backends failing their health checks: `<lb>/<listener>/<backend>`.
+    #[serde(default)]
+    pub backends_down: Vec<String>,
+    /// Live counters by rule key (added by `lbagent status` from the maps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule_stats: Option<BTreeMap<String, RuleStatsDoc>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LastApply {
+    /// Unix time (s) the apply started.
+    pub time: Option<u64>,
+    pub ok: bool,
+    pub steps: usize,
+    pub changes: Vec<String>,
+    pub errors: Vec<ObjectError>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ObjectError {
+    pub object: String,
+    pub error: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LbStatus {
+    pub id: String,
+    pub name: Option<String>,
+    pub zone: Option<u16>,
+    pub netns: String,
+    pub vip: String,
+    pub links: LbLinks,
+    pub iface_id: String,
+    pub inner: Option<String>,
+    pub outer: Option<String>,
+    pub listeners: Vec<ListenerStatus>,
+    pub backends: Vec<BackendStatus>,
+}
+
+/// Veth pairs: `[inside the namespace, host side]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LbLinks {
+    pub ovn: [String; 2],
+    pub proxy: [String; 2],
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ListenerStatus {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: ListenerType,
+    pub port: u32,
+    pub mode: ListenerMode,
+    pub backend_group: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    pub id: String,
+    pub group: String,
+    pub address: String,
+    pub port: u32,
+    pub weight: u32,
+    pub mapped_port: Option<u16>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GwStatus {
+    pub name: String,
+    pub zone: Option<u16>,
+    pub netns: String,
+    pub lan_ip: String,
+    pub eips: Vec<EipStatus>,
+    pub qos: Vec<QosRuleStatus>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EipStatus {
+    pub name: String,
+    pub ip: String,
+    pub qos_policy: Option<String>,
+    /// `fip -> <ip>`, `dnat tcp 2222 -> <ip>:<port>`, `snat <cidr>`.
+    pub used_by: Vec<String>,
+}
+
+/// A bound QoS rule instance (one bucket).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QosRuleStatus {
+    pub key: String,
+    pub bucket: u32,
+    /// `eip/<name>` or `gateway`.
+    pub target: String,
+    pub policy: String,
+    pub rule: String,
+    pub direction: Direction,
+    pub interface: String,
+    pub rate_bps: u64,
+    pub burst_bytes: u64,
+    /// Live counters (added by `lbagent status` from the maps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<QosStatsDoc>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RuleStatsDoc {
+    pub packets: u64,
+    pub bytes: u64,
+    pub acl_drops: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QosStatsDoc {
+    pub passed_packets: u64,
+    pub passed_bytes: u64,
+    pub marked_packets: u64,
+    pub marked_bytes: u64,
+    pub dropped_packets: u64,
+    pub dropped_bytes: u64,
+}
 
 #[derive(Clone, Default)]
 pub struct Status {
@@ -22,17 +167,17 @@ pub struct Status {
     /// Applies done since start.
     pub applies: u64,
     pub last_apply: Option<ApplyReport>,
-    /// Problems of the newest state file when it was refused.
+    /// Problems of the newest document when it was refused.
     pub rejected: Option<Problems>,
-    pub document: Value,
+    pub document: StatusDoc,
     /// Rule id → rule key (`natgw/<gw>/fip/<eip>`, `lb/<id>/listener/<l>` …), for metrics.
-    pub rule_names: std::collections::BTreeMap<u32, String>,
+    pub rule_names: BTreeMap<u32, String>,
     /// QoS bucket → rule-instance key (`natgw/<gw>/qos/...`), for metrics.
-    pub qos_names: std::collections::BTreeMap<u32, String>,
+    pub qos_names: BTreeMap<u32, String>,
 }
 
-fn secs(t: Option<SystemTime>) -> Value {
-    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| json!(d.as_secs())).unwrap_or(Value::Null)
+fn secs(t: Option<SystemTime>) -> Option<u64> {
+    t.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs())
 }
 
 impl Status {
@@ -40,39 +185,56 @@ impl Status {
     pub fn refresh(&mut self, applied: &Applied, alloc: &Allocations) {
         self.rule_names = alloc.rule_ids.iter().map(|(k, id)| (*id, k.clone())).collect();
         self.qos_names = alloc.qos_buckets.iter().map(|(k, b)| (*b, k.clone())).collect();
-        let lbs: Vec<Value> = applied
+        let lbs = applied
             .lbs
             .values()
             .map(|lb| {
                 let a = alloc.lbs.get(&lb.id);
-                let backends: Vec<Value> = lb
+                let backends = lb
                     .backend_groups
                     .iter()
                     .flat_map(|g| g.backends.iter().map(move |b| (g, b)))
-                    .map(|(g, b)| {
-                        json!({"id": b.id, "group": g.id, "address": b.address, "port": b.port, "weight": b.weight,
-                               "mapped_port": a.and_then(|a| a.ports.get(&b.id))})
+                    .map(|(g, b)| BackendStatus {
+                        id: b.id.clone(),
+                        group: g.id.clone(),
+                        address: b.address.clone(),
+                        port: b.port,
+                        weight: b.weight,
+                        mapped_port: a.and_then(|a| a.ports.get(&b.id)).copied(),
                     })
                     .collect();
                 let (o0, o1) = naming::lb_ovn_veth(&lb.id);
                 let (h0, h1) = naming::lb_host_veth(&lb.id);
-                json!({
-                    "id": lb.id, "name": lb.name, "zone": alloc.zones.get(&naming::lb_zone_key(&lb.id)),
-                    "netns": naming::lb_netns(&lb.id), "vip": lb.network.ip,
-                    "links": {"ovn": [o0, o1], "proxy": [h0, h1]},
-                    "iface_id": naming::lb_iface_id(&lb.id),
-                    "inner": a.map(|a| a.inner.to_string()), "outer": a.map(|a| a.outer.to_string()),
-                    "listeners": lb.listeners.iter().map(|l| json!({"id": l.id, "type": l.kind, "port": l.port,
-                        "mode": l.effective_mode(), "backend_group": l.backend_group})).collect::<Vec<_>>(),
-                    "backends": backends,
-                })
+                LbStatus {
+                    id: lb.id.clone(),
+                    name: lb.name.clone(),
+                    zone: alloc.zones.get(&naming::lb_zone_key(&lb.id)).copied(),
+                    netns: naming::lb_netns(&lb.id),
+                    vip: lb.network.ip.clone(),
+                    links: LbLinks { ovn: [o0, o1], proxy: [h0, h1] },
+                    iface_id: naming::lb_iface_id(&lb.id),
+                    inner: a.map(|a| a.inner.to_string()),
+                    outer: a.map(|a| a.outer.to_string()),
+                    listeners: lb
+                        .listeners
+                        .iter()
+                        .map(|l| ListenerStatus {
+                            id: l.id.clone(),
+                            kind: l.kind,
+                            port: l.port,
+                            mode: l.effective_mode(),
+                            backend_group: l.backend_group.clone(),
+                        })
+                        .collect(),
+                    backends,
+                }
             })
             .collect();
-        let gws: Vec<Value> = applied
+        let gws = applied
             .gws
             .values()
             .map(|g| {
-                let eips: Vec<Value> = g
+                let eips = g
                     .eips
                     .iter()
                     .map(|e| {
@@ -86,36 +248,55 @@ impl Status {
                         used_by.extend(
                             g.snats.iter().filter(|s| s.eip == e.name).map(|s| format!("snat {}", s.internal_cidr)),
                         );
-                        json!({"name": e.name, "ip": e.ip, "qos_policy": e.qos_policy, "used_by": used_by})
+                        EipStatus { name: e.name.clone(), ip: e.ip.clone(), qos_policy: e.qos_policy.clone(), used_by }
                     })
                     .collect();
                 let policies = applied.gw_qos.get(&g.name).map(Vec::as_slice).unwrap_or_default();
-                let qos: Vec<Value> = crate::natgw::qos::bound(g, policies, alloc)
-                    .iter()
-                    .map(|b| {
-                        json!({"key": b.key, "bucket": b.bucket, "target": b.target, "policy": b.policy,
-                               "rule": b.rule, "direction": b.direction, "interface": b.interface,
-                               "rate_bps": b.rate_bps, "burst_bytes": b.burst_bytes})
+                let qos = crate::natgw::qos::bound(g, policies, alloc)
+                    .into_iter()
+                    .map(|b| QosRuleStatus {
+                        key: b.key,
+                        bucket: b.bucket,
+                        target: b.target,
+                        policy: b.policy,
+                        rule: b.rule,
+                        direction: b.direction,
+                        interface: b.interface.to_string(),
+                        rate_bps: b.rate_bps,
+                        burst_bytes: b.burst_bytes,
+                        stats: None,
                     })
                     .collect();
-                json!({"name": g.name, "zone": alloc.zones.get(&naming::gw_zone_key(&g.name)),
-                       "netns": naming::gw_netns(&g.name), "lan_ip": g.lan.ip, "eips": eips, "qos": qos})
+                GwStatus {
+                    name: g.name.clone(),
+                    zone: alloc.zones.get(&naming::gw_zone_key(&g.name)).copied(),
+                    netns: naming::gw_netns(&g.name),
+                    lan_ip: g.lan.ip.clone(),
+                    eips,
+                    qos,
+                }
             })
             .collect();
-        let last = self.last_apply.as_ref().map(|r| {
-            json!({"time": secs(r.started), "ok": r.ok(), "steps": r.steps, "changes": r.changes,
-                   "errors": r.errors.iter().map(|(o, e)| json!({"object": o, "error": e})).collect::<Vec<_>>()})
+        let last_apply = self.last_apply.as_ref().map(|r| LastApply {
+            time: secs(r.started),
+            ok: r.ok(),
+            steps: r.steps,
+            changes: r.changes.clone(),
+            errors: r.errors.iter().map(|(o, e)| ObjectError { object: o.clone(), error: e.clone() }).collect(),
         });
-        self.document = json!({
-            "state_file": self.state_file,
-            "revision_seen": self.revision_seen,
-            "revision_running": self.revision_running,
-            "applies": self.applies,
-            "last_apply": last,
-            "rejected_state": self.rejected.as_ref().map(|p| p.0.iter().map(|x| x.to_string()).collect::<Vec<_>>()),
-            "load_balancers": lbs,
-            "nat_gateways": gws,
-            "rules": alloc.rule_ids,
-        });
+        let backends_down = std::mem::take(&mut self.document.backends_down);
+        self.document = StatusDoc {
+            state_file: self.state_file.clone(),
+            revision_seen: self.revision_seen.clone(),
+            revision_running: self.revision_running.clone(),
+            applies: self.applies,
+            last_apply,
+            rejected_state: self.rejected.as_ref().map(|p| p.0.iter().map(|x| x.to_string()).collect()),
+            load_balancers: lbs,
+            nat_gateways: gws,
+            rules: alloc.rule_ids.clone(),
+            backends_down,
+            rule_stats: None,
+        };
     }
 }

@@ -351,6 +351,7 @@ pub struct Meta {
 /// new flows the rule's ACL refused.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct RuleStats {
     pub packets: u64,
     pub bytes: u64,

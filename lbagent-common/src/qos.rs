@@ -166,6 +166,7 @@ pub const QOS_PROBE_GAP_NS: u64 = 1_000_000;
 /// Per bucket: packets and layer-2 bytes by outcome (atomic adds).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct QosStats {
     pub passed_packets: u64,
     pub passed_bytes: u64,

@@ -6,10 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::{
-    daemon::{
-        api,
-        status::{QosStatsDoc, RuleStatsDoc, StatusDoc},
-    },
+    daemon::{api, status::StatusDoc},
     dataplane::tables::Tables,
     naming,
 };
@@ -37,7 +34,7 @@ fn add_rule_stats(doc: &mut StatusDoc, bpffs: &Path) {
         .iter()
         .filter_map(|(key, id)| {
             let st = by_id.get(id)?;
-            Some((key.clone(), RuleStatsDoc { packets: st.packets, bytes: st.bytes, acl_drops: st.acl_drops }))
+            Some((key.clone(), *st))
         })
         .collect();
     doc.rule_stats = Some(out);
@@ -47,15 +44,7 @@ fn add_rule_stats(doc: &mut StatusDoc, bpffs: &Path) {
 fn add_qos_stats(doc: &mut StatusDoc, bpffs: &Path) {
     let Ok(stats) = Tables::open(bpffs).and_then(|t| t.qos_stats()) else { return };
     for q in doc.nat_gateways.iter_mut().flat_map(|gw| gw.qos.iter_mut()) {
-        let st = stats.get(&q.bucket).copied().unwrap_or_default();
-        q.stats = Some(QosStatsDoc {
-            passed_packets: st.passed_packets,
-            passed_bytes: st.passed_bytes,
-            marked_packets: st.marked_packets,
-            marked_bytes: st.marked_bytes,
-            dropped_packets: st.dropped_packets,
-            dropped_bytes: st.dropped_bytes,
-        });
+        q.stats = Some(stats.get(&q.rule.bucket).copied().unwrap_or_default());
     }
 }
 
@@ -148,13 +137,13 @@ pub fn render(doc: &StatusDoc) -> String {
             let st = q.stats.unwrap_or_default();
             out += &format!(
                 "  qos {:<12} {}/{} {} on {}: {} Mbit/s burst {} B  passed {} pkts {} B, marked {} pkts, dropped {} pkts {} B\n",
-                q.target,
-                q.policy,
-                q.rule,
-                serde_name(&q.direction),
-                q.interface,
-                q.rate_bps as f64 / 1e6,
-                q.burst_bytes,
+                q.rule.target,
+                q.rule.policy,
+                q.rule.rule,
+                serde_name(&q.rule.direction),
+                q.rule.interface,
+                q.rule.rate_bps as f64 / 1e6,
+                q.rule.burst_bytes,
                 st.passed_packets,
                 st.passed_bytes,
                 st.marked_packets,

@@ -14,7 +14,7 @@ use crate::{
     reconcile::{Applied, ApplyReport},
     state::{
         Problems,
-        model::{Direction, ListenerMode, ListenerType},
+        model::{ListenerMode, ListenerType},
     },
 };
 
@@ -42,7 +42,7 @@ pub struct StatusDoc {
     pub backends_down: Vec<String>,
     /// Live counters by rule key (added by `lbagent status` from the maps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule_stats: Option<BTreeMap<String, RuleStatsDoc>>,
+    pub rule_stats: Option<BTreeMap<String, lbagent_common::RuleStats>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -125,36 +125,11 @@ pub struct EipStatus {
 /// A bound QoS rule instance (one bucket).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct QosRuleStatus {
-    pub key: String,
-    pub bucket: u32,
-    /// `eip/<name>` or `gateway`.
-    pub target: String,
-    pub policy: String,
-    pub rule: String,
-    pub direction: Direction,
-    pub interface: String,
-    pub rate_bps: u64,
-    pub burst_bytes: u64,
+    #[serde(flatten)]
+    pub rule: crate::natgw::qos::Bound,
     /// Live counters (added by `lbagent status` from the maps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stats: Option<QosStatsDoc>,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct RuleStatsDoc {
-    pub packets: u64,
-    pub bytes: u64,
-    pub acl_drops: u64,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct QosStatsDoc {
-    pub passed_packets: u64,
-    pub passed_bytes: u64,
-    pub marked_packets: u64,
-    pub marked_bytes: u64,
-    pub dropped_packets: u64,
-    pub dropped_bytes: u64,
+    pub stats: Option<lbagent_common::QosStats>,
 }
 
 #[derive(Clone, Default)]
@@ -254,18 +229,7 @@ impl Status {
                 let policies = applied.gw_qos.get(&g.name).map(Vec::as_slice).unwrap_or_default();
                 let qos = crate::natgw::qos::bound(g, policies, alloc)
                     .into_iter()
-                    .map(|b| QosRuleStatus {
-                        key: b.key,
-                        bucket: b.bucket,
-                        target: b.target,
-                        policy: b.policy,
-                        rule: b.rule,
-                        direction: b.direction,
-                        interface: b.interface.to_string(),
-                        rate_bps: b.rate_bps,
-                        burst_bytes: b.burst_bytes,
-                        stats: None,
-                    })
+                    .map(|rule| QosRuleStatus { rule, stats: None })
                     .collect();
                 GwStatus {
                     name: g.name.clone(),

@@ -32,7 +32,7 @@ use crate::{
 };
 
 /// A rule instance as status shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Bound {
     pub key: String,
     pub bucket: u32,
@@ -41,7 +41,7 @@ pub struct Bound {
     pub policy: String,
     pub rule: String,
     pub direction: Direction,
-    pub interface: &'static str,
+    pub interface: String,
     pub rate_bps: u64,
     pub burst_bytes: u64,
 }
@@ -121,7 +121,7 @@ fn build(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, id: &mut dyn FnMu
                 policy: p.name.clone(),
                 rule: r.name.clone(),
                 direction: d,
-                interface: EXT_IF,
+                interface: EXT_IF.into(),
                 rate_bps: r.rate_mbps.micros(),
                 burst_bytes: r.burst_mb.mb_to_bytes(),
             });
@@ -155,7 +155,7 @@ fn build(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, id: &mut dyn FnMu
                 policy: p.name.clone(),
                 rule: r.name.clone(),
                 direction: r.direction,
-                interface: ifname,
+                interface: ifname.into(),
                 rate_bps: r.rate_mbps.micros(),
                 burst_bytes: r.burst_mb.mb_to_bytes(),
             });

@@ -1,6 +1,8 @@
 //! Conntrack as a whole flow: paired halves that are repaired, never shared
 //! and never split; established flows kept apart from new ones; the TCP and
-//! UDP lifecycles; ports freed by expired flows. Program tests
+//! UDP lifecycles; ports freed by expired flows; source-port choice and
+//! collisions, eviction when full, garbage collection, zones kept apart,
+//! flush by selector (`lbagent-ebpf/src/conntrack.rs`). Program tests
 //! (BPF_PROG_TEST_RUN) on the shared fixture.
 
 use std::collections::HashSet;
@@ -9,7 +11,7 @@ use lbagent_common::*;
 use lbagent_tests::{
     engine::{Engine, TC_ACT_OK},
     fixture::*,
-    packet::{self, ACK, Ip, L4, RST, SYN, frame},
+    packet::{self, ACK, FIN, Ip, L4, RST, SYN, frame, verify},
     require_root,
 };
 
@@ -296,4 +298,156 @@ fn flush_and_gc_never_delete_a_half_that_belongs_to_another_flow() {
     assert_eq!(n, 1);
     assert_pairs_consistent(&e);
     assert_eq!(e.tables.conntrack().unwrap().len(), 2, "B's two halves");
+}
+
+#[test]
+fn tcp_fin_both_directions_closes_flow() {
+    let Some(mut e) = engine() else { return };
+    open_tcp(&mut e);
+    tcp_reply(&mut e, SYN | ACK, b"");
+    tcp_orig(&mut e, FIN | ACK, b"");
+    assert_eq!(ct_state(&e, orig_key()), CT_ESTABLISHED, "half closed");
+    tcp_reply(&mut e, FIN | ACK, b"");
+    assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
+}
+
+#[test]
+fn tcp_rst_closes_flow() {
+    let Some(mut e) = engine() else { return };
+    open_tcp(&mut e);
+    tcp_reply(&mut e, RST | ACK, b"");
+    assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
+}
+
+#[test]
+fn port_collision_picks_another_snat_port() {
+    let Some(mut e) = engine() else { return };
+    open_tcp(&mut e);
+    // A second client with the same source port would map to SNAT:24000 too.
+    let port = expect_snat(&mut e, frame(&Ip::new(CLIENT2, VIP), &tcp(SYN, 24000, 80, b"")), |p| {
+        frame(&Ip::new(SNAT, SERVER), &tcp(SYN, p, 8080, b""))
+    });
+    assert_ne!(port, 24000);
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, port, b"")),
+        frame(&Ip::new(VIP, CLIENT2), &tcp(SYN | ACK, 80, 24000, b"")),
+    );
+    tcp_reply(&mut e, SYN | ACK, b"");
+}
+
+#[test]
+fn many_flows_never_share_a_translated_tuple() {
+    let Some(mut e) = engine() else { return };
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..200u16 {
+        let src = [10, 0, 1, 2 + (i % 4) as u8];
+        let (rc, out) = e.run(&frame(&Ip::new(src, VIP), &udp(30000 + i / 4, 53, b"x"))).unwrap();
+        assert_eq!(rc, TC_ACT_OK);
+        let s = packet::summary(&out);
+        assert_eq!((s.src, s.dst, s.dport), (SNAT, SERVER, 5353));
+        assert!((20000..=29999).contains(&s.sport));
+        assert!(seen.insert(s.sport), "port {} handed out twice", s.sport);
+    }
+}
+
+#[test]
+fn random_snat_stays_in_range() {
+    let Some(mut e) = engine() else { return };
+    e.tables.set_snat(&snat((CLIENT, 32), SNAT, (24000, 40099), true, 12)).unwrap();
+    for sport in 1..20u16 {
+        let (_, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(sport, 53, b"r"))).unwrap();
+        verify(&out).unwrap();
+        assert!((24000..=40099).contains(&packet::summary(&out).sport));
+    }
+}
+
+#[test]
+fn expired_flow_is_recreated() {
+    let Some(mut e) = engine() else { return };
+    e.tables.set_config(NatConfig { udp_s: 1, udp_stream_s: 1, ..Default::default() }).unwrap();
+    let f = frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q"));
+    expect(&mut e, f.clone(), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")));
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    expect(&mut e, f, frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")));
+    assert_eq!(e.tables.counter(Counter::ExpiredFlows).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 2);
+}
+
+#[test]
+fn garbage_collection_frees_idle_flows_only() {
+    let Some(mut e) = engine() else { return };
+    e.tables.set_config(NatConfig { udp_s: 1, udp_stream_s: 1, ..Default::default() }).unwrap();
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")),
+        frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")),
+    );
+    open_tcp(&mut e);
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    let now = lbagent::dataplane::tables::monotonic_ns();
+    assert_eq!(e.tables.gc(now).unwrap(), 1, "the idle UDP flow goes; the TCP flow (60 s) stays");
+    let left = e.tables.conntrack().unwrap();
+    assert_eq!(left.len(), 2);
+    assert!(left.iter().all(|(k, _)| k.proto == PROTO_TCP));
+}
+
+#[test]
+fn full_conntrack_evicts_the_oldest_and_keeps_translating() {
+    if !require_root() {
+        return;
+    }
+    // ct holds 64 entries, ct_new 256 (128 flows): 400 new flows must all still be translated.
+    let mut e = Engine::with_ct_max(ZONE, Some(64)).unwrap();
+    e.tables.set_dnat(&dnat(PROTO_UDP, 53, 2, &[(SERVER, 5353)])).unwrap();
+    let mut last = 0;
+    for sport in 30000..30400u16 {
+        let (rc, out) = e.run(&frame(&Ip::new([192, 0, 2, 9], VIP), &udp(sport, 53, b"x"))).unwrap();
+        assert_eq!(rc, TC_ACT_OK);
+        assert_eq!(packet::summary(&out).dst, SERVER);
+        last = sport;
+    }
+    assert!(e.tables.conntrack_table(MAP_CT).unwrap().len() <= 64);
+    assert!(e.tables.conntrack_table(MAP_CT_NEW).unwrap().len() <= ct_new_max(64) as usize);
+    for c in [Counter::DropNoPort, Counter::DropCtInsert, Counter::DropRewrite] {
+        assert_eq!(e.tables.counter(c).unwrap(), 0, "{c:?}");
+    }
+    // The newest flow survived eviction: its reply is translated.
+    expect(
+        &mut e,
+        frame(&Ip::new(SERVER, [192, 0, 2, 9]), &udp(5353, last, b"r")),
+        frame(&Ip::new(VIP, [192, 0, 2, 9]), &udp(53, last, b"r")),
+    );
+}
+
+#[test]
+fn zones_are_isolated() {
+    let Some(mut e) = engine() else { return };
+    // Same rule key in another zone does not apply to this zone's program.
+    let mut other = dnat(PROTO_TCP, 81, 50, &[(SERVER2, 81)]);
+    other.zone = ZONE + 1;
+    e.tables.set_dnat(&other).unwrap();
+    expect_untouched(&mut e, frame(&Ip::new([192, 0, 2, 1], VIP), &tcp(SYN, 1, 81, b"")));
+}
+
+#[test]
+fn conntrack_flush_by_selector() {
+    let Some(mut e) = engine() else { return };
+    open_tcp(&mut e);
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, b"q")),
+        frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q")),
+    );
+    assert_eq!(e.tables.conntrack().unwrap().len(), 4);
+    let n = e.tables.flush_conntrack(|k, en| k.proto == PROTO_UDP && en.flags & CT_F_REPLY == 0).unwrap();
+    assert_eq!(n, 1);
+    // Selecting both entries of a flow still counts (and removes) one flow.
+    open_tcp(&mut e);
+    assert_eq!(e.tables.flush_conntrack(|k, _| k.proto == PROTO_TCP).unwrap(), 1);
+    assert!(e.tables.conntrack().unwrap().is_empty());
+    open_tcp(&mut e);
+    let left = e.tables.conntrack().unwrap();
+    assert_eq!(left.len(), 2);
+    assert!(left.iter().all(|(k, _)| k.proto == PROTO_TCP));
 }

@@ -1,29 +1,13 @@
-//! Typed access to the pinned maps: what the agent writes (rules, config) and
-//! what operators read (conntrack, counters). Works without a loaded program.
+//! Rule maps: DNAT rules and their backends, SNAT (LPM by interface and
+//! source), listener ACLs.
 
-use std::{
-    net::Ipv4Addr,
-    path::{Path, PathBuf},
-};
+use std::net::Ipv4Addr;
 
-use anyhow::{Context, Result, bail};
-use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, lpm_trie::Key};
+use anyhow::Result;
+use aya::maps::{LpmTrie, Map, MapData, lpm_trie::Key};
 use lbagent_common::*;
 
-use super::pins;
-
-/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`, so of every
-/// conntrack timestamp.
-pub fn monotonic_ns() -> u64 {
-    // CLOCK_MONOTONIC cannot fail on Linux.
-    let ts =
-        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
-    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
-}
-
-pub struct Tables {
-    dir: PathBuf,
-}
+use super::Tables;
 
 /// A DNAT rule as the agent describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -165,27 +149,6 @@ fn mask(len: u8) -> u32 {
 }
 
 impl Tables {
-    /// Opens the pins under `bpffs` (they must exist: load a program first).
-    pub fn open(bpffs: &Path) -> Result<Self> {
-        let dir = pins::versioned_dir(bpffs);
-        if !dir.join(MAP_CT).exists() {
-            bail!("no lbagent maps pinned under {} (is the dataplane running? see --bpffs)", dir.display());
-        }
-        pins::check_meta(bpffs)?;
-        Ok(Self { dir })
-    }
-
-    pub(super) fn data(&self, name: &str) -> Result<MapData> {
-        let path = self.dir.join(name);
-        MapData::from_pin(&path).with_context(|| format!("opening pinned map {}", path.display()))
-    }
-
-    pub(super) fn hash<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<HashMap<MapData, K, V>> {
-        let data = self.data(name)?;
-        let map = if name == MAP_CT_NEW || name == MAP_QOS_DROPS { Map::LruHashMap(data) } else { Map::HashMap(data) };
-        Ok(HashMap::try_from(map)?)
-    }
-
     fn snat_map(&self) -> Result<LpmTrie<MapData, SnatKey, SnatRule>> {
         Ok(LpmTrie::try_from(Map::LpmTrie(self.data(MAP_SNAT_RULES)?))?)
     }
@@ -309,139 +272,6 @@ impl Tables {
         }
         out.sort_by_key(|(len, k, _)| (k.zone, k.ifindex, k.addr, *len));
         Ok(out)
-    }
-
-    /// Every conntrack entry of both tables (`ct` and `ct_new`), sorted.
-    pub fn conntrack(&self) -> Result<Vec<(Tuple, CtEntry)>> {
-        let mut out = self.conntrack_table(MAP_CT)?;
-        out.extend(self.conntrack_table(MAP_CT_NEW)?);
-        out.sort_by_key(|(k, e)| (k.zone, e.flags & CT_F_REPLY, k.saddr, k.sport, k.daddr, k.dport));
-        Ok(out)
-    }
-
-    /// The entries of one conntrack table (`MAP_CT` or `MAP_CT_NEW`), unsorted.
-    pub fn conntrack_table(&self, name: &str) -> Result<Vec<(Tuple, CtEntry)>> {
-        let ct = self.hash::<Tuple, CtEntry>(name)?;
-        Ok(ct.iter().collect::<Result<_, _>>()?)
-    }
-
-    /// Deletes one conntrack entry by key from whichever table holds it
-    /// (operators' and tests' surgery; normal removal goes by flow).
-    pub fn remove_conntrack_entry(&self, key: &Tuple) -> Result<bool> {
-        let mut found = false;
-        for name in [MAP_CT, MAP_CT_NEW] {
-            found |= self.hash::<Tuple, CtEntry>(name)?.remove(key).is_ok();
-        }
-        Ok(found)
-    }
-
-    /// First fragments on record: (key, entry).
-    pub fn fragments(&self) -> Result<Vec<(FragKey, FragEntry)>> {
-        let data = self.data(MAP_FRAGS)?;
-        let map: HashMap<_, FragKey, FragEntry> = HashMap::try_from(Map::LruHashMap(data))?;
-        Ok(map.iter().collect::<Result<_, _>>()?)
-    }
-
-    /// Deletes the conntrack entries of every flow that `select` picks (either
-    /// direction's entry may match; both go). Returns the number of flows.
-    pub fn flush_conntrack(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
-        let entries = self.conntrack()?;
-        self.flush_entries(&entries, select)
-    }
-
-    /// `flush_conntrack` over entries already dumped. A half's pair is
-    /// deleted only if it points back at the half (see `CtEntry`): a pair
-    /// key that now belongs to another flow is left alone.
-    fn flush_entries(&self, entries: &[(Tuple, CtEntry)], select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
-        let mut maps = [self.hash::<Tuple, CtEntry>(MAP_CT)?, self.hash::<Tuple, CtEntry>(MAP_CT_NEW)?];
-        let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
-        let mut doomed = std::collections::HashSet::new();
-        let mut flows = 0;
-        for (k, e) in entries {
-            if doomed.contains(k) || !select(k, e) {
-                continue;
-            }
-            flows += 1;
-            doomed.insert(*k);
-            let pair = e.xlate.reversed();
-            if by_key.get(&pair).is_some_and(|p| p.xlate == k.reversed()) {
-                doomed.insert(pair);
-            }
-        }
-        for key in &doomed {
-            for map in maps.iter_mut() {
-                let _ = map.remove(key);
-            }
-        }
-        Ok(flows)
-    }
-
-    /// Deletes flows idle past their timeout in both directions (the program
-    /// also expires them on lookup; this frees entries nobody looks up).
-    /// One dump of the tables. `now_ns` is CLOCK_MONOTONIC, the clock of
-    /// `bpf_ktime_get_ns`. Returns the number of flows deleted.
-    pub fn gc(&self, now_ns: u64) -> Result<usize> {
-        let cfg = self.config()?;
-        let entries = self.conntrack()?;
-        let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
-        let idle = |e: &CtEntry, proto: u8| {
-            now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(proto, e.state) as u64 * 1_000_000_000
-        };
-        self.flush_entries(&entries, |k, e| {
-            let pair = by_key.get(&e.xlate.reversed()).filter(|p| p.xlate == k.reversed());
-            idle(e, k.proto) && pair.is_none_or(|p| idle(p, k.proto))
-        })
-    }
-
-    pub fn set_config(&self, cfg: NatConfig) -> Result<()> {
-        let mut arr: Array<_, NatConfig> = Array::try_from(Map::Array(self.data(MAP_NAT_CONFIG)?))?;
-        arr.set(0, &cfg, 0)?;
-        Ok(())
-    }
-
-    pub fn config(&self) -> Result<NatConfig> {
-        let arr: Array<_, NatConfig> = Array::try_from(Map::Array(self.data(MAP_NAT_CONFIG)?))?;
-        Ok(arr.get(&0, 0)?)
-    }
-
-    /// Counters summed over CPUs.
-    pub fn counters(&self) -> Result<Vec<(Counter, u64)>> {
-        let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(self.data(MAP_COUNTERS)?))?;
-        Counter::ALL.iter().map(|c| Ok((*c, arr.get(&(*c as u32), 0)?.iter().sum()))).collect()
-    }
-
-    fn rule_stats_map(&self) -> Result<PerCpuHashMap<MapData, u32, RuleStats>> {
-        Ok(PerCpuHashMap::try_from(Map::PerCpuLruHashMap(self.data(MAP_RULE_STATS)?))?)
-    }
-
-    /// Packets and bytes per rule id, summed over CPUs.
-    pub fn rule_stats(&self) -> Result<Vec<(u32, RuleStats)>> {
-        let map = self.rule_stats_map()?;
-        let mut out = Vec::new();
-        for item in map.iter() {
-            let (id, per_cpu) = item?;
-            let sum = per_cpu.iter().fold(RuleStats::default(), |a, v| RuleStats {
-                packets: a.packets + v.packets,
-                bytes: a.bytes + v.bytes,
-                acl_drops: a.acl_drops + v.acl_drops,
-            });
-            out.push((id, sum));
-        }
-        out.sort_by_key(|(id, _)| *id);
-        Ok(out)
-    }
-
-    /// Drops the statistics of released rule ids (ids are reused).
-    pub fn forget_rule_stats(&self, ids: &[u32]) -> Result<()> {
-        let mut map = self.rule_stats_map()?;
-        for id in ids {
-            let _ = map.remove(id);
-        }
-        Ok(())
-    }
-
-    pub fn counter(&self, c: Counter) -> Result<u64> {
-        Ok(self.counters()?.into_iter().find(|(k, _)| *k == c).map(|(_, v)| v).unwrap_or(0))
     }
 }
 

@@ -1,0 +1,92 @@
+//! Conntrack maps: both halves of every flow (established and new tables),
+//! first fragments, flush by selector, garbage collection by timeout.
+
+use anyhow::Result;
+use aya::maps::{HashMap, Map};
+use lbagent_common::*;
+
+use super::Tables;
+
+impl Tables {
+    /// Every conntrack entry of both tables (`ct` and `ct_new`), sorted.
+    pub fn conntrack(&self) -> Result<Vec<(Tuple, CtEntry)>> {
+        let mut out = self.conntrack_table(MAP_CT)?;
+        out.extend(self.conntrack_table(MAP_CT_NEW)?);
+        out.sort_by_key(|(k, e)| (k.zone, e.flags & CT_F_REPLY, k.saddr, k.sport, k.daddr, k.dport));
+        Ok(out)
+    }
+
+    /// The entries of one conntrack table (`MAP_CT` or `MAP_CT_NEW`), unsorted.
+    pub fn conntrack_table(&self, name: &str) -> Result<Vec<(Tuple, CtEntry)>> {
+        let ct = self.hash::<Tuple, CtEntry>(name)?;
+        Ok(ct.iter().collect::<Result<_, _>>()?)
+    }
+
+    /// Deletes one conntrack entry by key from whichever table holds it
+    /// (operators' and tests' surgery; normal removal goes by flow).
+    pub fn remove_conntrack_entry(&self, key: &Tuple) -> Result<bool> {
+        let mut found = false;
+        for name in [MAP_CT, MAP_CT_NEW] {
+            found |= self.hash::<Tuple, CtEntry>(name)?.remove(key).is_ok();
+        }
+        Ok(found)
+    }
+
+    /// First fragments on record: (key, entry).
+    pub fn fragments(&self) -> Result<Vec<(FragKey, FragEntry)>> {
+        let data = self.data(MAP_FRAGS)?;
+        let map: HashMap<_, FragKey, FragEntry> = HashMap::try_from(Map::LruHashMap(data))?;
+        Ok(map.iter().collect::<Result<_, _>>()?)
+    }
+
+    /// Deletes the conntrack entries of every flow that `select` picks (either
+    /// direction's entry may match; both go). Returns the number of flows.
+    pub fn flush_conntrack(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
+        let entries = self.conntrack()?;
+        self.flush_entries(&entries, select)
+    }
+
+    /// `flush_conntrack` over entries already dumped. A half's pair is
+    /// deleted only if it points back at the half (see `CtEntry`): a pair
+    /// key that now belongs to another flow is left alone.
+    fn flush_entries(&self, entries: &[(Tuple, CtEntry)], select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
+        let mut maps = [self.hash::<Tuple, CtEntry>(MAP_CT)?, self.hash::<Tuple, CtEntry>(MAP_CT_NEW)?];
+        let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
+        let mut doomed = std::collections::HashSet::new();
+        let mut flows = 0;
+        for (k, e) in entries {
+            if doomed.contains(k) || !select(k, e) {
+                continue;
+            }
+            flows += 1;
+            doomed.insert(*k);
+            let pair = e.xlate.reversed();
+            if by_key.get(&pair).is_some_and(|p| p.xlate == k.reversed()) {
+                doomed.insert(pair);
+            }
+        }
+        for key in &doomed {
+            for map in maps.iter_mut() {
+                let _ = map.remove(key);
+            }
+        }
+        Ok(flows)
+    }
+
+    /// Deletes flows idle past their timeout in both directions (the program
+    /// also expires them on lookup; this frees entries nobody looks up).
+    /// One dump of the tables. `now_ns` is CLOCK_MONOTONIC, the clock of
+    /// `bpf_ktime_get_ns`. Returns the number of flows deleted.
+    pub fn gc(&self, now_ns: u64) -> Result<usize> {
+        let cfg = self.config()?;
+        let entries = self.conntrack()?;
+        let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
+        let idle = |e: &CtEntry, proto: u8| {
+            now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(proto, e.state) as u64 * 1_000_000_000
+        };
+        self.flush_entries(&entries, |k, e| {
+            let pair = by_key.get(&e.xlate.reversed()).filter(|p| p.xlate == k.reversed());
+            idle(e, k.proto) && pair.is_none_or(|p| idle(p, k.proto))
+        })
+    }
+}

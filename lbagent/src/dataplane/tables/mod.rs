@@ -1,0 +1,65 @@
+//! Typed access to the pinned maps: what the agent writes (rules, config) and
+//! what operators read (conntrack, counters). Works without a loaded program.
+//! One file per concern, named as the program's modules: `rules` (DNAT, SNAT,
+//! ACL entries), `conntrack` (flows, fragments, flush, garbage collection),
+//! `counters`; QoS maps are in `dataplane/qos.rs`.
+
+mod conntrack;
+mod counters;
+mod rules;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use aya::maps::{Array, HashMap, Map, MapData};
+use lbagent_common::*;
+pub use rules::{AclSpec, DnatSpec, RuleSnat, SnatSpec};
+
+use super::pins;
+
+/// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`, so of every
+/// conntrack timestamp.
+pub fn monotonic_ns() -> u64 {
+    // CLOCK_MONOTONIC cannot fail on Linux.
+    let ts =
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
+    ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+pub struct Tables {
+    dir: PathBuf,
+}
+
+impl Tables {
+    /// Opens the pins under `bpffs` (they must exist: load a program first).
+    pub fn open(bpffs: &Path) -> Result<Self> {
+        let dir = pins::versioned_dir(bpffs);
+        if !dir.join(MAP_CT).exists() {
+            bail!("no lbagent maps pinned under {} (is the dataplane running? see --bpffs)", dir.display());
+        }
+        pins::check_meta(bpffs)?;
+        Ok(Self { dir })
+    }
+
+    pub(in crate::dataplane) fn data(&self, name: &str) -> Result<MapData> {
+        let path = self.dir.join(name);
+        MapData::from_pin(&path).with_context(|| format!("opening pinned map {}", path.display()))
+    }
+
+    pub(in crate::dataplane) fn hash<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<HashMap<MapData, K, V>> {
+        let data = self.data(name)?;
+        let map = if name == MAP_CT_NEW || name == MAP_QOS_DROPS { Map::LruHashMap(data) } else { Map::HashMap(data) };
+        Ok(HashMap::try_from(map)?)
+    }
+
+    pub fn set_config(&self, cfg: NatConfig) -> Result<()> {
+        let mut arr: Array<_, NatConfig> = Array::try_from(Map::Array(self.data(MAP_NAT_CONFIG)?))?;
+        arr.set(0, &cfg, 0)?;
+        Ok(())
+    }
+
+    pub fn config(&self) -> Result<NatConfig> {
+        let arr: Array<_, NatConfig> = Array::try_from(Map::Array(self.data(MAP_NAT_CONFIG)?))?;
+        Ok(arr.get(&0, 0)?)
+    }
+}

@@ -1,18 +1,6 @@
-//! The pinned maps: name, key, value, who writes and who reads.
-//!
-//! | map (pin name)  | type          | key          | value          | written by            | read by |
-//! |-----------------|---------------|--------------|----------------|-----------------------|---------|
-//! | `ct`            | hash          | [`Tuple`]    | [`CtEntry`]    | program (promotes established flows), agent (flush/GC) | program, `lbagent conntrack` |
-//! | `ct_new`        | LRU hash      | [`Tuple`]    | [`CtEntry`]    | program (new flows), agent (flush/GC) | program, `lbagent conntrack` |
-//! | `frags`         | LRU hash      | [`FragKey`]  | [`FragEntry`]  | program (first fragments) | program |
-//! | `dnat_rules`    | hash          | [`DnatKey`]  | [`DnatRule`]   | agent                 | program |
-//! | `dnat_backends` | hash          | [`BackendKey`] | [`Backend`]  | agent                 | program |
-//! | `snat_rules`    | LPM trie      | [`SnatKey`] (prefix = 64 + CIDR length) | [`SnatRule`] | agent | program |
-//! | `acl_rules`     | LPM trie      | [`AclKey`] (prefix = 32 + CIDR length) | `u32` 1 | agent | program (new flows of a rule with an ACL) |
-//! | `nat_config`    | array[1]      | `u32` 0      | [`NatConfig`]  | agent                 | program |
-//! | `counters`      | per-CPU array | [`Counter`] as `u32` | `u64`  | program               | agent, `lbagent maps` |
-//! | `meta`          | array[1]      | `u32` 0      | [`Meta`]       | agent (layout check)  | agent |
-//! | `rule_stats`    | LRU per-CPU hash | rule id `u32` | [`RuleStats`] | program (per translated packet), agent (forgets released ids) | agent, metrics, `lbagent maps` |
+//! The pinned maps' names and layouts. The map table (type, size, key,
+//! value, who writes and who reads every map) is in one place:
+//! `docs/architecture.md`, *Maps*.
 //!
 //! Every key carries a *zone*: one zone per network namespace the engine runs
 //! in (one per load balancer, one per NAT gateway). Interface indexes and VPC

@@ -1,14 +1,8 @@
 //! QoS maps: bandwidth limits by the priority ladder of DESIGN §2.2.
 //!
-//! | map (pin name) | type             | key             | value          | written by | read by |
-//! |----------------|------------------|-----------------|----------------|------------|---------|
-//! | `qos_zones`    | array[65536]     | zone `u32`      | `u32` hooks with rules | agent | program (the cheap "nothing here" check) |
-//! | `qos_hooks`    | hash             | [`QosHookKey`]  | [`QosHook`]    | agent      | program |
-//! | `qos_eips`     | hash             | [`QosEipKey`]   | [`QosEip`]     | agent      | program |
-//! | `qos_config`   | array[16384]     | bucket `u32`    | [`QosConfig`]  | agent (replaced whole; rate 0 = unused) | program |
-//! | `qos_state`    | array[16384]     | bucket `u32`    | [`QosBucket`]  | agent zeroes it when a bucket is created or freed, never otherwise; program | program |
-//! | `qos_drops`    | LRU hash[65536]  | [`QosDropKey`]  | [`QosDrop`]    | program; agent removes a bucket's entries when it is created or freed | program |
-//! | `qos_stats`    | array[16384]     | bucket `u32`    | [`QosStats`]   | program (atomic adds), agent (zeroes) | agent, metrics, `lbagent maps` |
+//! The QoS maps (`qos_zones`, `qos_hooks`, `qos_eips`, `qos_config`,
+//! `qos_state`, `qos_drops`, `qos_stats`) are in the map table of
+//! `docs/architecture.md`, *Maps*; the algorithm is `docs/qos.md`.
 //!
 //! A bucket is one rule instance (a policy rule bound to one EIP, or a
 //! gateway policy rule on one gateway); its index comes from the agent's

@@ -15,6 +15,8 @@ pub mod naming;
 pub mod natgw;
 pub mod netns;
 pub mod plumbing;
+pub mod proto;
 pub mod reconcile;
 pub mod state;
 pub mod tools;
+pub mod zone;

@@ -5,7 +5,7 @@
 
 use std::net::Ipv4Addr;
 
-use crate::state::model::Protocol;
+use crate::proto::Protocol;
 
 /// Network namespace of load balancer `id`.
 pub fn lb_netns(id: &str) -> String {

@@ -53,7 +53,7 @@ struct Daemon {
 impl Daemon {
     /// Refreshes the status document and the prober's check list.
     fn publish(&self) {
-        let targets = health::targets(&self.reconciler.applied);
+        let targets = health::targets(self.reconciler.applied.lbs.values());
         let health = self.reconciler.realizer.health.clone();
         health.lock().unwrap().retain(&targets.iter().map(|t| t.key.clone()).collect::<Vec<_>>());
         *self.checks.lock().unwrap() = targets;

@@ -14,9 +14,8 @@ use std::{
 
 use crate::{
     naming, netns,
-    reconcile::Applied,
     state::{
-        model::{HealthCheckType, ListenerMode},
+        model::{HealthCheckType, ListenerMode, LoadBalancer},
         names::parse_ip,
     },
 };
@@ -96,9 +95,9 @@ pub struct Target {
 }
 
 /// Every check the applied load balancers ask for (direct listeners only).
-pub fn targets(applied: &Applied) -> Vec<Target> {
+pub fn targets<'a>(lbs: impl IntoIterator<Item = &'a LoadBalancer>) -> Vec<Target> {
     let mut out = Vec::new();
-    for lb in applied.lbs.values() {
+    for lb in lbs {
         for l in lb.listeners.iter().filter(|l| l.effective_mode() == ListenerMode::Direct) {
             let Some(h) = &l.health_check else { continue };
             let Some(group) = lb.backend_groups.iter().find(|g| g.id == l.backend_group) else { continue };
@@ -109,10 +108,10 @@ pub fn targets(applied: &Applied) -> Vec<Target> {
                     netns: naming::lb_netns(&lb.id),
                     kind: h.kind,
                     addr: SocketAddr::from((ip, b.port as u16)),
-                    interval: Duration::from_secs(h.interval.unwrap_or(5) as u64),
-                    timeout: Duration::from_secs(h.timeout.unwrap_or(2) as u64),
-                    rise: h.rise.unwrap_or(2),
-                    fall: h.fall.unwrap_or(3),
+                    interval: Duration::from_secs(h.interval_s() as u64),
+                    timeout: Duration::from_secs(h.timeout_s() as u64),
+                    rise: h.rise(),
+                    fall: h.fall(),
                     path: h.path.clone().unwrap_or_else(|| "/".into()),
                     expect_status: h.expect_status,
                 });

@@ -10,8 +10,25 @@ pub mod rules;
 use anyhow::{Context, Result};
 
 use crate::{
-    alloc::Allocations, dataplane::engine::Engine, naming, plumbing::host_addresses, state::model::LoadBalancer,
+    alloc::Allocations,
+    dataplane::engine::Engine,
+    naming,
+    plumbing::host_addresses,
+    state::model::LoadBalancer,
+    zone::{self, Site},
 };
+
+/// The load balancer's zone: programs on `o…0` (VPC side) and `h…0` (proxy side).
+fn site(id: &str) -> Site {
+    let (o0, _) = naming::lb_ovn_veth(id);
+    let (h0, _) = naming::lb_host_veth(id);
+    Site {
+        zone_key: naming::lb_zone_key(id),
+        rule_prefix: naming::lb_rule_prefix(id),
+        netns: naming::lb_netns(id),
+        ifaces: vec![o0, h0],
+    }
+}
 
 /// Allocates what the load balancer needs and makes the host match it.
 pub fn ensure(
@@ -38,21 +55,12 @@ pub fn ensure(
     changes.extend(released.iter().map(|b| format!("backend {b}: mapped port released")));
 
     let plumb::Plumbed { ovn, proxy, ovs } = plumb::ensure(lb, &a, bridge, &mut changes).context("plumbing")?;
-    let ns = naming::lb_netns(&lb.id);
-    let (o0, _) = naming::lb_ovn_veth(&lb.id);
-    let (h0, _) = naming::lb_host_veth(&lb.id);
-    engine.attach(zone, &ns, &o0)?;
-    engine.attach(zone, &ns, &h0)?;
-    engine.attach_loopback(zone, &ns)?;
+    let site = site(&lb.id);
+    zone::attach(engine, zone, &site)?;
     let up = |listener: &str, backend: &str| health.is_up(&lb.id, listener, backend);
     let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, alloc);
     engine.sync_zone(zone, &want, None, &mut changes)?;
-    let t = engine.tables()?;
-    let released = alloc.release_rules(&naming::lb_rule_prefix(&lb.id), &keys);
-    if !released.is_empty() {
-        t.forget_rule_stats(&released)?;
-        changes.push(format!("released {} rule ids", released.len()));
-    }
+    zone::release_unused_rules(engine, alloc, &site, &keys, &mut changes)?;
     // Last: an OVS outage must not hold back rule updates (health-driven
     // backend removal above all).
     ovs.context("OVS port (the rules were updated)")?;
@@ -61,23 +69,12 @@ pub fn ensure(
 
 pub fn remove(engine: &mut Engine, id: &str, alloc: &mut Allocations) -> Result<Vec<String>> {
     let mut changes = Vec::new();
-    let zone_key = naming::lb_zone_key(id);
-    if let Some(zone) = alloc.zones.get(&zone_key).copied() {
-        let ns = naming::lb_netns(id);
-        let (o0, _) = naming::lb_ovn_veth(id);
-        let (h0, _) = naming::lb_host_veth(id);
-        engine.release(zone, &ns, &[&o0, &h0]);
-        let n = engine.clear_zone(zone)?;
-        changes.push(format!("removed rules, flushed {n} flows"));
-    }
+    let site = site(id);
+    zone::clear(engine, alloc, &site, &mut changes)?;
     plumb::remove(id, &mut changes)?;
-    let released = alloc.release_rules(&naming::lb_rule_prefix(id), &Default::default());
-    engine.tables()?.forget_rule_stats(&released)?;
     if let Some(a) = alloc.release_lb(id) {
         changes.push(format!("released inner {}, outer {}, {} mapped ports", a.inner, a.outer, a.ports.len()));
     }
-    if let Some(z) = alloc.release_zone(&zone_key) {
-        changes.push(format!("released zone {z}"));
-    }
+    zone::release(engine, alloc, &site, &mut changes)?;
     Ok(changes)
 }

@@ -53,14 +53,7 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
         let h1i = nl.must_index(&h1)?;
         nl.set_up(o1i)?;
         nl.set_up(h1i)?;
-        if nl.ensure_addr(h1i, outer, LINKLOCAL_LEN, true)? {
-            ch.push(format!("{h1} address {outer}/{LINKLOCAL_LEN} noprefixroute"));
-        }
-        for (ip, len) in nl.addresses(h1i)? {
-            if (ip, len) != (outer, LINKLOCAL_LEN) && nl.del_addr(h1i, ip, len)? {
-                ch.push(format!("{h1} removed stray address {ip}/{len}"));
-            }
-        }
+        ch.extend(nl.sync_addresses(h1i, &[(outer, LINKLOCAL_LEN)], true)?.describe(&h1, " noprefixroute"));
         if nl.ensure_route(&Route4 { dst: inner, len: 32, via: None, oif: h1i, onlink: false })? {
             ch.push(format!("route {inner}/32 dev {h1}"));
         }
@@ -85,24 +78,13 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
         nl.set_up(oi)?;
         nl.set_up(hi)?;
         for (i, name, want) in [(oi, &o0, (vip, plen)), (hi, &h0, (inner, LINKLOCAL_LEN))] {
-            if nl.ensure_addr(i, want.0, want.1, false)? {
-                ch.push(format!("{name} address {}/{}", want.0, want.1));
-            }
-            for (ip, len) in nl.addresses(i)? {
-                if (ip, len) != want && nl.del_addr(i, ip, len)? {
-                    ch.push(format!("{name} removed stray address {ip}/{len}"));
-                }
-            }
+            ch.extend(nl.sync_addresses(i, &[want], false)?.describe(name, ""));
         }
         if nl.ensure_route(&Route4 { dst: Ipv4Addr::UNSPECIFIED, len: 0, via: Some(gw), oif: oi, onlink: false })? {
             ch.push(format!("default route via {gw}"));
         }
         // Links nobody asked for go.
-        for name in nl.link_names()? {
-            if name != "lo" && name != o0 && name != h0 && nl.delete(&name)? {
-                ch.push(format!("removed stray link {name}"));
-            }
-        }
+        ch.extend(nl.keep_only_links(&[&o0, &h0])?.into_iter().map(|n| format!("removed stray link {n}")));
         sysctl::router(&[&o0, &h0])?;
         Ok((ch, oi, hi))
     })?;

@@ -13,7 +13,18 @@ use crate::{
     dataplane::engine::Engine,
     naming,
     state::model::{NatGateway, QosPolicy},
+    zone::{self, Site},
 };
+
+/// The gateway's zone: programs on `eth0` (VPC side) and `net1` (external).
+fn site(name: &str) -> Site {
+    Site {
+        zone_key: naming::gw_zone_key(name),
+        rule_prefix: naming::gw_rule_prefix(name),
+        netns: naming::gw_netns(name),
+        ifaces: vec![plumb::LAN_IF.into(), plumb::EXT_IF.into()],
+    }
+}
 
 pub fn ensure(
     engine: &mut Engine,
@@ -24,12 +35,10 @@ pub fn ensure(
     alloc: &mut Allocations,
 ) -> Result<Vec<String>> {
     let mut changes = Vec::new();
-    let zone = alloc.zone(&naming::gw_zone_key(&gw.name))?;
+    let site = site(&gw.name);
+    let zone = alloc.zone(&site.zone_key)?;
     let plumb::Plumbed { lan, ext, bridges } = plumb::ensure(gw, bridge, &mut changes)?;
-    let ns = naming::gw_netns(&gw.name);
-    engine.attach(zone, &ns, plumb::LAN_IF)?;
-    engine.attach(zone, &ns, plumb::EXT_IF)?;
-    engine.attach_loopback(zone, &ns)?;
+    zone::attach(engine, zone, &site)?;
 
     let want = rules::rules(gw, zone, rules::Ifaces { lan, ext }, alloc);
     engine.sync_zone(zone, &want.dnats, Some(&want.snats), &mut changes)?;
@@ -46,11 +55,7 @@ pub fn ensure(
     let q = qos::qos(gw, policies, rules::Ifaces { lan, ext }, alloc)?;
     changes.extend(t.sync_qos(zone, &q.zone)?);
     alloc.release_qos(&naming::gw_qos_prefix(&gw.name), &q.keys);
-    let released = alloc.release_rules(&naming::gw_rule_prefix(&gw.name), &want.keys);
-    if !released.is_empty() {
-        t.forget_rule_stats(&released)?;
-        changes.push(format!("released {} rule ids", released.len()));
-    }
+    zone::release_unused_rules(engine, alloc, &site, &want.keys, &mut changes)?;
     // Last: an OVS outage must not hold back rule updates.
     bridges.context("bridge ports (the rules were updated)")?;
     Ok(changes)
@@ -58,17 +63,10 @@ pub fn ensure(
 
 pub fn remove(engine: &mut Engine, prev: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>> {
     let mut changes = Vec::new();
-    let key = naming::gw_zone_key(&prev.name);
-    let Some(zone) = alloc.zones.get(&key).copied() else { return Ok(changes) };
-    let ns = naming::gw_netns(&prev.name);
-    engine.release(zone, &ns, &[plumb::LAN_IF, plumb::EXT_IF]);
-    let n = engine.clear_zone(zone)?;
-    changes.push(format!("removed rules, flushed {n} flows"));
+    let site = site(&prev.name);
+    zone::clear(engine, alloc, &site, &mut changes)?;
     plumb::remove(&prev.name, &mut changes)?;
     alloc.release_qos(&naming::gw_qos_prefix(&prev.name), &Default::default());
-    let released = alloc.release_rules(&naming::gw_rule_prefix(&prev.name), &Default::default());
-    engine.tables()?.forget_rule_stats(&released)?;
-    alloc.release_zone(&key);
-    changes.push(format!("released zone {zone}"));
+    zone::release(engine, alloc, &site, &mut changes)?;
     Ok(changes)
 }

@@ -74,37 +74,24 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
         }
         nl.set_up(lan)?;
         nl.set_up(ext)?;
-        if nl.ensure_addr(lan, lan_ip, lan_len, false)? {
-            ch.push(format!("{LAN_IF} address {lan_ip}/{lan_len}"));
-        }
-        for (ip, len) in nl.addresses(lan)? {
-            if (ip, len) != (lan_ip, lan_len) && nl.del_addr(lan, ip, len)? {
-                ch.push(format!("{LAN_IF} removed stray address {ip}/{len}"));
-            }
-        }
+        ch.extend(nl.sync_addresses(lan, &[(lan_ip, lan_len)], false)?.describe(LAN_IF, ""));
         // EIPs: exactly the configured ones on net1; announce new ones.
         let ext_mac: [u8; 6] = nl.link_info(ext)?.1.try_into().unwrap_or([0; 6]);
-        for ip in &eips {
-            if nl.ensure_addr(ext, *ip, ext_len, false)? {
-                ch.push(format!("EIP {ip}/{ext_len} on {EXT_IF}"));
-                if let Err(e) = garp::announce(ext, ext_mac, *ip) {
-                    ch.push(format!("gratuitous ARP for {ip} failed: {e:#}"));
-                } else {
-                    ch.push(format!("gratuitous ARP for {ip}"));
-                }
+        let want: Vec<(Ipv4Addr, u8)> = eips.iter().map(|ip| (*ip, ext_len)).collect();
+        let eip_changes = nl.sync_addresses(ext, &want, false)?;
+        for (ip, len) in &eip_changes.added {
+            ch.push(format!("EIP {ip}/{len} on {EXT_IF}"));
+            if let Err(e) = garp::announce(ext, ext_mac, *ip) {
+                ch.push(format!("gratuitous ARP for {ip} failed: {e:#}"));
+            } else {
+                ch.push(format!("gratuitous ARP for {ip}"));
             }
         }
-        for (ip, len) in nl.addresses(ext)? {
-            if !eips.contains(&ip) && nl.del_addr(ext, ip, len)? {
-                ch.push(format!("EIP {ip} removed from {EXT_IF}"));
-            }
+        for (ip, _) in &eip_changes.removed {
+            ch.push(format!("EIP {ip} removed from {EXT_IF}"));
         }
         // Links nobody asked for go.
-        for name in nl.link_names()? {
-            if name != "lo" && name != LAN_IF && name != EXT_IF && nl.delete(&name)? {
-                ch.push(format!("removed stray link {name}"));
-            }
-        }
+        ch.extend(nl.keep_only_links(&[LAN_IF, EXT_IF])?.into_iter().map(|n| format!("removed stray link {n}")));
         sysctl::router(&[LAN_IF, EXT_IF])?;
         // Routes: default via the external gateway (onlink), VPC routes via eth0.
         let mut want = vec![Route4 { dst: Ipv4Addr::UNSPECIFIED, len: 0, via: Some(ext_gw), oif: ext, onlink: true }];

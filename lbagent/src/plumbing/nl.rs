@@ -19,6 +19,21 @@ use rtnetlink::{
 };
 use tokio::runtime::Runtime;
 
+/// What [`Nl::sync_addresses`] changed.
+#[derive(Debug, Default)]
+pub struct AddressChanges {
+    pub added: Vec<(Ipv4Addr, u8)>,
+    pub removed: Vec<(Ipv4Addr, u8)>,
+}
+
+impl AddressChanges {
+    /// `<link> address a/l`, `<link> removed stray address a/l` lines.
+    pub fn describe(&self, link: &str, extra: &str) -> Vec<String> {
+        let added = self.added.iter().map(|(ip, len)| format!("{link} address {ip}/{len}{extra}"));
+        added.chain(self.removed.iter().map(|(ip, len)| format!("{link} removed stray address {ip}/{len}"))).collect()
+    }
+}
+
 pub struct Nl {
     rt: Runtime,
     h: Handle,
@@ -206,6 +221,36 @@ impl Nl {
             }
             Ok(false)
         })
+    }
+
+    /// Makes `want` exactly the IPv4 addresses of link `index`: adds the
+    /// missing ones first (with `noprefixroute` as given), then removes the
+    /// rest. Returns (added, removed).
+    pub fn sync_addresses(&self, index: u32, want: &[(Ipv4Addr, u8)], noprefixroute: bool) -> Result<AddressChanges> {
+        let mut ch = AddressChanges::default();
+        for (ip, len) in want {
+            if self.ensure_addr(index, *ip, *len, noprefixroute)? {
+                ch.added.push((*ip, *len));
+            }
+        }
+        for (ip, len) in self.addresses(index)? {
+            if !want.contains(&(ip, len)) && self.del_addr(index, ip, len)? {
+                ch.removed.push((ip, len));
+            }
+        }
+        Ok(ch)
+    }
+
+    /// Deletes every link of the namespace but `lo` and `keep`; returns the
+    /// names deleted (call inside an object's own namespace only).
+    pub fn keep_only_links(&self, keep: &[&str]) -> Result<Vec<String>> {
+        let mut gone = Vec::new();
+        for name in self.link_names()? {
+            if name != "lo" && !keep.contains(&name.as_str()) && self.delete(&name)? {
+                gone.push(name);
+            }
+        }
+        Ok(gone)
     }
 
     /// Routes of the main table that point at an interface (oif set).

@@ -7,5 +7,5 @@ pub mod host;
 pub mod plan;
 pub mod reconciler;
 
-pub use plan::{Applied, Desired, Kind, Reason, Step, plan};
+pub use plan::{Applied, Desired, Kind, Reason, Spec, Step, plan};
 pub use reconciler::{ApplyReport, Finish, Realizer, Reconciler};

@@ -80,6 +80,79 @@ pub enum Kind {
     Gw,
 }
 
+impl Kind {
+    /// How reports and logs call an object of this kind.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Kind::Lb => "load balancer",
+            Kind::Gw => "NAT gateway",
+        }
+    }
+}
+
+/// One object's whole spec, whatever its kind (what an ensure step applies).
+#[derive(Clone, Copy, Debug)]
+pub enum Spec<'a> {
+    Lb(&'a LoadBalancer),
+    /// A gateway with the QoS policies it uses.
+    Gw(&'a NatGateway, &'a [QosPolicy]),
+}
+
+impl Desired {
+    /// The spec of object `key` of `kind` (planned ensures name desired objects).
+    pub fn spec(&self, kind: Kind, key: &str) -> Option<Spec<'_>> {
+        match kind {
+            Kind::Lb => self.lbs.get(key).map(Spec::Lb),
+            Kind::Gw => self.gws.get(key).map(|g| Spec::Gw(g, self.qos_of(key))),
+        }
+    }
+}
+
+/// The bookkeeping of an object's life, the same for every kind: an ensure
+/// is recorded as partial before it touches the host (a failure or a crash
+/// halfway leaves a trace that removal can follow), as applied once it
+/// succeeded; a removal forgets both.
+impl Applied {
+    pub fn begin(&mut self, key: &str, spec: Spec) {
+        match spec {
+            Spec::Lb(l) => {
+                self.partial_lbs.insert(key.into(), l.clone());
+            }
+            Spec::Gw(g, _) => {
+                self.partial_gws.insert(key.into(), g.clone());
+            }
+        }
+    }
+
+    pub fn commit(&mut self, key: &str, spec: Spec) {
+        match spec {
+            Spec::Lb(l) => {
+                self.partial_lbs.remove(key);
+                self.lbs.insert(key.into(), l.clone());
+            }
+            Spec::Gw(g, qos) => {
+                self.partial_gws.remove(key);
+                self.gws.insert(key.into(), g.clone());
+                self.gw_qos.insert(key.into(), qos.to_vec());
+            }
+        }
+    }
+
+    pub fn forget(&mut self, kind: Kind, key: &str) {
+        match kind {
+            Kind::Lb => {
+                self.lbs.remove(key);
+                self.partial_lbs.remove(key);
+            }
+            Kind::Gw => {
+                self.gws.remove(key);
+                self.partial_gws.remove(key);
+                self.gw_qos.remove(key);
+            }
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Reason {

@@ -7,7 +7,7 @@ use anyhow::Result;
 use serde::Serialize;
 use tracing::{error, info};
 
-use super::plan::{Applied, Desired, Kind, Reason, Step, plan};
+use super::plan::{Applied, Desired, Kind, Reason, Spec, Step, plan};
 use crate::{
     alloc::{Allocations, store::JsonFile},
     state::model::{AgentConfig, LoadBalancer, NatGateway, QosPolicy},
@@ -125,52 +125,36 @@ impl<R: Realizer> Reconciler<R> {
         report
     }
 
+    /// The one dispatcher: every kind goes through the same bookkeeping;
+    /// only the realizer's call differs.
     fn run(&mut self, step: &Step, desired: &Desired) -> Result<Vec<String>> {
         match step {
-            Step::Ensure { kind: Kind::Lb, key, reason } => {
-                let lb = &desired.lbs[key];
-                // Recorded before touching the host, so a failure or a crash
-                // halfway still leaves a trace that removal can follow.
-                self.applied.partial_lbs.insert(key.clone(), lb.clone());
-                self.persist()?;
-                let mut changes = self.realizer.ensure_lb(lb, &mut self.alloc)?;
-                if *reason != Reason::Repair {
-                    changes.insert(0, format!("{} load balancer", verb(*reason)));
-                }
-                self.applied.partial_lbs.remove(key);
-                self.applied.lbs.insert(key.clone(), lb.clone());
-                Ok(changes)
-            }
-            Step::Ensure { kind: Kind::Gw, key, reason } => {
-                let gw = &desired.gws[key];
+            Step::Ensure { kind, key, reason } => {
+                let spec = desired.spec(*kind, key).expect("planned ensures come from desired");
                 let prev = self.applied.gws.get(key).cloned();
-                self.applied.partial_gws.insert(key.clone(), gw.clone());
+                self.applied.begin(key, spec);
                 self.persist()?;
-                let qos = desired.qos_of(key);
-                let mut changes = self.realizer.ensure_gw(gw, qos, prev.as_ref(), &mut self.alloc)?;
+                let mut changes = match spec {
+                    Spec::Lb(lb) => self.realizer.ensure_lb(lb, &mut self.alloc)?,
+                    Spec::Gw(gw, qos) => self.realizer.ensure_gw(gw, qos, prev.as_ref(), &mut self.alloc)?,
+                };
                 if *reason != Reason::Repair {
-                    changes.insert(0, format!("{} NAT gateway", verb(*reason)));
+                    changes.insert(0, format!("{} {}", verb(*reason), kind.noun()));
                 }
-                self.applied.partial_gws.remove(key);
-                self.applied.gws.insert(key.clone(), gw.clone());
-                self.applied.gw_qos.insert(key.clone(), qos.to_vec());
+                self.applied.commit(key, spec);
                 Ok(changes)
             }
-            Step::Remove { kind: Kind::Lb, key } => {
-                let mut changes = self.realizer.remove_lb(key, &mut self.alloc)?;
-                changes.insert(0, "removed load balancer".into());
-                self.applied.lbs.remove(key);
-                self.applied.partial_lbs.remove(key);
-                Ok(changes)
-            }
-            Step::Remove { kind: Kind::Gw, key } => {
-                let prev = self.applied.gws.get(key).or_else(|| self.applied.partial_gws.get(key)).cloned();
-                let prev = prev.expect("planned removals come from applied or partial");
-                let mut changes = self.realizer.remove_gw(&prev, &mut self.alloc)?;
-                changes.insert(0, "removed NAT gateway".into());
-                self.applied.gws.remove(key);
-                self.applied.partial_gws.remove(key);
-                self.applied.gw_qos.remove(key);
+            Step::Remove { kind, key } => {
+                let mut changes = match kind {
+                    Kind::Lb => self.realizer.remove_lb(key, &mut self.alloc)?,
+                    Kind::Gw => {
+                        let prev = self.applied.gws.get(key).or_else(|| self.applied.partial_gws.get(key)).cloned();
+                        let prev = prev.expect("planned removals come from applied or partial");
+                        self.realizer.remove_gw(&prev, &mut self.alloc)?
+                    }
+                };
+                changes.insert(0, format!("removed {}", kind.noun()));
+                self.applied.forget(*kind, key);
                 Ok(changes)
             }
         }

@@ -239,6 +239,33 @@ pub struct HealthCheck {
     pub expect_status: Option<u16>,
 }
 
+impl HealthCheck {
+    pub const DEFAULT_INTERVAL_S: u32 = 5;
+    pub const DEFAULT_RISE: u32 = 2;
+    pub const DEFAULT_FALL: u32 = 3;
+    pub const DEFAULT_TIMEOUT_S: u32 = 2;
+
+    /// Seconds between checks, the default applied.
+    pub fn interval_s(&self) -> u32 {
+        self.interval.unwrap_or(Self::DEFAULT_INTERVAL_S)
+    }
+
+    /// Successes to mark a backend up, the default applied.
+    pub fn rise(&self) -> u32 {
+        self.rise.unwrap_or(Self::DEFAULT_RISE)
+    }
+
+    /// Failures to mark a backend down, the default applied.
+    pub fn fall(&self) -> u32 {
+        self.fall.unwrap_or(Self::DEFAULT_FALL)
+    }
+
+    /// Seconds to wait for an answer, the default applied.
+    pub fn timeout_s(&self) -> u32 {
+        self.timeout.unwrap_or(Self::DEFAULT_TIMEOUT_S)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendGroup {
@@ -329,42 +356,7 @@ pub enum DnatMode {
     Share,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    Tcp,
-    Udp,
-}
-
-impl Protocol {
-    pub const ALL: [Protocol; 2] = [Protocol::Tcp, Protocol::Udp];
-
-    /// The IP protocol number (what the maps hold).
-    pub fn number(self) -> u8 {
-        match self {
-            Protocol::Tcp => lbagent_common::PROTO_TCP,
-            Protocol::Udp => lbagent_common::PROTO_UDP,
-        }
-    }
-
-    /// The name, as in the state file and in keys.
-    pub fn name(self) -> &'static str {
-        match self {
-            Protocol::Tcp => "tcp",
-            Protocol::Udp => "udp",
-        }
-    }
-
-    pub fn from_number(n: u8) -> Option<Protocol> {
-        Protocol::ALL.into_iter().find(|p| p.number() == n)
-    }
-}
-
-impl std::fmt::Display for Protocol {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+pub use crate::proto::Protocol;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -7,12 +7,12 @@ use std::{
 };
 
 use super::{
-    load::Problem,
     model::*,
     names::{
         check_host_class, check_host_in, check_id, check_ifname, check_net_class, in_subnet, overlaps, parse_cidr,
         parse_ip, parse_mac,
     },
+    problem::Problem,
 };
 use crate::naming;
 

@@ -148,13 +148,7 @@ pub fn render(dir: &Path, chroot: &Path, lbs: &[(&LoadBalancer, &LbAlloc)]) -> R
                 let weight = if l.scheduler == Some(Scheduler::Rr) { 1 } else { b.weight };
                 let _ = write!(c, "  server {} {}:{} weight {}", b.id, a.inner, port, weight);
                 if let Some(h) = hc.filter(|h| h.kind != HealthCheckType::Udp) {
-                    let _ = write!(
-                        c,
-                        " check inter {}s rise {} fall {}",
-                        h.interval.unwrap_or(5),
-                        h.rise.unwrap_or(2),
-                        h.fall.unwrap_or(3)
-                    );
+                    let _ = write!(c, " check inter {}s rise {} fall {}", h.interval_s(), h.rise(), h.fall());
                 }
                 c += "\n";
             }

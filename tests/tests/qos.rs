@@ -340,9 +340,15 @@ mod traffic {
         r
     }
 
-    /// UDP is held to the rate both ways; one TCP flow (ECN on) is held
-    /// below it. At this bed's sub-millisecond RTT a policer cannot give a
-    /// single TCP flow its whole rate (docs/qos.md, *TCP*): its bound is loose.
+    /// The sender's congestion control for TCP flows (the machine's default
+    /// may be BBR, which ignores ECN: docs/qos.md, *TCP*).
+    const TCP: [&str; 2] = ["-C", "cubic"];
+    /// TCP is measured over a longer window: one remaining retransmission
+    /// timeout (≥ 200 ms) costs a 3 s window ~7 % of the rate.
+    const TCP_WINDOW: f64 = 5.0;
+
+    /// UDP and one TCP flow (ECN on) are held to the rate both ways, at 10
+    /// and 100 Mbit/s.
     #[test]
     fn eip_limits_hold_their_rate_both_ways() {
         let _serial = serial();
@@ -360,13 +366,23 @@ mod traffic {
             // Ingress (to the EIP, before DNAT): internet → .21.
             let r = measure(&inet, FIP1, &vpc, &udp, 1.5, 3.0);
             check(&format!("ingress UDP at {mbps}"), r, mbps, 0.90, 1.05);
-            let r = measure(&inet, FIP1, &vpc, &[], 1.5, 3.0);
-            // Held below the limit; how close it gets is the benchmark's to
-            // report (at 100 Mbit/s and this RTT a policer leaves TCP far below).
-            check(&format!("ingress TCP (ECN) at {mbps}"), r, mbps, 0.05, 1.05);
+            // One TCP flow (CUBIC, Linux's default; ECN on) gets close to its
+            // rate: its resends are never dropped twice, so it never stalls
+            // in a retransmission timeout (it got 44–89 % at 100 Mbit/s while
+            // they were). The precise figures are the benchmark's.
+            let r = measure(&inet, FIP1, &vpc, &TCP, 1.5, TCP_WINDOW);
+            check(&format!("ingress TCP (ECN) at {mbps}"), r, mbps, 0.80, 1.05);
+            // Without ECN only drops slow the sender: the case that stalled
+            // (about 50 % at 100 Mbit/s before resends were protected).
+            b.internet.ns.sysctl("net.ipv4.tcp_ecn", "0").unwrap();
+            let r = measure(&inet, FIP1, &vpc, &TCP, 1.5, TCP_WINDOW);
+            b.internet.ns.sysctl("net.ipv4.tcp_ecn", "1").unwrap();
+            check(&format!("ingress TCP (no ECN) at {mbps}"), r, mbps, 0.75, 1.05);
             // Egress (from the EIP, after SNAT): .21 → internet.
             let r = measure(&vpc, INTERNET_IP, &inet, &udp, 1.5, 3.0);
             check(&format!("egress UDP at {mbps}"), r, mbps, 0.90, 1.05);
+            let r = measure(&vpc, INTERNET_IP, &inet, &TCP, 1.5, TCP_WINDOW);
+            check(&format!("egress TCP (ECN) at {mbps}"), r, mbps, 0.80, 1.05);
         }
         // The limit's counters: passed, marked and dropped on both buckets.
         let t = b.bed.reconciler.realizer.engine.tables().unwrap();

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plots the tables of a `cargo xtask bench` run (target/bench/results.md)
-into docs/bench-*.png. Needs matplotlib (`pip install matplotlib`)."""
+into docs/bench-*.png. Needs matplotlib (Debian's python3-matplotlib, which
+`cargo xtask setup` installs; `cargo xtask bench` runs this with /usr/bin/python3)."""
 import re
 import sys
 from pathlib import Path
@@ -24,7 +25,9 @@ def tables(text):
 
 
 def find(tabs, prefix):
-    return next(rows for t, rows in tabs.items() if t.startswith(prefix))
+    """The rows of the section numbered `prefix`, or None when this run
+    skipped it (LBAGENT_BENCH_SECTIONS)."""
+    return next((rows for t, rows in tabs.items() if t.startswith(prefix)), None)
 
 
 def main():
@@ -32,7 +35,19 @@ def main():
     src = Path(sys.argv[1]) if len(sys.argv) > 1 else root / "target/bench/results.md"
     tabs = tables(src.read_text())
 
+    wrote = []
     cost = find(tabs, "1.")
+    if cost:
+        plot_cost(root, cost)
+        wrote.append("docs/bench-program-cost.png")
+    conn = find(tabs, "2.")
+    if conn:
+        plot_conn(root, conn)
+        wrote.append("docs/bench-conn-rate.png")
+    print("wrote " + ", ".join(wrote) if wrote else "no plotted section in this run (sections 1 and 2 are plotted)")
+
+
+def plot_cost(root, cost):
     n = [int(r[0]) for r in cost]
     plt.figure(figsize=(6, 3.5))
     plt.plot(n, [float(r[1]) for r in cost], "o-", label="established flow")
@@ -46,7 +61,8 @@ def main():
     plt.tight_layout()
     plt.savefig(root / "docs/bench-program-cost.png", dpi=110)
 
-    conn = find(tabs, "2.")
+
+def plot_conn(root, conn):
     n = [int(r[0]) for r in conn]
     plt.figure(figsize=(6, 3.5))
     for col, label, style in [(1, "eBPF engine", "o-"), (2, "iptables (seed rules)", "s-"), (3, "plain routing, no NAT", "^--")]:
@@ -59,7 +75,6 @@ def main():
     plt.legend()
     plt.tight_layout()
     plt.savefig(root / "docs/bench-conn-rate.png", dpi=110)
-    print("wrote docs/bench-program-cost.png, docs/bench-conn-rate.png")
 
 
 if __name__ == "__main__":

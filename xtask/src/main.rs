@@ -69,10 +69,11 @@ fn main() -> Result<()> {
             let channel = setup::ensure_all()?;
             build::all(&channel)?;
             run(build::cargo(&channel).args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-bench"]))?;
-            // Plots are optional: they need python3 with matplotlib.
-            let plotted = Command::new("python3").arg(build::root().join("docs/plot_benchmarks.py")).status();
+            // Setup installed python3-matplotlib for Debian's interpreter.
+            let plotted =
+                Command::new(setup::DEBIAN_PYTHON).arg(build::root().join("docs/plot_benchmarks.py")).status();
             if !plotted.is_ok_and(|s| s.success()) {
-                eprintln!("xtask: no plots (needs python3 with matplotlib: pip install matplotlib)");
+                bail!("drawing the plots failed (docs/plot_benchmarks.py with {})", setup::DEBIAN_PYTHON);
             }
             Ok(())
         }

@@ -37,6 +37,13 @@ const PACKAGES: &[(&str, &str)] = &[
     ("ovn-controller", "ovn-host"),
 ];
 
+/// The interpreter Debian's `python3-*` packages serve (a `python3` earlier
+/// on PATH, pyenv's for one, would not see them).
+pub const DEBIAN_PYTHON: &str = "/usr/bin/python3";
+
+/// Python modules `cargo xtask bench` draws its plots with (module, package).
+const PYTHON_MODULES: &[(&str, &str)] = &[("matplotlib", "python3-matplotlib")];
+
 /// Installs what is missing; returns the pinned channel every build uses.
 pub fn ensure_all() -> Result<String> {
     let channel = pinned_channel()?;
@@ -161,6 +168,19 @@ fn ensure_packages() -> Result<()> {
                 .unwrap_or(false)
         })
         .map(|(_, pkg)| *pkg)
+        .chain(
+            PYTHON_MODULES
+                .iter()
+                .filter(|(module, _)| {
+                    !Command::new(DEBIAN_PYTHON)
+                        .args(["-c", &format!("import {module}")])
+                        .stderr(std::process::Stdio::null())
+                        .status()
+                        .map(|s| s.success())
+                        .unwrap_or(false)
+                })
+                .map(|(_, pkg)| *pkg),
+        )
         .collect();
     if missing.is_empty() {
         return Ok(());

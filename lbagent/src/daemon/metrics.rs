@@ -59,12 +59,12 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
     }
     let doc = &status.document;
     let ok = doc.last_apply.as_ref().map(|l| l.ok as u8).unwrap_or(0);
-    let _ = writeln!(out, "# TYPE lbagent_applies_total counter\nlbagent_applies_total {}", status.applies);
+    let _ = writeln!(out, "# TYPE lbagent_applies_total counter\nlbagent_applies_total {}", doc.applies);
     let _ = writeln!(out, "# TYPE lbagent_last_apply_success gauge\nlbagent_last_apply_success {ok}");
     let _ = writeln!(
         out,
         "# TYPE lbagent_state_rejected gauge\nlbagent_state_rejected {}",
-        status.rejected.is_some() as u8
+        doc.rejected_state.is_some() as u8
     );
     let _ = writeln!(out, "# TYPE lbagent_load_balancers gauge\nlbagent_load_balancers {}", doc.load_balancers.len());
     let _ = writeln!(out, "# TYPE lbagent_nat_gateways gauge\nlbagent_nat_gateways {}", doc.nat_gateways.len());

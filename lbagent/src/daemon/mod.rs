@@ -68,7 +68,7 @@ impl Daemon {
     /// logs every problem and keeps what runs.
     fn reload(&mut self, update: source::Update) {
         let why = update.why;
-        self.status.lock().unwrap().revision_seen = Some(update.revision.clone());
+        self.status.lock().unwrap().document.revision_seen = Some(update.revision.clone());
         match update.state {
             Ok(s) => {
                 info!(revision = %update.revision, "{why}: desired state valid, applying");
@@ -77,8 +77,8 @@ impl Daemon {
                 }
                 {
                     let mut st = self.status.lock().unwrap();
-                    st.rejected = None;
-                    st.revision_running = Some(update.revision);
+                    st.set_rejected(None);
+                    st.document.revision_running = Some(update.revision);
                 }
                 self.last_good = Some(s);
                 self.apply(false);
@@ -92,7 +92,7 @@ impl Daemon {
                 for p in &problems.0 {
                     error!("  {p}");
                 }
-                self.status.lock().unwrap().rejected = Some(problems);
+                self.status.lock().unwrap().set_rejected(Some(&problems));
                 self.publish();
             }
         }
@@ -117,8 +117,8 @@ impl Daemon {
         }
         {
             let mut st = self.status.lock().unwrap();
-            st.applies += 1;
-            st.last_apply = Some(report);
+            st.document.applies += 1;
+            st.document.last_apply = Some(status::LastApply::of(&report));
         }
         self.publish();
     }
@@ -185,7 +185,9 @@ pub async fn run(opts: Options) -> Result<()> {
     host.engine.ct_max = opts.conntrack_max;
     let reconciler = Reconciler::open(host, &opts.state_dir)?;
     let source: Box<dyn source::Source> = Box::new(source::FileSource::new(opts.state.clone()));
-    let status = Arc::new(Mutex::new(Status { state_file: opts.state.display().to_string(), ..Default::default() }));
+    let mut status = Status::default();
+    status.document.state_file = opts.state.display().to_string();
+    let status = Arc::new(Mutex::new(status));
     status.lock().unwrap().refresh(&reconciler.applied, &reconciler.alloc);
 
     let api = api::bind(&opts.api_socket)?;

@@ -132,18 +132,11 @@ pub struct QosRuleStatus {
     pub stats: Option<lbagent_common::QosStats>,
 }
 
+/// The daemon's status: the document (whose source, revision, apply and
+/// refusal fields the daemon writes as they happen) and the reverse maps
+/// metrics need.
 #[derive(Clone, Default)]
 pub struct Status {
-    pub state_file: String,
-    /// Revision label of the newest document the source gave (accepted or not).
-    pub revision_seen: Option<String>,
-    /// Revision label of the document running (the last accepted one).
-    pub revision_running: Option<String>,
-    /// Applies done since start.
-    pub applies: u64,
-    pub last_apply: Option<ApplyReport>,
-    /// Problems of the newest document when it was refused.
-    pub rejected: Option<Problems>,
     pub document: StatusDoc,
     /// Rule id → rule key (`natgw/<gw>/fip/<eip>`, `lb/<id>/listener/<l>` …), for metrics.
     pub rule_names: BTreeMap<u32, String>,
@@ -155,8 +148,26 @@ fn secs(t: Option<SystemTime>) -> Option<u64> {
     t.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs())
 }
 
+impl LastApply {
+    pub fn of(r: &ApplyReport) -> Self {
+        LastApply {
+            time: secs(r.started),
+            ok: r.ok(),
+            steps: r.steps,
+            changes: r.changes.clone(),
+            errors: r.errors.iter().map(|(o, e)| ObjectError { object: o.clone(), error: e.clone() }).collect(),
+        }
+    }
+}
+
 impl Status {
-    /// Recomputes the document after an apply or a refused reload.
+    /// Records a refused document's problems (`None`: the newest was accepted).
+    pub fn set_rejected(&mut self, problems: Option<&Problems>) {
+        self.document.rejected_state = problems.map(|p| p.0.iter().map(|x| x.to_string()).collect());
+    }
+
+    /// Recomputes what derives from the applied objects and the allocations
+    /// (after an apply or a refused reload).
     pub fn refresh(&mut self, applied: &Applied, alloc: &Allocations) {
         self.rule_names = alloc.rule_ids.iter().map(|(k, id)| (*id, k.clone())).collect();
         self.qos_names = alloc.qos_buckets.iter().map(|(k, b)| (*b, k.clone())).collect();
@@ -241,26 +252,9 @@ impl Status {
                 }
             })
             .collect();
-        let last_apply = self.last_apply.as_ref().map(|r| LastApply {
-            time: secs(r.started),
-            ok: r.ok(),
-            steps: r.steps,
-            changes: r.changes.clone(),
-            errors: r.errors.iter().map(|(o, e)| ObjectError { object: o.clone(), error: e.clone() }).collect(),
-        });
-        let backends_down = std::mem::take(&mut self.document.backends_down);
-        self.document = StatusDoc {
-            state_file: self.state_file.clone(),
-            revision_seen: self.revision_seen.clone(),
-            revision_running: self.revision_running.clone(),
-            applies: self.applies,
-            last_apply,
-            rejected_state: self.rejected.as_ref().map(|p| p.0.iter().map(|x| x.to_string()).collect()),
-            load_balancers: lbs,
-            nat_gateways: gws,
-            rules: alloc.rule_ids.clone(),
-            backends_down,
-            rule_stats: None,
-        };
+        let d = &mut self.document;
+        d.load_balancers = lbs;
+        d.nat_gateways = gws;
+        d.rules = alloc.rule_ids.clone();
     }
 }

@@ -36,6 +36,13 @@ pub fn gw_netns(name: &str) -> String {
     format!("natgw-{name}")
 }
 
+/// A gateway's interface toward the VPC, inside its namespace (the name
+/// kube-ovn's gateway pod gives it; state files name it in QoS rules).
+pub const GW_LAN_IF: &str = "eth0";
+
+/// A gateway's interface toward the external network, inside its namespace.
+pub const GW_EXT_IF: &str = "net1";
+
 /// Host-side ends of a gateway's `eth0` and `net1`: `ngw<hash>l` /
 /// `ngw<hash>x`, where `<hash>` is `short_hash(name)` (names fit IFNAMSIZ
 /// and depend on nothing but the name, so any agent can find them).
@@ -124,7 +131,7 @@ pub fn gw_fip_snat_key(gw: &str, internal: Ipv4Addr) -> String {
 }
 
 /// A DNAT identity: `natgw/<gw>/dnat/<eip>/<tcp|udp>/<port>`.
-pub fn gw_dnat_key(gw: &str, eip: Ipv4Addr, proto: Protocol, port: u32) -> String {
+pub fn gw_dnat_key(gw: &str, eip: Ipv4Addr, proto: Protocol, port: u16) -> String {
     format!("{}dnat/{eip}/{proto}/{port}", gw_rule_prefix(gw))
 }
 

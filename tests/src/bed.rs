@@ -7,8 +7,8 @@ use std::{fs::File, path::PathBuf};
 use anyhow::Result;
 use lbagent::{
     dataplane::attach::AttachMode,
-    reconcile::{Desired, Reconciler, host::Host},
-    state::{Format, load_str},
+    reconcile::{Reconciler, host::Host},
+    state::{Format, accept_str},
 };
 
 use crate::{engine::TestPins, unique};
@@ -35,8 +35,8 @@ impl Bed {
 
     /// Validates and applies a state; panics with every error on failure.
     pub fn apply(&mut self, yaml: &str) {
-        let s = load_str(yaml, Format::Yaml).unwrap_or_else(|e| panic!("invalid test state: {e}\n{yaml}"));
-        let report = self.reconciler.apply(&Desired::from_state(&s), false);
+        let s = accept_str(yaml, Format::Yaml).unwrap_or_else(|e| panic!("invalid test state: {e}\n{yaml}"));
+        let report = self.reconciler.apply(&s.desired, false);
         assert!(report.ok(), "apply failed: {:?}", report.errors);
     }
 }

@@ -284,7 +284,7 @@ fn broken_links_are_repaired() {
     sh(&["ip", "-n", &ns, "link", "add", "stray0", "type", "veth", "peer", "name", "stray1"]).unwrap();
     assert!(http_get(&b.client.ns.name, at("10.30.0.6", 80)).is_err());
     let s = lbagent::state::load_str(&b.state(G1, false), lbagent::state::Format::Yaml).unwrap();
-    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), true);
+    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), true);
     assert!(report.ok(), "{:?}", report.errors);
     assert!(report.changes.iter().any(|c| c.contains("removed stray link stray")), "{:?}", report.changes);
     assert_eq!(tag_and_ip(&http_get(&b.client.ns.name, at("10.30.0.6", 80)).unwrap()).0, "h23");
@@ -310,10 +310,10 @@ fn a_failed_create_is_cleaned_up_when_the_load_balancer_goes() {
     };
     // The bridge does not exist: plumbing fails after the namespace is made.
     let s = lbagent::state::load_str(&state(true), lbagent::state::Format::Yaml).unwrap();
-    let report = bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), false);
+    let report = bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), false);
     assert!(!report.ok());
     assert!(lbagent::netns::exists(&naming::lb_netns(&id)), "partial state on the host");
-    assert!(bed.reconciler.applied.partial_lbs.contains_key(&id));
+    assert!(bed.reconciler.applied.partial_lbs.contains(&id));
     // Removing it from the state tears the partial object down.
     bed.apply(&state(false));
     assert!(!lbagent::netns::exists(&naming::lb_netns(&id)));
@@ -345,7 +345,7 @@ fn a_link_the_agent_did_not_make_is_never_deleted() {
     };
     let apply = |bed: &mut Bed, with: bool| {
         let s = lbagent::state::load_str(&state(with), lbagent::state::Format::Yaml).unwrap();
-        bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), false)
+        bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), false)
     };
     // Someone else's link has the name the load balancer's OVN end needs.
     struct Foreign(String);
@@ -488,7 +488,7 @@ fn an_ovsdb_outage_does_not_freeze_rule_updates() {
     let only_r1 = "          - {id: r1, address: 10.30.0.21, port: 9000}\n";
     let s = lbagent::state::load_str(&b.state3(G1, only_r1, true), lbagent::state::Format::Yaml).unwrap();
     let t = std::time::Instant::now();
-    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), true);
+    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), true);
     let took = t.elapsed();
     assert!(took < std::time::Duration::from_secs(15), "the pass took {took:?}");
     assert!(report.errors.iter().any(|(_, e)| e.contains("ovsdb unavailable")), "{:?}", report.errors);
@@ -496,7 +496,7 @@ fn an_ovsdb_outage_does_not_freeze_rule_updates() {
 
     drop(frozen);
     std::thread::sleep(lbagent::plumbing::ovs::OUTAGE_BACKOFF);
-    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), true);
+    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), true);
     assert!(report.ok(), "{:?}", report.errors);
     assert_eq!(tags(8), HashSet::from(["h21".to_string()]));
 }
@@ -523,7 +523,7 @@ fn a_deleted_pin_directory_is_repaired_without_splitting_maps() {
     sh(&["rm", "-rf", dir.to_str().unwrap()]).unwrap();
 
     let s = lbagent::state::load_str(&state, lbagent::state::Format::Yaml).unwrap();
-    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s), true);
+    let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), true);
     assert!(report.ok(), "{:?}", report.errors);
     assert_eq!(ct_id(&dir.join(lbagent_common::MAP_CT)), ct_before, "a new conntrack map replaced the running one");
     assert!(b.bed.reconciler.realizer.engine.tables().unwrap().conntrack().unwrap().len() >= flows);

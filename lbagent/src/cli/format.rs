@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 
 use lbagent_common::*;
 
-use crate::state::model::Protocol;
+use crate::proto::Protocol;
 
 pub use crate::dataplane::tables::monotonic_ns;
 use serde_json::{Value, json};

@@ -135,8 +135,8 @@ pub fn main() -> Result<()> {
                 .build()?
                 .block_on(daemon::run(opts))
         }
-        Command::Validate { file } => match crate::state::load_file(&file) {
-            Ok(s) => {
+        Command::Validate { file } => match crate::state::accept_file(&file) {
+            Ok(crate::state::Accepted { state: s, warnings, .. }) => {
                 println!(
                     "{}: valid ({} load balancers, {} NAT gateways, {} QoS policies)",
                     file.display(),
@@ -144,7 +144,7 @@ pub fn main() -> Result<()> {
                     s.nat_gateways.len(),
                     s.qos_policies.len()
                 );
-                for w in crate::state::validate::warnings(&s) {
+                for w in warnings {
                     println!("warning: {w}");
                 }
                 Ok(())

@@ -23,8 +23,8 @@ use tracing::{error, info, warn};
 use crate::{
     dataplane::{attach::AttachMode, loader::ZoneProgram},
     lb::health,
-    reconcile::{Desired, Reconciler, host::Host},
-    state::{self, StateFile},
+    reconcile::{Reconciler, host::Host},
+    state::Desired,
 };
 use status::Status;
 
@@ -45,7 +45,7 @@ struct Daemon {
     opts: Options,
     reconciler: Reconciler<Host>,
     status: Arc<Mutex<Status>>,
-    last_good: Option<StateFile>,
+    last_good: Option<Desired>,
     /// Health checks the prober runs (refreshed after every apply).
     checks: Arc<Mutex<Vec<health::Target>>>,
 }
@@ -72,7 +72,7 @@ impl Daemon {
         match update.state {
             Ok(s) => {
                 info!(revision = %update.revision, "{why}: desired state valid, applying");
-                for w in state::validate::warnings(&s) {
+                for w in &s.warnings {
                     warn!("  {w}");
                 }
                 {
@@ -80,7 +80,7 @@ impl Daemon {
                     st.set_rejected(None);
                     st.document.revision_running = Some(update.revision);
                 }
-                self.last_good = Some(s);
+                self.last_good = Some(s.desired);
                 self.apply(false);
             }
             Err(problems) => {
@@ -111,7 +111,7 @@ impl Daemon {
 
     fn apply(&mut self, repair: bool) {
         let Some(good) = &self.last_good else { return };
-        let report = self.reconciler.apply(&Desired::from_state(good), repair);
+        let report = self.reconciler.apply(good, repair);
         if !report.ok() {
             warn!("{} of {} steps failed; they are retried by the next repair pass", report.errors.len(), report.steps);
         }

@@ -14,7 +14,7 @@ use std::{
 
 use tokio::sync::{Notify, mpsc::UnboundedSender};
 
-use crate::state::{self, Problems, StateFile};
+use crate::state::{self, Accepted, Problems};
 
 /// One document from a source.
 pub struct Update {
@@ -22,8 +22,8 @@ pub struct Update {
     pub why: &'static str,
     /// The source's label for this document (the file's content hash).
     pub revision: String,
-    /// The validated document, or every problem with its path.
-    pub state: Result<StateFile, Problems>,
+    /// The accepted document (typed), or every problem with its path.
+    pub state: Result<Accepted, Problems>,
 }
 
 /// A source of desired state, run as its own task: it sends an [`Update`]
@@ -54,7 +54,7 @@ impl FileSource {
     }
 
     fn read(&self, why: &'static str) -> Update {
-        Update { why, revision: revision(fingerprint(&self.path).as_deref()), state: state::load_file(&self.path) }
+        Update { why, revision: revision(fingerprint(&self.path).as_deref()), state: state::accept_file(&self.path) }
     }
 }
 

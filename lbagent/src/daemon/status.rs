@@ -3,6 +3,7 @@
 
 use std::{
     collections::BTreeMap,
+    net::Ipv4Addr,
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -14,7 +15,7 @@ use crate::{
     reconcile::{Applied, ApplyReport},
     state::{
         Problems,
-        model::{ListenerMode, ListenerType},
+        spec::{ListenerMode, ListenerType, cidr_text},
     },
 };
 
@@ -67,11 +68,11 @@ pub struct LbStatus {
     pub name: Option<String>,
     pub zone: Option<u16>,
     pub netns: String,
-    pub vip: String,
+    pub vip: Ipv4Addr,
     pub links: LbLinks,
     pub iface_id: String,
-    pub inner: Option<String>,
-    pub outer: Option<String>,
+    pub inner: Option<Ipv4Addr>,
+    pub outer: Option<Ipv4Addr>,
     pub listeners: Vec<ListenerStatus>,
     pub backends: Vec<BackendStatus>,
 }
@@ -88,7 +89,7 @@ pub struct ListenerStatus {
     pub id: String,
     #[serde(rename = "type")]
     pub kind: ListenerType,
-    pub port: u32,
+    pub port: u16,
     pub mode: ListenerMode,
     pub backend_group: String,
 }
@@ -97,8 +98,8 @@ pub struct ListenerStatus {
 pub struct BackendStatus {
     pub id: String,
     pub group: String,
-    pub address: String,
-    pub port: u32,
+    pub address: Ipv4Addr,
+    pub port: u16,
     pub weight: u32,
     pub mapped_port: Option<u16>,
 }
@@ -108,7 +109,7 @@ pub struct GwStatus {
     pub name: String,
     pub zone: Option<u16>,
     pub netns: String,
-    pub lan_ip: String,
+    pub lan_ip: Ipv4Addr,
     pub eips: Vec<EipStatus>,
     pub qos: Vec<QosRuleStatus>,
 }
@@ -116,7 +117,7 @@ pub struct GwStatus {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct EipStatus {
     pub name: String,
-    pub ip: String,
+    pub ip: Ipv4Addr,
     pub qos_policy: Option<String>,
     /// `fip -> <ip>`, `dnat tcp 2222 -> <ip>:<port>`, `snat <cidr>`.
     pub used_by: Vec<String>,
@@ -177,13 +178,11 @@ impl Status {
             .map(|lb| {
                 let a = alloc.lbs.get(&lb.id);
                 let backends = lb
-                    .backend_groups
-                    .iter()
-                    .flat_map(|g| g.backends.iter().map(move |b| (g, b)))
+                    .backends()
                     .map(|(g, b)| BackendStatus {
                         id: b.id.clone(),
                         group: g.id.clone(),
-                        address: b.address.clone(),
+                        address: b.addr,
                         port: b.port,
                         weight: b.weight,
                         mapped_port: a.and_then(|a| a.ports.get(&b.id)).copied(),
@@ -196,11 +195,11 @@ impl Status {
                     name: lb.name.clone(),
                     zone: alloc.zones.get(&naming::lb_zone_key(&lb.id)).copied(),
                     netns: naming::lb_netns(&lb.id),
-                    vip: lb.network.ip.clone(),
+                    vip: lb.network.ip,
                     links: LbLinks { ovn: [o0, o1], proxy: [h0, h1] },
                     iface_id: naming::lb_iface_id(&lb.id),
-                    inner: a.map(|a| a.inner.to_string()),
-                    outer: a.map(|a| a.outer.to_string()),
+                    inner: a.map(|a| a.inner),
+                    outer: a.map(|a| a.outer),
                     listeners: lb
                         .listeners
                         .iter()
@@ -208,8 +207,8 @@ impl Status {
                             id: l.id.clone(),
                             kind: l.kind,
                             port: l.port,
-                            mode: l.effective_mode(),
-                            backend_group: l.backend_group.clone(),
+                            mode: l.mode,
+                            backend_group: l.group.id.clone(),
                         })
                         .collect(),
                     backends,
@@ -226,19 +225,22 @@ impl Status {
                     .map(|e| {
                         let mut used_by = Vec::new();
                         used_by.extend(
-                            g.fips.iter().filter(|f| f.eip == e.name).map(|f| format!("fip -> {}", f.internal_ip)),
+                            g.fips.iter().filter(|f| f.eip.name == e.name).map(|f| format!("fip -> {}", f.internal_ip)),
                         );
-                        used_by.extend(g.dnats.iter().filter(|d| d.eip == e.name).map(|d| {
+                        used_by.extend(g.dnats.iter().filter(|d| d.eip.name == e.name).map(|d| {
                             format!("dnat {} {} -> {}:{}", d.protocol, d.external_port, d.internal_ip, d.internal_port)
                         }));
                         used_by.extend(
-                            g.snats.iter().filter(|s| s.eip == e.name).map(|s| format!("snat {}", s.internal_cidr)),
+                            g.snats
+                                .iter()
+                                .filter(|s| s.eip.name == e.name)
+                                .map(|s| format!("snat {}", cidr_text(&s.internal_cidr))),
                         );
-                        EipStatus { name: e.name.clone(), ip: e.ip.clone(), qos_policy: e.qos_policy.clone(), used_by }
+                        let qos_policy = e.policy.as_ref().map(|p| p.name.clone());
+                        EipStatus { name: e.name.clone(), ip: e.ip, qos_policy, used_by }
                     })
                     .collect();
-                let policies = applied.gw_qos.get(&g.name).map(Vec::as_slice).unwrap_or_default();
-                let qos = crate::natgw::qos::bound(g, policies, alloc)
+                let qos = crate::natgw::qos::bound(g, alloc)
                     .into_iter()
                     .map(|rule| QosRuleStatus { rule, stats: None })
                     .collect();
@@ -246,7 +248,7 @@ impl Status {
                     name: g.name.clone(),
                     zone: alloc.zones.get(&naming::gw_zone_key(&g.name)).copied(),
                     netns: naming::gw_netns(&g.name),
-                    lan_ip: g.lan.ip.clone(),
+                    lan_ip: g.lan.ip,
                     eips,
                     qos,
                 }

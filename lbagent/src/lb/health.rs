@@ -14,10 +14,7 @@ use std::{
 
 use crate::{
     naming, netns,
-    state::{
-        model::{HealthCheckType, ListenerMode, LoadBalancer},
-        names::parse_ip,
-    },
+    state::spec::{HealthCheckType, Lb, ListenerMode},
 };
 
 /// (load balancer id, listener id, backend id).
@@ -95,24 +92,22 @@ pub struct Target {
 }
 
 /// Every check the applied load balancers ask for (direct listeners only).
-pub fn targets<'a>(lbs: impl IntoIterator<Item = &'a LoadBalancer>) -> Vec<Target> {
+pub fn targets<'a>(lbs: impl IntoIterator<Item = &'a Lb>) -> Vec<Target> {
     let mut out = Vec::new();
     for lb in lbs {
-        for l in lb.listeners.iter().filter(|l| l.effective_mode() == ListenerMode::Direct) {
-            let Some(h) = &l.health_check else { continue };
-            let Some(group) = lb.backend_groups.iter().find(|g| g.id == l.backend_group) else { continue };
-            for b in &group.backends {
-                let Ok(ip) = parse_ip(&b.address) else { continue };
+        for l in lb.listeners.iter().filter(|l| l.mode == ListenerMode::Direct) {
+            let Some(h) = &l.health else { continue };
+            for b in &l.group.backends {
                 out.push(Target {
                     key: (lb.id.clone(), l.id.clone(), b.id.clone()),
                     netns: naming::lb_netns(&lb.id),
                     kind: h.kind,
-                    addr: SocketAddr::from((ip, b.port as u16)),
-                    interval: Duration::from_secs(h.interval_s() as u64),
-                    timeout: Duration::from_secs(h.timeout_s() as u64),
-                    rise: h.rise(),
-                    fall: h.fall(),
-                    path: h.path.clone().unwrap_or_else(|| "/".into()),
+                    addr: SocketAddr::from((b.addr, b.port)),
+                    interval: Duration::from_secs(h.interval_s as u64),
+                    timeout: Duration::from_secs(h.timeout_s as u64),
+                    rise: h.rise,
+                    fall: h.fall,
+                    path: h.path.clone(),
                     expect_status: h.expect_status,
                 });
             }

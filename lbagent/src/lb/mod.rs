@@ -14,7 +14,7 @@ use crate::{
     dataplane::engine::Engine,
     naming,
     plumbing::host_addresses,
-    state::model::LoadBalancer,
+    state::spec::Lb,
     zone::{self, Site},
 };
 
@@ -34,7 +34,7 @@ fn site(id: &str) -> Site {
 pub fn ensure(
     engine: &mut Engine,
     bridge: &str,
-    lb: &LoadBalancer,
+    lb: &Lb,
     health: &health::Health,
     alloc: &mut Allocations,
 ) -> Result<Vec<String>> {
@@ -48,7 +48,7 @@ pub fn ensure(
         let (inner, outer) = alloc.lb_addresses(&lb.id, &host_addresses())?;
         changes.push(format!("allocated inner {inner}, outer {outer}"));
     }
-    let backends: Vec<&str> = lb.backend_groups.iter().flat_map(|g| g.backends.iter().map(|b| b.id.as_str())).collect();
+    let backends: Vec<&str> = lb.backends().map(|(_, b)| b.id.as_str()).collect();
     let (added, released) = alloc.lb_ports(&lb.id, &backends)?;
     let a = alloc.lbs[&lb.id].clone();
     changes.extend(added.iter().map(|b| format!("backend {b}: mapped port {}", a.ports[b])));

@@ -16,10 +16,7 @@ use crate::{
         nl::{Nl, Route4},
         ovs, sysctl, veth,
     },
-    state::{
-        model::LoadBalancer,
-        names::{parse_ip, parse_mac},
-    },
+    state::spec::{Lb, mac_text},
 };
 
 pub const LINKLOCAL_LEN: u8 = 16;
@@ -33,7 +30,7 @@ pub struct Plumbed {
     pub ovs: Result<()>,
 }
 
-pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<String>) -> Result<Plumbed> {
+pub fn ensure(lb: &Lb, a: &LbAlloc, bridge: &str, changes: &mut Vec<String>) -> Result<Plumbed> {
     let ns = naming::lb_netns(&lb.id);
     if netns::create(&ns)? {
         changes.push(format!("created namespace {ns}"));
@@ -61,10 +58,7 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
     })?;
     changes.extend(host_changes);
 
-    let vip = parse_ip(&lb.network.ip).map_err(anyhow::Error::msg)?;
-    let gw = parse_ip(&lb.network.gateway).map_err(anyhow::Error::msg)?;
-    let mac = parse_mac(&lb.network.mac).map_err(anyhow::Error::msg)?;
-    let plen = lb.network.prefix_len;
+    let (vip, gw, mac, plen) = (lb.network.ip, lb.network.gateway, lb.network.mac, lb.network.prefix_len);
     let inside = netns::run_in(Some(&ns), || {
         let mut ch = Vec::new();
         let nl = Nl::new()?;
@@ -73,7 +67,7 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
         let hi = nl.must_index(&h0)?;
         if nl.link_info(oi)?.1 != mac {
             nl.set_mac(oi, mac)?;
-            ch.push(format!("{o0} mac {}", lb.network.mac));
+            ch.push(format!("{o0} mac {}", mac_text(&mac)));
         }
         nl.set_up(oi)?;
         nl.set_up(hi)?;
@@ -93,7 +87,7 @@ pub fn ensure(lb: &LoadBalancer, a: &LbAlloc, bridge: &str, changes: &mut Vec<St
 }
 
 /// `o…1` on the integration bridge with the load balancer's `iface-id`.
-pub fn ensure_ovs(lb: &LoadBalancer, bridge: &str, changes: &mut Vec<String>) -> Result<()> {
+pub fn ensure_ovs(lb: &Lb, bridge: &str, changes: &mut Vec<String>) -> Result<()> {
     let (_, o1) = naming::lb_ovn_veth(&lb.id);
     if ovs::ensure_port(bridge, &o1, &naming::lb_iface_id(&lb.id))? {
         changes.push(format!("{o1} on OVS bridge {bridge} as {}", naming::lb_iface_id(&lb.id)));

@@ -16,10 +16,7 @@ use crate::{
     alloc::{Allocations, LbAlloc},
     dataplane::tables::{AclSpec, DnatSpec, RuleSnat},
     naming,
-    state::{
-        model::{Acl, AclAction, ListenerMode, LoadBalancer, Protocol, Scheduler},
-        names::{parse_cidr, parse_ip},
-    },
+    state::spec::{Acl, Lb, ListenerMode, Protocol, Scheduler},
 };
 
 /// Most slots one backend takes in a direct listener's table.
@@ -35,13 +32,13 @@ pub struct LbIfaces {
 
 /// A listener's ACL as the engine takes it.
 fn acl(a: &Acl) -> AclSpec {
-    AclSpec { allow: a.action == AclAction::Allow, cidrs: a.cidrs.iter().filter_map(|c| parse_cidr(c).ok()).collect() }
+    AclSpec { allow: a.allow, cidrs: a.cidrs.clone() }
 }
 
 /// `up(listener, backend)` says whether a direct listener's backend passes
 /// its health check (backends that are down get no new flows).
 pub fn rules(
-    lb: &LoadBalancer,
+    lb: &Lb,
     a: &LbAlloc,
     zone: u16,
     ifs: LbIfaces,
@@ -50,27 +47,22 @@ pub fn rules(
 ) -> (Vec<DnatSpec>, BTreeSet<String>) {
     let mut out = Vec::new();
     let mut keys = BTreeSet::new();
-    let Ok(vip) = parse_ip(&lb.network.ip) else { return (out, keys) };
+    let vip = lb.network.ip;
     let mut id = |key: String| {
         let id = alloc.rule_id(&key);
         keys.insert(key);
         id
     };
     for l in &lb.listeners {
-        let proto = l.kind.protocol().number();
+        let proto = l.protocol().number();
         let rule_id = id(naming::lb_listener_key(&lb.id, &l.id));
-        let (backends, snat_to) = match l.effective_mode() {
-            ListenerMode::Proxy => (vec![(a.outer, l.port as u16)], a.inner),
+        let (backends, snat_to) = match l.mode {
+            ListenerMode::Proxy => (vec![(a.outer, l.port)], a.inner),
             ListenerMode::Direct => {
-                let group = lb.backend_groups.iter().find(|g| g.id == l.backend_group);
                 let mut bs = Vec::new();
-                for b in group.map(|g| g.backends.as_slice()).unwrap_or_default() {
-                    let Ok(addr) = parse_ip(&b.address) else { continue };
-                    if !up(&l.id, &b.id) {
-                        continue;
-                    }
+                for b in l.group.backends.iter().filter(|b| up(&l.id, &b.id)) {
                     let slots = if l.scheduler == Some(Scheduler::Rr) { 1 } else { b.weight.min(MAX_WEIGHT_SLOTS) };
-                    bs.extend(std::iter::repeat_n((addr, b.port as u16), slots as usize));
+                    bs.extend(std::iter::repeat_n((b.addr, b.port), slots as usize));
                 }
                 (bs, vip)
             }
@@ -79,16 +71,16 @@ pub fn rules(
             zone,
             addr: vip,
             proto,
-            port: l.port as u16,
+            port: l.port,
             rule_id,
             backends,
             snat: Some(RuleSnat { ifindex: ifs.ovn, to: Some(snat_to), random: false }),
             acl: l.acl.as_ref().map(acl),
         });
     }
-    for g in &lb.backend_groups {
-        for b in &g.backends {
-            let (Some(port), Ok(addr)) = (a.ports.get(&b.id), parse_ip(&b.address)) else { continue };
+    for (_, b) in lb.backends() {
+        // Every backend has its port once `alloc.lb_ports` ran (`lb::ensure`).
+        if let Some(port) = a.ports.get(&b.id) {
             for p in Protocol::ALL {
                 let (proto, rule_id) = (p.number(), id(naming::lb_backend_key(&lb.id, &b.id, p)));
                 out.push(DnatSpec {
@@ -97,7 +89,7 @@ pub fn rules(
                     proto,
                     port: *port,
                     rule_id,
-                    backends: vec![(addr, b.port as u16)],
+                    backends: vec![(b.addr, b.port)],
                     snat: Some(RuleSnat { ifindex: ifs.proxy, to: Some(vip), random: false }),
                     acl: None,
                 });
@@ -115,7 +107,8 @@ mod tests {
     #[test]
     fn seed_rules_and_direct_listeners() {
         let s = load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap();
-        let lb = &s.load_balancers[0];
+        let d = crate::state::Desired::from_state(&s).unwrap();
+        let lb = d.lbs.values().next().unwrap();
         let mut a = Allocations::default();
         a.lb_addresses(&lb.id, &Default::default()).unwrap();
         a.lb_ports(&lb.id, &["b1", "b2", "d1"]).unwrap();

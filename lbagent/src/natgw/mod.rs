@@ -12,7 +12,7 @@ use crate::{
     alloc::Allocations,
     dataplane::engine::Engine,
     naming,
-    state::model::{NatGateway, QosPolicy},
+    state::spec::Gw,
     zone::{self, Site},
 };
 
@@ -29,9 +29,8 @@ fn site(name: &str) -> Site {
 pub fn ensure(
     engine: &mut Engine,
     bridge: &str,
-    gw: &NatGateway,
-    policies: &[QosPolicy],
-    prev: Option<&NatGateway>,
+    gw: &Gw,
+    prev: Option<&Gw>,
     alloc: &mut Allocations,
 ) -> Result<Vec<String>> {
     let mut changes = Vec::new();
@@ -52,7 +51,7 @@ pub fn ensure(
             changes.push(format!("flushed {n} flows of deleted rules"));
         }
     }
-    let q = qos::qos(gw, policies, rules::Ifaces { lan, ext }, alloc)?;
+    let q = qos::qos(gw, rules::Ifaces { lan, ext }, alloc)?;
     changes.extend(t.sync_qos(zone, &q.zone)?);
     alloc.release_qos(&naming::gw_qos_prefix(&gw.name), &q.keys);
     zone::release_unused_rules(engine, alloc, &site, &want.keys, &mut changes)?;
@@ -61,12 +60,12 @@ pub fn ensure(
     Ok(changes)
 }
 
-pub fn remove(engine: &mut Engine, prev: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>> {
+pub fn remove(engine: &mut Engine, name: &str, alloc: &mut Allocations) -> Result<Vec<String>> {
     let mut changes = Vec::new();
-    let site = site(&prev.name);
+    let site = site(name);
     zone::clear(engine, alloc, &site, &mut changes)?;
-    plumb::remove(&prev.name, &mut changes)?;
-    alloc.release_qos(&naming::gw_qos_prefix(&prev.name), &Default::default());
+    plumb::remove(name, &mut changes)?;
+    alloc.release_qos(&naming::gw_qos_prefix(name), &Default::default());
     zone::release(engine, alloc, &site, &mut changes)?;
     Ok(changes)
 }

@@ -14,14 +14,10 @@ use crate::{
         nl::{Nl, Route4},
         ovs, sysctl, veth,
     },
-    state::{
-        model::NatGateway,
-        names::{parse_cidr, parse_ip, parse_mac},
-    },
+    state::spec::{Gw, mac_text},
 };
 
-pub const LAN_IF: &str = "eth0";
-pub const EXT_IF: &str = "net1";
+pub use naming::{GW_EXT_IF as EXT_IF, GW_LAN_IF as LAN_IF};
 
 /// What `ensure` made: the gateway's interface indexes in its namespace,
 /// and the outcome of putting the host ends on their bridges — kept apart
@@ -33,7 +29,7 @@ pub struct Plumbed {
 }
 
 /// Ensures everything below the engine.
-pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<String>) -> Result<Plumbed> {
+pub fn ensure(gw: &Gw, integration_bridge: &str, changes: &mut Vec<String>) -> Result<Plumbed> {
     let ns = naming::gw_netns(&gw.name);
     if netns::create(&ns)? {
         changes.push(format!("created namespace {ns}"));
@@ -54,12 +50,8 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
     })?;
     // Before the addresses: a gratuitous ARP must find the port bridged.
     let bridges = ensure_bridges(gw, integration_bridge, changes);
-    let lan_ip = parse_ip(&gw.lan.ip).map_err(anyhow::Error::msg)?;
-    let lan_mac = parse_mac(&gw.lan.mac).map_err(anyhow::Error::msg)?;
-    let ext_gw = parse_ip(&gw.external.gateway).map_err(anyhow::Error::msg)?;
-    let eips: BTreeSet<Ipv4Addr> = gw.eips.iter().filter_map(|e| parse_ip(&e.ip).ok()).collect();
-    let routes: Vec<((Ipv4Addr, u8), Ipv4Addr)> =
-        gw.routes.iter().filter_map(|r| Some((parse_cidr(&r.cidr).ok()?, parse_ip(&r.via).ok()?))).collect();
+    let (lan_ip, lan_mac, ext_gw) = (gw.lan.ip, gw.lan.mac, gw.external.gateway);
+    let eips: BTreeSet<Ipv4Addr> = gw.eips.iter().map(|e| e.ip).collect();
     let ext_len = gw.external.prefix_len;
     let lan_len = gw.lan.prefix_len;
     let inner = netns::run_in(Some(&ns), || {
@@ -70,7 +62,7 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
         let ext = nl.must_index(EXT_IF)?;
         if nl.link_info(lan)?.1 != lan_mac {
             nl.set_mac(lan, lan_mac)?;
-            ch.push(format!("{LAN_IF} mac {}", gw.lan.mac));
+            ch.push(format!("{LAN_IF} mac {}", mac_text(&lan_mac)));
         }
         nl.set_up(lan)?;
         nl.set_up(ext)?;
@@ -95,10 +87,10 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
         sysctl::router(&[LAN_IF, EXT_IF])?;
         // Routes: default via the external gateway (onlink), VPC routes via eth0.
         let mut want = vec![Route4 { dst: Ipv4Addr::UNSPECIFIED, len: 0, via: Some(ext_gw), oif: ext, onlink: true }];
-        want.extend(routes.iter().map(|((dst, len), via)| Route4 {
-            dst: *dst,
-            len: *len,
-            via: Some(*via),
+        want.extend(gw.routes.iter().map(|r| Route4 {
+            dst: r.cidr.0,
+            len: r.cidr.1,
+            via: Some(r.via),
             oif: lan,
             onlink: false,
         }));
@@ -122,7 +114,7 @@ pub fn ensure(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<Strin
 
 /// The host ends on their bridges: `eth0`'s on the integration bridge,
 /// `net1`'s on the external OVS or Linux bridge.
-pub fn ensure_bridges(gw: &NatGateway, integration_bridge: &str, changes: &mut Vec<String>) -> Result<()> {
+pub fn ensure_bridges(gw: &Gw, integration_bridge: &str, changes: &mut Vec<String>) -> Result<()> {
     let (lan_host, ext_host) = naming::gw_host_veths(&gw.name);
     if ovs::ensure_port(integration_bridge, &lan_host, &naming::gw_lan_iface_id(&gw.name))? {
         changes.push(format!("{lan_host} on OVS bridge {integration_bridge}"));

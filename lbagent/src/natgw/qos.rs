@@ -25,10 +25,7 @@ use crate::{
     alloc::Allocations,
     dataplane::qos::QosZone,
     naming::{self, QosTarget},
-    state::{
-        model::{Direction, NatGateway, QosPolicy, QosRule},
-        names::{parse_cidr, parse_ip},
-    },
+    state::spec::{Direction, Gw, GwSide, QosMatch as Match, QosRule},
 };
 
 /// A rule instance as status shows it.
@@ -61,23 +58,21 @@ fn dir(d: Direction) -> u8 {
 }
 
 fn config(r: &QosRule) -> QosConfig {
-    qos_config(r.rate_mbps.micros(), r.burst_mb.mb_to_bytes())
+    qos_config(r.rate_bps, r.burst_bytes)
 }
 
 /// The interface a gateway rule acts on.
 pub fn interface(r: &QosRule) -> &'static str {
-    match (r.interface.as_deref(), r.direction) {
-        (Some(LAN_IF), _) => LAN_IF,
-        (Some(_), _) => EXT_IF,
-        (None, Direction::Egress) => EXT_IF,
-        (None, Direction::Ingress) => LAN_IF,
+    match r.side {
+        GwSide::Lan => LAN_IF,
+        GwSide::External => EXT_IF,
     }
 }
 
 /// The gateway's QoS entries, allocating buckets.
-pub fn qos(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, alloc: &mut Allocations) -> Result<GwQos> {
+pub fn qos(gw: &Gw, ifs: Ifaces, alloc: &mut Allocations) -> Result<GwQos> {
     let mut exhausted = None;
-    let q = build(gw, policies, ifs, &mut |k| {
+    let q = build(gw, ifs, &mut |k| {
         alloc.qos_bucket(k).unwrap_or_else(|e| {
             exhausted = Some(e);
             0
@@ -91,20 +86,17 @@ pub fn qos(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, alloc: &mut All
 
 /// The gateway's bound rules with their bucket ids as allocated (0 when
 /// not allocated yet), for status; allocates nothing.
-pub fn bound(gw: &NatGateway, policies: &[QosPolicy], alloc: &Allocations) -> Vec<Bound> {
+pub fn bound(gw: &Gw, alloc: &Allocations) -> Vec<Bound> {
     let ifs = Ifaces { lan: 0, ext: 0 };
-    build(gw, policies, ifs, &mut |k| alloc.qos_buckets.get(k).copied().unwrap_or(0))
-        .map(|q| q.bound)
-        .unwrap_or_default()
+    build(gw, ifs, &mut |k| alloc.qos_buckets.get(k).copied().unwrap_or(0)).map(|q| q.bound).unwrap_or_default()
 }
 
-fn build(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, id: &mut dyn FnMut(&str) -> u32) -> Result<GwQos> {
-    let policy = |name: &str| policies.iter().find(|p| p.name == name);
+fn build(gw: &Gw, ifs: Ifaces, id: &mut dyn FnMut(&str) -> u32) -> Result<GwQos> {
     let mut out = GwQos::default();
     let mut gw_rules: BTreeMap<(u32, u8), Vec<QosMatch>> = BTreeMap::new();
     for e in &gw.eips {
-        let Some(p) = e.qos_policy.as_deref().and_then(policy) else { continue };
-        let ip = parse_ip(&e.ip).map_err(anyhow::Error::msg)?;
+        let Some(p) = &e.policy else { continue };
+        let ip = e.ip;
         for d in [Direction::Ingress, Direction::Egress] {
             let Some(r) = p.rules.iter().filter(|r| r.direction == d).min_by_key(|r| (r.priority, r.name.clone()))
             else {
@@ -122,22 +114,22 @@ fn build(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, id: &mut dyn FnMu
                 rule: r.name.clone(),
                 direction: d,
                 interface: EXT_IF.into(),
-                rate_bps: r.rate_mbps.micros(),
-                burst_bytes: r.burst_mb.mb_to_bytes(),
+                rate_bps: r.rate_bps,
+                burst_bytes: r.burst_bytes,
             });
             out.keys.insert(k);
         }
     }
-    if let Some(p) = gw.qos_policy.as_deref().and_then(policy) {
+    if let Some(p) = &gw.policy {
         for r in &p.rules {
             let k = naming::gw_qos_key(&gw.name, QosTarget::Gateway, &p.name, &r.name);
             let bucket = id(&k);
             let ifname = interface(r);
             let ifindex = if ifname == LAN_IF { ifs.lan } else { ifs.ext };
-            let (kind, (addr, len)) = match r.matches.as_deref().and_then(|m| m.split_once(' ')) {
-                Some(("src", c)) => (QOS_MATCH_SRC, parse_cidr(c).map_err(anyhow::Error::msg)?),
-                Some(("dst", c)) => (QOS_MATCH_DST, parse_cidr(c).map_err(anyhow::Error::msg)?),
-                _ => (QOS_MATCH_ALL, (std::net::Ipv4Addr::UNSPECIFIED, 0)),
+            let (kind, (addr, len)) = match r.matches {
+                Match::Src(c) => (QOS_MATCH_SRC, c),
+                Match::Dst(c) => (QOS_MATCH_DST, c),
+                Match::All => (QOS_MATCH_ALL, (std::net::Ipv4Addr::UNSPECIFIED, 0)),
             };
             gw_rules.entry((ifindex, dir(r.direction))).or_default().push(QosMatch {
                 bucket,
@@ -156,8 +148,8 @@ fn build(gw: &NatGateway, policies: &[QosPolicy], ifs: Ifaces, id: &mut dyn FnMu
                 rule: r.name.clone(),
                 direction: r.direction,
                 interface: ifname.into(),
-                rate_bps: r.rate_mbps.micros(),
-                burst_bytes: r.burst_mb.mb_to_bytes(),
+                rate_bps: r.rate_bps,
+                burst_bytes: r.burst_bytes,
             });
             out.keys.insert(k);
         }

@@ -23,10 +23,7 @@ use crate::{
     alloc::Allocations,
     dataplane::tables::{DnatSpec, RuleSnat, SnatSpec},
     naming,
-    state::{
-        model::{DnatMode, NatGateway, Protocol},
-        names::{parse_cidr, parse_ip},
-    },
+    state::spec::{Cidr, DnatMode, Gw, Protocol},
 };
 
 /// SNAT port range for CIDR SNAT.
@@ -46,30 +43,25 @@ pub struct GwRules {
     pub keys: BTreeSet<String>,
 }
 
-fn eip_ip(gw: &NatGateway, name: &str) -> Option<Ipv4Addr> {
-    gw.eips.iter().find(|e| e.name == name).and_then(|e| parse_ip(&e.ip).ok())
-}
-
 /// CIDR SNATs as internal CIDR → EIP address.
-fn snats(gw: &NatGateway) -> BTreeMap<(Ipv4Addr, u8), Ipv4Addr> {
-    gw.snats.iter().filter_map(|s| Some((parse_cidr(&s.internal_cidr).ok()?, eip_ip(gw, &s.eip)?))).collect()
+fn snats(gw: &Gw) -> BTreeMap<Cidr, Ipv4Addr> {
+    gw.snats.iter().map(|s| (s.internal_cidr, s.eip.ip)).collect()
 }
 
 /// FIPs as (eip address, internal address).
-fn fips(gw: &NatGateway) -> Vec<(Ipv4Addr, Ipv4Addr)> {
-    gw.fips.iter().filter_map(|f| Some((eip_ip(gw, &f.eip)?, parse_ip(&f.internal_ip).ok()?))).collect()
+fn fips(gw: &Gw) -> Vec<(Ipv4Addr, Ipv4Addr)> {
+    gw.fips.iter().map(|f| (f.eip.ip, f.internal_ip)).collect()
 }
 
 /// A DNAT identity: (EIP address, protocol, external port).
-type Identity = (Ipv4Addr, Protocol, u32);
+type Identity = (Ipv4Addr, Protocol, u16);
 
 /// DNAT identities with their backends (sorted: stable indexes) and mode.
-fn identities(gw: &NatGateway) -> BTreeMap<Identity, (Vec<(Ipv4Addr, u16)>, DnatMode)> {
+fn identities(gw: &Gw) -> BTreeMap<Identity, (Vec<(Ipv4Addr, u16)>, DnatMode)> {
     let mut out: BTreeMap<_, (Vec<_>, DnatMode)> = BTreeMap::new();
     for d in &gw.dnats {
-        let (Some(eip), Ok(ip)) = (eip_ip(gw, &d.eip), parse_ip(&d.internal_ip)) else { continue };
-        let e = out.entry((eip, d.protocol, d.external_port)).or_default();
-        e.0.push((ip, d.internal_port as u16));
+        let e = out.entry((d.eip.ip, d.protocol, d.external_port)).or_default();
+        e.0.push((d.internal_ip, d.internal_port));
         e.1 = d.mode;
     }
     for (b, _) in out.values_mut() {
@@ -79,7 +71,7 @@ fn identities(gw: &NatGateway) -> BTreeMap<Identity, (Vec<(Ipv4Addr, u16)>, Dnat
     out
 }
 
-pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -> GwRules {
+pub fn rules(gw: &Gw, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -> GwRules {
     let mut r = GwRules::default();
     let mut id = |key: String, r: &mut GwRules| {
         let id = alloc.rule_id(&key);
@@ -116,7 +108,7 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
             zone,
             addr: eip,
             proto: p.number(),
-            port: port as u16,
+            port,
             rule_id,
             backends,
             snat: Some(RuleSnat::hairpin(ifs.lan)),
@@ -134,7 +126,7 @@ pub fn rules(gw: &NatGateway, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -
 }
 
 /// Rule ids whose flows must be flushed when `prev` becomes `next`.
-pub fn flushes(prev: &NatGateway, next: Option<&NatGateway>, alloc: &Allocations) -> BTreeSet<u32> {
+pub fn flushes(prev: &Gw, next: Option<&Gw>, alloc: &Allocations) -> BTreeSet<u32> {
     let id = |k: String| alloc.rule_ids.get(&k).copied();
     let mut out = BTreeSet::new();
     let next_fips = next.map(fips).unwrap_or_default();
@@ -167,10 +159,11 @@ pub fn flushes(prev: &NatGateway, next: Option<&NatGateway>, alloc: &Allocations
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Format, load_str};
+    use crate::state::{Format, load_str, spec::EipRef};
 
-    fn gw() -> NatGateway {
-        load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap().nat_gateways[0].clone()
+    fn gw() -> Gw {
+        let s = load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap();
+        crate::state::Desired::from_state(&s).unwrap().gws["gw1"].clone()
     }
 
     const IFS: Ifaces = Ifaces { lan: 2, ext: 3 };
@@ -214,11 +207,12 @@ mod tests {
         assert_eq!(f.len(), 3, "fip dnat + fip snat + snat: {f:?}");
         // Moving a SNAT to another EIP flushes it too.
         let mut next = prev.clone();
-        next.snats[0].eip = "eip1".into();
+        next.snats[0].eip =
+            next.eips.iter().find(|e| e.name == "eip1").map(|e| EipRef { name: e.name.clone(), ip: e.ip }).unwrap();
         assert!(flushes(&prev, Some(&next), &a).contains(&snat_id));
         // Deleting a DNAT identity flushes it; so does replacing an exclusive target.
         let mut next = prev.clone();
-        next.dnats[0].internal_ip = "10.10.0.99".into();
+        next.dnats[0].internal_ip = Ipv4Addr::new(10, 10, 0, 99);
         assert!(flushes(&prev, Some(&next), &a).contains(&ssh_id));
         next.dnats.remove(0);
         assert!(flushes(&prev, Some(&next), &a).contains(&ssh_id));
@@ -229,7 +223,8 @@ mod tests {
     #[test]
     fn fip_snat_beats_a_bare_ip_snat() {
         let mut g = gw();
-        g.snats.push(crate::state::model::Snat { eip: "eip2".into(), internal_cidr: "10.10.0.21".into() });
+        let eip2 = g.eips.iter().find(|e| e.name == "eip2").map(|e| EipRef { name: e.name.clone(), ip: e.ip }).unwrap();
+        g.snats.push(crate::state::spec::Snat { eip: eip2, internal_cidr: (Ipv4Addr::new(10, 10, 0, 21), 32) });
         let r = rules(&g, 5, IFS, &mut Allocations::default());
         let at_32: Vec<_> = r.snats.iter().filter(|s| s.cidr == (Ipv4Addr::new(10, 10, 0, 21), 32)).collect();
         assert_eq!(at_32.len(), 1);

@@ -14,7 +14,7 @@ use crate::{
     dataplane::{attach::AttachMode, engine::Engine},
     lb::{self, haproxy::Haproxy, health::Health},
     natgw,
-    state::model::{AgentConfig, ListenerMode, LoadBalancer, NatGateway, QosPolicy},
+    state::spec::{AgentConfig, Gw, Lb, ListenerMode},
 };
 
 pub struct Host {
@@ -39,7 +39,7 @@ impl Host {
 }
 
 impl Realizer for Host {
-    fn ensure_lb(&mut self, l: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>> {
+    fn ensure_lb(&mut self, l: &Lb, alloc: &mut Allocations) -> Result<Vec<String>> {
         let health = self.health.lock().unwrap();
         lb::ensure(&mut self.engine, &self.bridge, l, &health, alloc)
     }
@@ -51,7 +51,7 @@ impl Realizer for Host {
     /// haproxy serves the proxy-mode listeners of every applied load balancer.
     fn finish(&mut self, applied: &Applied, alloc: &Allocations) -> Result<Finish> {
         let lbs: Vec<_> = applied.lbs.values().filter_map(|l| Some((l, alloc.lbs.get(&l.id)?))).collect();
-        let any_proxy = lbs.iter().any(|(l, _)| l.listeners.iter().any(|x| x.effective_mode() == ListenerMode::Proxy));
+        let any_proxy = lbs.iter().any(|(l, _)| l.listeners.iter().any(|x| x.mode == ListenerMode::Proxy));
         if !any_proxy {
             let stopped = self.haproxy.stop()?;
             return Ok(Finish {
@@ -99,17 +99,11 @@ impl Realizer for Host {
         }
     }
 
-    fn ensure_gw(
-        &mut self,
-        gw: &NatGateway,
-        qos: &[QosPolicy],
-        prev: Option<&NatGateway>,
-        alloc: &mut Allocations,
-    ) -> Result<Vec<String>> {
-        natgw::ensure(&mut self.engine, &self.bridge, gw, qos, prev, alloc)
+    fn ensure_gw(&mut self, gw: &Gw, prev: Option<&Gw>, alloc: &mut Allocations) -> Result<Vec<String>> {
+        natgw::ensure(&mut self.engine, &self.bridge, gw, prev, alloc)
     }
 
-    fn remove_gw(&mut self, prev: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>> {
-        natgw::remove(&mut self.engine, prev, alloc)
+    fn remove_gw(&mut self, name: &str, alloc: &mut Allocations) -> Result<Vec<String>> {
+        natgw::remove(&mut self.engine, name, alloc)
     }
 }

@@ -7,10 +7,10 @@ use anyhow::Result;
 use serde::Serialize;
 use tracing::{error, info};
 
-use super::plan::{Applied, Desired, Kind, Reason, Spec, Step, plan};
+use super::plan::{Applied, Desired, Kind, Reason, Spec, Step, plan, spec};
 use crate::{
     alloc::{Allocations, store::JsonFile},
-    state::model::{AgentConfig, LoadBalancer, NatGateway, QosPolicy},
+    state::spec::{AgentConfig, Gw, Lb},
 };
 
 /// The part that makes the host match a spec. Each method must be safe to
@@ -33,18 +33,11 @@ pub trait Realizer {
     fn finish(&mut self, _applied: &Applied, _alloc: &Allocations) -> Result<Finish> {
         Ok(Finish::default())
     }
-    fn ensure_lb(&mut self, lb: &LoadBalancer, alloc: &mut Allocations) -> Result<Vec<String>>;
+    fn ensure_lb(&mut self, lb: &Lb, alloc: &mut Allocations) -> Result<Vec<String>>;
     fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
-    /// `qos`: the policies the gateway uses; `prev` the spec applied before
-    /// (for deciding which flows to flush).
-    fn ensure_gw(
-        &mut self,
-        gw: &NatGateway,
-        qos: &[QosPolicy],
-        prev: Option<&NatGateway>,
-        alloc: &mut Allocations,
-    ) -> Result<Vec<String>>;
-    fn remove_gw(&mut self, prev: &NatGateway, alloc: &mut Allocations) -> Result<Vec<String>>;
+    /// `prev`: the spec applied before (for deciding which flows to flush).
+    fn ensure_gw(&mut self, gw: &Gw, prev: Option<&Gw>, alloc: &mut Allocations) -> Result<Vec<String>>;
+    fn remove_gw(&mut self, name: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -78,7 +71,8 @@ impl<R: Realizer> Reconciler<R> {
     pub fn open(realizer: R, state_dir: &Path) -> Result<Self> {
         let alloc_file = JsonFile::new(state_dir, ALLOC_FILE);
         let applied_file = JsonFile::new(state_dir, APPLIED_FILE);
-        Ok(Reconciler { realizer, alloc: alloc_file.load()?, applied: applied_file.load()?, alloc_file, applied_file })
+        let applied = Applied::load(&applied_file)?;
+        Ok(Reconciler { realizer, alloc: alloc_file.load()?, applied, alloc_file, applied_file })
     }
 
     /// Brings the host to `desired`. Failed steps are reported and retried
@@ -130,13 +124,13 @@ impl<R: Realizer> Reconciler<R> {
     fn run(&mut self, step: &Step, desired: &Desired) -> Result<Vec<String>> {
         match step {
             Step::Ensure { kind, key, reason } => {
-                let spec = desired.spec(*kind, key).expect("planned ensures come from desired");
+                let spec = spec(desired, *kind, key).expect("planned ensures come from desired");
                 let prev = self.applied.gws.get(key).cloned();
                 self.applied.begin(key, spec);
                 self.persist()?;
                 let mut changes = match spec {
                     Spec::Lb(lb) => self.realizer.ensure_lb(lb, &mut self.alloc)?,
-                    Spec::Gw(gw, qos) => self.realizer.ensure_gw(gw, qos, prev.as_ref(), &mut self.alloc)?,
+                    Spec::Gw(gw) => self.realizer.ensure_gw(gw, prev.as_ref(), &mut self.alloc)?,
                 };
                 if *reason != Reason::Repair {
                     changes.insert(0, format!("{} {}", verb(*reason), kind.noun()));
@@ -147,11 +141,7 @@ impl<R: Realizer> Reconciler<R> {
             Step::Remove { kind, key } => {
                 let mut changes = match kind {
                     Kind::Lb => self.realizer.remove_lb(key, &mut self.alloc)?,
-                    Kind::Gw => {
-                        let prev = self.applied.gws.get(key).or_else(|| self.applied.partial_gws.get(key)).cloned();
-                        let prev = prev.expect("planned removals come from applied or partial");
-                        self.realizer.remove_gw(&prev, &mut self.alloc)?
-                    }
+                    Kind::Gw => self.realizer.remove_gw(key, &mut self.alloc)?,
                 };
                 changes.insert(0, format!("removed {}", kind.noun()));
                 self.applied.forget(*kind, key);

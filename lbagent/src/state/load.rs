@@ -3,7 +3,11 @@
 use std::path::Path;
 
 pub use super::problem::{Problem, Problems};
-use super::{model::StateFile, validate::validate};
+use super::{
+    model::StateFile,
+    spec::Desired,
+    validate::{validate, warnings},
+};
 
 fn one(path: impl Into<String>, message: impl Into<String>) -> Problems {
     Problems(vec![Problem { path: path.into(), message: message.into() }])
@@ -45,6 +49,35 @@ pub fn load_str(text: &str, format: Format) -> Result<StateFile, Problems> {
     let state = parse(text, format)?;
     let problems = validate(&state);
     if problems.is_empty() { Ok(state) } else { Err(Problems(problems)) }
+}
+
+/// A document the agent accepts: its typed state, and what validation
+/// accepted but warns about.
+#[derive(Clone, Debug)]
+pub struct Accepted {
+    /// The document as written.
+    pub state: StateFile,
+    pub desired: Desired,
+    pub warnings: Vec<Problem>,
+}
+
+impl Accepted {
+    /// `state` has passed `validate` (as `load_str`/`load_file` return it).
+    fn of(state: StateFile) -> Result<Accepted, Problems> {
+        let desired = Desired::convert(&state).map_err(|p| Problems(vec![p]))?;
+        Ok(Accepted { warnings: warnings(&state), state, desired })
+    }
+}
+
+/// Parses, validates and converts text.
+pub fn accept_str(text: &str, format: Format) -> Result<Accepted, Problems> {
+    Accepted::of(load_str(text, format)?)
+}
+
+/// Reads, parses, validates and converts a state file (what the daemon and
+/// `lbagent validate` accept).
+pub fn accept_file(path: &Path) -> Result<Accepted, Problems> {
+    Accepted::of(load_file(path)?)
 }
 
 /// Largest state file read (a document for thousands of objects is a few MB).

@@ -5,7 +5,9 @@ pub mod load;
 pub mod model;
 pub mod names;
 pub mod problem;
+pub mod spec;
 pub mod validate;
 
-pub use load::{Format, Problem, Problems, load_file, load_str};
+pub use load::{Accepted, Format, Problem, Problems, accept_file, accept_str, load_file, load_str};
 pub use model::StateFile;
+pub use spec::Desired;

@@ -1,7 +1,8 @@
 //! The state file (DESIGN §3): field names are the contract. Unknown fields
 //! are errors. Values are kept as written (strings for addresses and CIDRs) so
 //! validation can report every problem with its path instead of stopping at
-//! the first parse failure.
+//! the first parse failure. Validation turns it into `spec.rs`, the form
+//! everything downstream uses.
 
 use serde::{Deserialize, Serialize};
 
@@ -237,33 +238,6 @@ pub struct HealthCheck {
     pub path: Option<String>,
     #[serde(default)]
     pub expect_status: Option<u16>,
-}
-
-impl HealthCheck {
-    pub const DEFAULT_INTERVAL_S: u32 = 5;
-    pub const DEFAULT_RISE: u32 = 2;
-    pub const DEFAULT_FALL: u32 = 3;
-    pub const DEFAULT_TIMEOUT_S: u32 = 2;
-
-    /// Seconds between checks, the default applied.
-    pub fn interval_s(&self) -> u32 {
-        self.interval.unwrap_or(Self::DEFAULT_INTERVAL_S)
-    }
-
-    /// Successes to mark a backend up, the default applied.
-    pub fn rise(&self) -> u32 {
-        self.rise.unwrap_or(Self::DEFAULT_RISE)
-    }
-
-    /// Failures to mark a backend down, the default applied.
-    pub fn fall(&self) -> u32 {
-        self.fall.unwrap_or(Self::DEFAULT_FALL)
-    }
-
-    /// Seconds to wait for an answer, the default applied.
-    pub fn timeout_s(&self) -> u32 {
-        self.timeout.unwrap_or(Self::DEFAULT_TIMEOUT_S)
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -354,15 +354,18 @@ fn qos_policies<'a>(c: &mut Check, qs: &'a [QosPolicy]) -> HashMap<&'a str, &'a 
             }
             if q.binding == QosBinding::Natgw {
                 if let Some(i) = r.interface.as_deref()
-                    && i != "eth0"
-                    && i != "net1"
+                    && i != naming::GW_LAN_IF
+                    && i != naming::GW_EXT_IF
                 {
-                    c.err(format!("{rp}.interface"), format!("{i:?}: a gateway's interfaces are eth0 and net1"));
+                    c.err(
+                        format!("{rp}.interface"),
+                        format!("{i:?}: a gateway's interfaces are {} and {}", naming::GW_LAN_IF, naming::GW_EXT_IF),
+                    );
                 }
                 let ifname = match (r.interface.as_deref(), r.direction) {
                     (Some(i), _) => i,
-                    (None, Direction::Egress) => "net1",
-                    (None, Direction::Ingress) => "eth0",
+                    (None, Direction::Egress) => naming::GW_EXT_IF,
+                    (None, Direction::Ingress) => naming::GW_LAN_IF,
                 };
                 let n = per_hook.entry((ifname, r.direction)).or_default();
                 *n += 1;

@@ -1,0 +1,210 @@
+//! The last spec successfully applied per object, persisted in the state
+//! directory (`applied.json`), so objects deleted from the document while
+//! the agent was down are still found and torn down.
+//!
+//! Format 2 stores typed specs (`state::spec`). A file without a `format`
+//! field was written by an agent before typed specs (raw state-file objects
+//! plus the QoS policies of each gateway): it is converted on load; an
+//! object that no longer converts is kept as partial, so it is re-created
+//! when still wanted and torn down when not.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::{Result, bail};
+use serde::{Deserialize, Serialize, de::IgnoredAny};
+
+use super::plan::{Kind, Spec};
+use crate::{
+    alloc::store::JsonFile,
+    state::{
+        model,
+        spec::{Gw, Lb, QosPolicy},
+    },
+};
+
+/// The layout `save` writes.
+pub const APPLIED_FORMAT: u32 = 2;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Applied {
+    pub format: u32,
+    #[serde(default)]
+    pub lbs: BTreeMap<String, Lb>,
+    #[serde(default)]
+    pub gws: BTreeMap<String, Gw>,
+    /// Objects whose ensure started but has not succeeded (a failed step or a
+    /// crash mid-step may have left part of them on the host): removing them
+    /// from the document must still tear that part down.
+    #[serde(default)]
+    pub partial_lbs: BTreeSet<String>,
+    #[serde(default)]
+    pub partial_gws: BTreeSet<String>,
+}
+
+impl Default for Applied {
+    fn default() -> Self {
+        Applied {
+            format: APPLIED_FORMAT,
+            lbs: BTreeMap::new(),
+            gws: BTreeMap::new(),
+            partial_lbs: BTreeSet::new(),
+            partial_gws: BTreeSet::new(),
+        }
+    }
+}
+
+/// `applied.json` as agents before format 2 wrote it.
+#[derive(Deserialize)]
+struct Legacy {
+    #[serde(default)]
+    lbs: BTreeMap<String, model::LoadBalancer>,
+    #[serde(default)]
+    gws: BTreeMap<String, model::NatGateway>,
+    #[serde(default)]
+    partial_lbs: BTreeMap<String, IgnoredAny>,
+    #[serde(default)]
+    partial_gws: BTreeMap<String, IgnoredAny>,
+    #[serde(default)]
+    gw_qos: BTreeMap<String, Vec<model::QosPolicy>>,
+}
+
+impl Applied {
+    /// Reads the file (empty when absent), converting the legacy layout.
+    pub fn load(file: &JsonFile) -> Result<Applied> {
+        let v: serde_json::Value = file.load()?;
+        match v.get("format").and_then(|f| f.as_u64()) {
+            _ if v.is_null() => Ok(Applied::default()),
+            Some(f) if f == APPLIED_FORMAT as u64 => Ok(serde_json::from_value(v)?),
+            Some(f) => bail!("{}: format {f} is not one this agent reads ({APPLIED_FORMAT})", file.path().display()),
+            None => Ok(Self::from_legacy(serde_json::from_value(v)?)),
+        }
+    }
+
+    fn from_legacy(old: Legacy) -> Applied {
+        let mut a = Applied::default();
+        a.partial_lbs.extend(old.partial_lbs.into_keys());
+        a.partial_gws.extend(old.partial_gws.into_keys());
+        for (key, l) in old.lbs {
+            match Lb::from_model(&format!("applied load balancer {key}"), &l) {
+                Ok(spec) => {
+                    a.lbs.insert(key, spec);
+                }
+                Err(e) => {
+                    tracing::warn!("{e}: kept as partial (re-created if still wanted)");
+                    a.partial_lbs.insert(key);
+                }
+            }
+        }
+        for (key, g) in old.gws {
+            let policies = old.gw_qos.get(&key).map(Vec::as_slice).unwrap_or_default();
+            let resolve = |path: String, name: &Option<String>| {
+                let Some(name) = name else { return Ok(None) };
+                let p = policies.iter().find(|p| &p.name == name).ok_or_else(|| crate::state::Problem {
+                    path: path.clone(),
+                    message: format!("no QoS policy {name:?}"),
+                })?;
+                QosPolicy::from_model(&path, p).map(Some)
+            };
+            match Gw::from_model(&format!("applied NAT gateway {key}"), &g, &resolve) {
+                Ok(spec) => {
+                    a.gws.insert(key, spec);
+                }
+                Err(e) => {
+                    tracing::warn!("{e}: kept as partial (re-created if still wanted)");
+                    a.partial_gws.insert(key);
+                }
+            }
+        }
+        a
+    }
+}
+
+/// The bookkeeping of an object's life, the same for every kind: an ensure
+/// is recorded as partial before it touches the host (a failure or a crash
+/// halfway leaves a trace that removal can follow), as applied once it
+/// succeeded; a removal forgets both.
+impl Applied {
+    pub fn begin(&mut self, key: &str, spec: Spec) {
+        match spec {
+            Spec::Lb(_) => self.partial_lbs.insert(key.into()),
+            Spec::Gw(_) => self.partial_gws.insert(key.into()),
+        };
+    }
+
+    pub fn commit(&mut self, key: &str, spec: Spec) {
+        match spec {
+            Spec::Lb(l) => {
+                self.partial_lbs.remove(key);
+                self.lbs.insert(key.into(), l.clone());
+            }
+            Spec::Gw(g) => {
+                self.partial_gws.remove(key);
+                self.gws.insert(key.into(), g.clone());
+            }
+        }
+    }
+
+    pub fn forget(&mut self, kind: Kind, key: &str) {
+        match kind {
+            Kind::Lb => {
+                self.lbs.remove(key);
+                self.partial_lbs.remove(key);
+            }
+            Kind::Gw => {
+                self.gws.remove(key);
+                self.partial_gws.remove(key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Format, load_str, spec::Desired};
+
+    fn example() -> model::StateFile {
+        load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap()
+    }
+
+    #[test]
+    fn a_legacy_file_converts_to_the_same_specs_and_a_bad_object_becomes_partial() {
+        let s = example();
+        let want = Desired::from_state(&s).unwrap();
+        let gw = &s.nat_gateways[0];
+        let mut qos: Vec<model::QosPolicy> = s
+            .qos_policies
+            .iter()
+            .filter(|p| {
+                gw.qos_policy.as_ref() == Some(&p.name)
+                    || gw.eips.iter().any(|e| e.qos_policy.as_ref() == Some(&p.name))
+            })
+            .cloned()
+            .collect();
+        qos.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut broken = s.load_balancers[0].clone();
+        broken.id = "broken-lb-0000001".into();
+        broken.network.ip = "not an address".into();
+        let legacy = serde_json::json!({
+            "lbs": { s.load_balancers[0].id.clone(): s.load_balancers[0], broken.id.clone(): broken },
+            "gws": { gw.name.clone(): gw },
+            "partial_lbs": {},
+            "partial_gws": { "half-made": gw },
+            "gw_qos": { gw.name.clone(): qos },
+        });
+        let dir = std::env::temp_dir().join(format!("lbagent-applied-{}", std::process::id()));
+        let file = JsonFile::new(&dir, "applied.json");
+        file.save(&legacy).unwrap();
+        let a = Applied::load(&file).unwrap();
+        assert_eq!(a.lbs, want.lbs);
+        assert_eq!(a.gws, want.gws, "QoS policies resolved from gw_qos");
+        assert_eq!(a.partial_lbs, BTreeSet::from([broken.id.clone()]));
+        assert_eq!(a.partial_gws, BTreeSet::from(["half-made".to_string()]));
+        // Saved again in format 2, it reads back unchanged.
+        file.save(&a).unwrap();
+        assert_eq!(Applied::load(&file).unwrap(), a);
+        file.save(&serde_json::json!({"format": 9})).unwrap();
+        assert!(Applied::load(&file).unwrap_err().to_string().contains("format 9"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

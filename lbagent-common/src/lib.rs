@@ -28,9 +28,11 @@ macro_rules! pod {
 
 pub mod maps;
 pub mod qos;
+pub mod sched;
 
 pub use maps::*;
 pub use qos::*;
+pub use sched::*;
 
 /// Version of the pinned map layout; pins live under `<bpffs>/v<LAYOUT_VERSION>/`.
 pub const LAYOUT_VERSION: u32 = 2;

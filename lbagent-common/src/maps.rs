@@ -19,7 +19,7 @@ pub const MAP_NAT_CONFIG: &str = "nat_config";
 pub const MAP_COUNTERS: &str = "counters";
 pub const MAP_META: &str = "meta";
 pub const MAP_RULE_STATS: &str = "rule_stats";
-pub const ALL_MAPS: [&str; 18] = [
+pub const ALL_MAPS: [&str; 20] = [
     MAP_CT,
     MAP_CT_NEW,
     MAP_FRAGS,
@@ -38,6 +38,8 @@ pub const ALL_MAPS: [&str; 18] = [
     crate::qos::MAP_QOS_STATE,
     crate::qos::MAP_QOS_DROPS,
     crate::qos::MAP_QOS_STATS,
+    crate::sched::MAP_SCHED_TABLES,
+    crate::sched::MAP_SCHED_TURNS,
 ];
 
 /// Default sizes (`max_entries`). `ct` holds established flows, `ct_new`
@@ -190,7 +192,8 @@ pub struct DnatKey {
 pub struct DnatRule {
     /// Agent-assigned id, unique across zones; keys the backends.
     pub rule_id: u32,
-    /// Backends `0..backend_count` in `dnat_backends`; a flow picks one by hash.
+    /// Backends `0..backend_count` in `dnat_backends`; a flow picks one by
+    /// hash, or from the rule's scheduler table (`DNAT_F_SCHED_*`, `sched.rs`).
     pub backend_count: u32,
     /// With `DNAT_F_SNAT`: new flows of this rule that arrive on
     /// `snat_ifindex` (0 = any interface) and match no SNAT rule get their

@@ -31,6 +31,7 @@ mod qos;
 mod rewrite;
 mod route;
 mod rules;
+mod sched;
 mod verdict;
 
 use aya_ebpf::{macros::classifier, programs::TcContext};

@@ -2,7 +2,7 @@
 //! `lbagent_common::maps`; every map is pinned by name.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, HashOfMaps, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray},
     macros::btf_map,
 };
 use lbagent_common::*;
@@ -83,3 +83,13 @@ pub static QOS_DROPS: LruHashMap<QosDropKey, QosDrop, { QOS_DROPS_MAX as usize }
 /// QoS: per bucket, packets and bytes passed, marked and dropped.
 #[btf_map(name = "qos_stats", pin_by_name)]
 pub static QOS_STATS: Array<QosStats, { QOS_BUCKETS_MAX as usize }> = Array::new();
+
+/// Scheduler tables: rule id → its table (`lbagent_common::sched`).
+#[btf_map(name = "sched_tables", pin_by_name)]
+pub static SCHED_TABLES: HashOfMaps<u32, Array<Backend, { SCHED_TABLE_LEN as usize }>, { SCHED_TABLES_MAX as usize }> =
+    HashOfMaps::new();
+
+/// Round-robin positions, per CPU, by rule id (LRU: a deleted rule's
+/// position ages out).
+#[btf_map(name = "sched_turns", pin_by_name)]
+pub static SCHED_TURNS: LruPerCpuHashMap<u32, u32, { SCHED_TABLES_MAX as usize }> = LruPerCpuHashMap::new();

@@ -29,10 +29,16 @@ pub fn dnat(t: &Tuple, has_ports: bool) -> Option<DnatHit> {
             *unsafe { DNAT_RULES.get(&key) }?
         }
     };
-    if rule.backend_count == 0 {
+    // A local copy: the divisor below must stay provably non-zero after
+    // the scheduler's map lookups (which take pointers to locals).
+    let count = rule.backend_count;
+    if count == 0 {
         return None;
     }
-    let index = flow_hash(t) % rule.backend_count;
+    if let Some(backend) = crate::sched::pick(&rule, t) {
+        return Some(DnatHit { backend, rule });
+    }
+    let index = flow_hash(t) % count;
     // SAFETY: as above.
     let backend = *unsafe { DNAT_BACKENDS.get(&BackendKey { rule_id: rule.rule_id, index }) }?;
     Some(DnatHit { backend, rule })

@@ -132,6 +132,7 @@ impl Engine {
             backends: vec![(std::net::Ipv4Addr::new(10, 0, 2, 2), 5353)],
             snat: None,
             acl: None,
+            sched: None,
         })?;
         Ok(e)
     }

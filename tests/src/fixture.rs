@@ -40,6 +40,7 @@ pub fn dnat(proto: u8, port: u16, rule_id: u32, backends: &[([u8; 4], u16)]) -> 
         backends: backends.iter().map(|(x, p)| (a(*x), *p)).collect(),
         snat: None,
         acl: None,
+        sched: None,
     }
 }
 
@@ -149,6 +150,7 @@ pub fn fip(e: &Engine) {
             backends: vec![(a(SERVER2), 0)],
             snat: None,
             acl: None,
+            sched: None,
         })
         .unwrap();
     e.tables.set_snat(&snat((SERVER2, 32), FIP, (1024, 65535), false, 31)).unwrap();

@@ -98,6 +98,7 @@ impl NatTopology {
             backends: vec![(SERVER, to)],
             snat: None,
             acl: None,
+            sched: None,
         };
         tables.set_dnat(&rule(PROTO_TCP, 80, 1, 8080))?;
         tables.set_dnat(&rule(PROTO_UDP, 53, 2, 5353))?;

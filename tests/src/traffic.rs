@@ -288,6 +288,41 @@ pub fn udp_echo_forever(ns: &str, port: u16) -> Result<()> {
     Ok(())
 }
 
+/// UDP server answering every datagram, forever, with `<tag> <sender>`
+/// (which backend answered, as `line_echo_server` does for TCP).
+pub fn udp_tag_forever(ns: &str, port: u16, tag: &str) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let tag = tag.to_string();
+    spawn_in(ns, move || {
+        let s = UdpSocket::bind(("0.0.0.0", port))?;
+        tx.send(()).ok();
+        let mut buf = [0u8; 2048];
+        loop {
+            let (_, peer) = s.recv_from(&mut buf)?;
+            s.send_to(format!("{tag} {peer}").as_bytes(), peer)?;
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), anyhow::Error>(())
+    });
+    rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
+    Ok(())
+}
+
+/// One datagram from a fresh socket bound to address `from` (port chosen
+/// by the kernel: a new flow each time); returns the answer.
+pub fn udp_ask_from(ns: &str, from: Ipv4Addr, to: SocketAddr) -> Result<String> {
+    spawn_in(ns, move || {
+        let s = UdpSocket::bind((from, 0))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.send_to(b"who am i", to)?;
+        let mut buf = [0u8; 256];
+        let (n, _) = s.recv_from(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("client thread panicked"))?
+}
+
 /// UDP server answering every datagram, forever, with `<sender>\n` and the
 /// datagram's bytes: a large datagram comes back as large (fragmented both ways).
 pub fn udp_big_echo_forever(ns: &str, port: u16) -> Result<()> {

@@ -154,6 +154,7 @@ fn address_wide_dnat_keeps_ports() {
         backends: vec![(a(SERVER2), 0)],
         snat: None,
         acl: None,
+        sched: None,
     };
     e.tables.set_dnat(&fip).unwrap();
     let other = [203, 0, 113, 5];

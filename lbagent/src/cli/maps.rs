@@ -267,6 +267,31 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             }
             Value::Array(arr)
         }
+        MAP_SCHED_TABLES => {
+            // Each table summarised: how many of its slots each backend has.
+            let mut arr = Vec::new();
+            for rule in t.sched_rules()? {
+                let table = t.sched_table(rule)?.unwrap_or_default();
+                let mut slots: std::collections::BTreeMap<(std::net::Ipv4Addr, u16), u32> = Default::default();
+                for target in &table {
+                    *slots.entry(*target).or_default() += 1;
+                }
+                let list: Vec<String> = slots.iter().map(|((a, p), n)| format!("{a}:{p} {n}")).collect();
+                text += &format!("rule {rule:<6} {} slots: {}\n", table.len(), list.join(", "));
+                let backends: Vec<Value> =
+                    slots.iter().map(|((a, p), n)| json!({"addr": a.to_string(), "port": p, "slots": n})).collect();
+                arr.push(json!({"rule_id": rule, "size": table.len(), "backends": backends}));
+            }
+            Value::Array(arr)
+        }
+        MAP_SCHED_TURNS => {
+            let mut arr = Vec::new();
+            for (rule, per_cpu) in t.sched_turns()? {
+                text += &format!("rule {rule:<6} next position per CPU {per_cpu:?}\n");
+                arr.push(json!({"rule_id": rule, "per_cpu": per_cpu}));
+            }
+            Value::Array(arr)
+        }
         MAP_META => {
             text += &format!("layout_version {LAYOUT_VERSION}\n");
             json!({"layout_version": LAYOUT_VERSION})

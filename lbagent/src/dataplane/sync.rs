@@ -42,6 +42,13 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
         let same = have.iter().find(|(k, _, _)| *k == d.key()).is_some_and(|(_, r, bs)| {
             *r == d.rule() && bs.iter().map(|b| (Ipv4Addr::from(b.addr), b.port)).collect::<Vec<_>>() == d.backends
         });
+        // A scheduler table can change while the rule and its backends do
+        // not (a weight): its digest says.
+        let same = same
+            && match &d.sched {
+                None => true,
+                Some(s) => t.sched_digest(d.rule_id)? == Some(super::tables::table_digest(&s.table)),
+            };
         if !same {
             t.set_dnat(d)?;
             changes.push(format!("dnat {} proto {} port {} -> {:?}", d.addr, d.proto, d.port, d.backends));

@@ -6,6 +6,7 @@ pub mod haproxy;
 pub mod health;
 pub mod plumb;
 pub mod rules;
+pub mod sched;
 
 use anyhow::{Context, Result};
 

@@ -7,16 +7,17 @@
 //! | `-i h…0 -d inner --dport M -j DNAT --to addr:port` (+ `-o o…0 SNAT VIP`) | `dnat {inner, M}` (tcp and udp) → `addr:port`, rule SNAT on `h…0` to the VIP |
 //!
 //! Direct-mode listeners skip the proxy: `dnat {VIP, L}` → the group's
-//! backends (each repeated `weight` times; `rr` ignores weights), SNAT to the
+//! backends, picked by the listener's scheduler (`lb::sched`), SNAT to the
 //! VIP so the backend sees the VIP and replies come back through us.
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use crate::{
     alloc::{Allocations, LbAlloc},
-    dataplane::tables::{AclSpec, DnatSpec, RuleSnat},
+    dataplane::tables::{AclSpec, DnatSpec, RuleSnat, SchedKind, SchedSpec},
+    lb::sched,
     naming,
-    state::spec::{Acl, Lb, ListenerMode, Protocol, Scheduler},
+    state::spec::{Acl, Backend, Lb, Listener, ListenerMode, Protocol, Scheduler},
 };
 
 /// Most slots one backend takes in a direct listener's table.
@@ -33,6 +34,32 @@ pub struct LbIfaces {
 /// A listener's ACL as the engine takes it.
 fn acl(a: &Acl) -> AclSpec {
     AclSpec { allow: a.allow, cidrs: a.cidrs.clone() }
+}
+
+/// A direct listener's backends (those up) and its scheduler table:
+/// `sch`/`tch` a Maglev table, `rr`/`wrr` a round-robin sequence (each
+/// backend once in `backends`, the table does the weighting); without a
+/// scheduler (and for `wlc`, not built yet) new flows hash over the
+/// backends, each repeated by its weight (at most `MAX_WEIGHT_SLOTS`).
+fn direct_backends(l: &Listener, up: &dyn Fn(&str, &str) -> bool) -> (Vec<(Ipv4Addr, u16)>, Option<SchedSpec>) {
+    let live: Vec<&Backend> = l.group.backends.iter().filter(|b| up(&l.id, &b.id)).collect();
+    let kind = match l.scheduler {
+        Some(Scheduler::Sch) => Some(SchedKind::Source),
+        Some(Scheduler::Tch) => Some(SchedKind::Tuple),
+        Some(Scheduler::Rr | Scheduler::Wrr) => Some(SchedKind::Turn),
+        None | Some(Scheduler::Wlc) => None,
+    };
+    let Some(kind) = kind else {
+        let slots = |b: &Backend| b.weight.min(MAX_WEIGHT_SLOTS) as usize;
+        return (live.iter().flat_map(|b| std::iter::repeat_n((b.addr, b.port), slots(b))).collect(), None);
+    };
+    let weight = |b: &Backend| if l.scheduler == Some(Scheduler::Rr) { b.weight.min(1) } else { b.weight };
+    let members: Vec<sched::Member> =
+        live.iter().map(|b| sched::Member { id: &b.id, target: (b.addr, b.port), weight: weight(b) }).collect();
+    let table = if kind == SchedKind::Turn { sched::round_robin(&members) } else { sched::consistent(&members) };
+    let backends: Vec<(Ipv4Addr, u16)> = members.iter().filter(|m| m.weight > 0).map(|m| m.target).collect();
+    let sched = (!table.is_empty()).then(|| SchedSpec { kind, table: std::sync::Arc::new(table) });
+    (backends, sched)
 }
 
 /// `up(listener, backend)` says whether a direct listener's backend passes
@@ -56,15 +83,11 @@ pub fn rules(
     for l in &lb.listeners {
         let proto = l.protocol().number();
         let rule_id = id(naming::lb_listener_key(&lb.id, &l.id));
-        let (backends, snat_to) = match l.mode {
-            ListenerMode::Proxy => (vec![(a.outer, l.port)], a.inner),
+        let (backends, snat_to, sched) = match l.mode {
+            ListenerMode::Proxy => (vec![(a.outer, l.port)], a.inner, None),
             ListenerMode::Direct => {
-                let mut bs = Vec::new();
-                for b in l.group.backends.iter().filter(|b| up(&l.id, &b.id)) {
-                    let slots = if l.scheduler == Some(Scheduler::Rr) { 1 } else { b.weight.min(MAX_WEIGHT_SLOTS) };
-                    bs.extend(std::iter::repeat_n((b.addr, b.port), slots as usize));
-                }
-                (bs, vip)
+                let (backends, sched) = direct_backends(l, up);
+                (backends, vip, sched)
             }
         };
         out.push(DnatSpec {
@@ -76,6 +99,7 @@ pub fn rules(
             backends,
             snat: Some(RuleSnat { ifindex: ifs.ovn, to: Some(snat_to), random: false }),
             acl: l.acl.as_ref().map(acl),
+            sched,
         });
     }
     for (_, b) in lb.backends() {
@@ -92,6 +116,7 @@ pub fn rules(
                     backends: vec![(b.addr, b.port)],
                     snat: Some(RuleSnat { ifindex: ifs.proxy, to: Some(vip), random: false }),
                     acl: None,
+                    sched: None,
                 });
             }
         }
@@ -121,10 +146,21 @@ mod tests {
         assert_eq!(http.backends, vec![(la.outer, 80)]);
         assert_eq!(http.snat, Some(RuleSnat { ifindex: 2, to: Some(la.inner), random: false }));
         let direct = r.iter().find(|d| d.port == 5000).unwrap();
-        assert_eq!(direct.backends.len(), 3, "b1 weight 1 + b2 weight 2");
+        assert_eq!(direct.backends.len(), 2, "wrr: each backend once, the table weights them");
+        let sched = direct.sched.as_ref().expect("wrr has a round-robin table");
+        assert_eq!(sched.kind, SchedKind::Turn);
+        let b2 = sched.table.iter().filter(|t| **t == direct.backends[1]).count();
+        assert_eq!(b2 * 3 / sched.table.len(), 2, "b2 (weight 2) has two thirds of the turns");
+        let dns = r.iter().find(|d| d.port == 53).unwrap();
+        assert_eq!(dns.sched.as_ref().map(|s| s.kind), Some(SchedKind::Source), "sch: Maglev by source");
         assert_eq!(direct.snat.unwrap().to, Some(std::net::Ipv4Addr::new(10, 10, 0, 5)));
         let (down, _) = rules(lb, &la, 9, LbIfaces { ovn: 2, proxy: 3 }, &|_, b| b != "b2", &mut a);
-        assert_eq!(down.iter().find(|d| d.port == 5000).unwrap().backends.len(), 1, "b2 is down: only b1 left");
+        let direct = down.iter().find(|d| d.port == 5000).unwrap();
+        assert_eq!(direct.backends.len(), 1, "b2 is down: only b1 left");
+        assert!(
+            direct.sched.as_ref().unwrap().table.iter().all(|t| *t == direct.backends[0]),
+            "and only b1 in the table"
+        );
         let mapped = r.iter().filter(|d| d.addr == la.inner).count();
         assert_eq!(mapped, 6);
         assert!(r.iter().filter(|d| d.addr == la.inner).all(|d| d.snat.unwrap().ifindex == 3));

@@ -90,6 +90,7 @@ pub fn rules(gw: &Gw, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -> GwRule
             backends: vec![(*internal, 0)],
             snat: Some(RuleSnat::hairpin(ifs.lan)),
             acl: None,
+            sched: None,
         });
         let rule_id = id(naming::gw_fip_snat_key(&gw.name, *internal), &mut r);
         r.snats.push(SnatSpec {
@@ -113,6 +114,7 @@ pub fn rules(gw: &Gw, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -> GwRule
             backends,
             snat: Some(RuleSnat::hairpin(ifs.lan)),
             acl: None,
+            sched: None,
         });
     }
     for (cidr, eip) in snats(gw) {

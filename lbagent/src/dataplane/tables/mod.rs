@@ -2,18 +2,20 @@
 //! what operators read (conntrack, counters). Works without a loaded program.
 //! One file per concern, named as the program's modules: `rules` (DNAT, SNAT,
 //! ACL entries), `conntrack` (flows, fragments, flush, garbage collection),
-//! `counters`; QoS maps are in `dataplane/qos.rs`.
+//! `counters`, `sched` (scheduler tables); QoS maps are in `dataplane/qos.rs`.
 
 mod conntrack;
 mod counters;
 mod rules;
+mod sched;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use aya::maps::{Array, HashMap, Map, MapData};
 use lbagent_common::*;
-pub use rules::{AclSpec, DnatSpec, RuleSnat, SnatSpec};
+pub use rules::{AclSpec, DnatSpec, RuleSnat, SchedKind, SchedSpec, SnatSpec};
+pub use sched::table_digest;
 
 use super::pins;
 

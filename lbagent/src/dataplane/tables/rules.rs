@@ -24,6 +24,36 @@ pub struct DnatSpec {
     pub snat: Option<RuleSnat>,
     /// Which sources may open new flows through this rule; `None` = all.
     pub acl: Option<AclSpec>,
+    /// How new flows pick a backend: `None` = hash over `backends`.
+    pub sched: Option<SchedSpec>,
+}
+
+/// A scheduler table for a rule (`dataplane/tables/sched.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedSpec {
+    pub kind: SchedKind,
+    /// `SCHED_TABLE_SIZE` targets (`lb::sched` builds them).
+    pub table: std::sync::Arc<Vec<(Ipv4Addr, u16)>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedKind {
+    /// Maglev by source address.
+    Source,
+    /// Maglev by 5-tuple.
+    Tuple,
+    /// In turn (round robin, weighted by the table).
+    Turn,
+}
+
+impl SchedKind {
+    pub fn flag(self) -> u32 {
+        match self {
+            SchedKind::Source => DNAT_F_SCHED_SOURCE,
+            SchedKind::Tuple => DNAT_F_SCHED_TUPLE,
+            SchedKind::Turn => DNAT_F_SCHED_TURN,
+        }
+    }
 }
 
 /// A listener's ACL: with `allow`, only sources in `cidrs` open new flows;
@@ -112,7 +142,7 @@ impl DnatSpec {
             backend_count: self.backends.len() as u32,
             snat_ifindex,
             snat_addr,
-            flags: flags | acl_flags,
+            flags: flags | acl_flags | self.sched.as_ref().map_or(0, |s| s.kind.flag()),
             acl_digest,
         }
     }
@@ -201,10 +231,16 @@ impl Tables {
             let b = Backend { addr: addr.octets(), port: *port, _pad0: 0 };
             backends.insert(&BackendKey { rule_id: spec.rule_id, index: i as u32 }, &b, 0)?;
         }
+        if let Some(s) = &spec.sched {
+            self.set_sched_table(spec.rule_id, &s.table)?;
+        }
         let rule = spec.rule();
         rules.insert(&spec.key(), &rule, 0)?;
         self.set_acl(spec.rule_id, &acl_keys)?;
         if let Some(old) = old {
+            if old.flags & DNAT_F_SCHED_MASK != 0 && (old.rule_id != spec.rule_id || spec.sched.is_none()) {
+                self.remove_sched_table(old.rule_id)?;
+            }
             let start = if old.rule_id == spec.rule_id { spec.backends.len() as u32 } else { 0 };
             for index in start..old.backend_count {
                 let _ = backends.remove(&BackendKey { rule_id: old.rule_id, index });
@@ -225,6 +261,9 @@ impl Tables {
             }
             if old.flags & (DNAT_F_ACL_ALLOW | DNAT_F_ACL_DENY) != 0 {
                 self.set_acl(old.rule_id, &[])?;
+            }
+            if old.flags & DNAT_F_SCHED_MASK != 0 {
+                self.remove_sched_table(old.rule_id)?;
             }
         }
         Ok(())

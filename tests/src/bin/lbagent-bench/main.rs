@@ -24,9 +24,10 @@
 //!    of a matching rule (`qos.rs`).
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos` picks sections.
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,sched` picks sections.
 
 mod qos;
+mod sched;
 
 use std::{
     fmt::Write as _,
@@ -64,6 +65,7 @@ fn filler(zone: u16, n: usize) -> impl Iterator<Item = DnatSpec> {
         backends: vec![(Ipv4Addr::new(10, 9, 0, 1), 80)],
         snat: None,
         acl: None,
+        sched: None,
     })
 }
 
@@ -84,6 +86,7 @@ fn program_cost(counts: &[usize], reps: usize, out: &mut String) -> Result<()> {
             backends: vec![(SERVER, 5353)],
             snat: None,
             acl: None,
+            sched: None,
         })?;
         let udp = |dport| L4::Udp { sport: 4000, dport, payload: vec![0; 64], zero_csum: false };
         let udp_from = |sport, dport| L4::Udp { sport, dport, payload: vec![0; 64], zero_csum: false };
@@ -251,6 +254,7 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
             backends: vec![(SERVER, 5201)],
             snat: None,
             acl: None,
+            sched: None,
         })?;
     }
     for spec in filler(ZONE, 8) {
@@ -696,6 +700,9 @@ fn main() -> Result<()> {
         qos::qos(if quick { 1 } else { 2 }, &mut out)?;
     } else if want("qos-cost") {
         qos::cost(&mut out)?;
+    }
+    if want("sched") {
+        sched::sched(quick, &mut out)?;
     }
     eprintln!();
     println!("{out}");

@@ -1,0 +1,131 @@
+//! Section 9 of `cargo xtask bench`: direct-mode schedulers
+//! (`docs/schedulers.md`): the program's cost for a new flow per scheduler,
+//! table build and install times, and how many keys move when a backend
+//! joins or leaves.
+
+use std::{fmt::Write as _, net::Ipv4Addr, sync::Arc, time::Instant};
+
+use anyhow::Result;
+use lbagent::{
+    dataplane::tables::{DnatSpec, SchedKind, SchedSpec},
+    lb::sched::{self, Member},
+};
+use lbagent_common::PROTO_UDP;
+use lbagent_tests::{
+    engine::Engine,
+    packet::{Ip, L4, frame},
+    topology::{VIP, ZONE},
+};
+
+fn members(ids: &[String]) -> Vec<Member<'_>> {
+    ids.iter()
+        .enumerate()
+        .map(|(i, id)| Member {
+            id,
+            target: (Ipv4Addr::new(10, 8, (i / 250) as u8, (i % 250) as u8 + 1), 80),
+            weight: 1 + (i % 3) as u32,
+        })
+        .collect()
+}
+
+fn ids(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("backend-{i}")).collect()
+}
+
+fn moved(a: &[(Ipv4Addr, u16)], b: &[(Ipv4Addr, u16)]) -> f64 {
+    a.iter().zip(b).filter(|(x, y)| x != y).count() as f64 / a.len() as f64
+}
+
+/// New flows per scheduler: `n` first packets, each its own 5-tuple, through
+/// one rule with 10 backends; ns per packet including the test-run syscall
+/// (compare the rows: the syscall is the same in each).
+fn new_flow_cost(n: u32, out: &mut String) -> Result<()> {
+    writeln!(out, "\n### New-flow cost (BPF_PROG_TEST_RUN, {n} first packets each, 10 backends)\n")?;
+    writeln!(out, "| scheduler | ns per new flow (incl. syscall) |\n|---|---:|")?;
+    let id_list = ids(10);
+    let m = members(&id_list);
+    let kinds: [(&str, Option<SchedKind>); 4] = [
+        ("hash (none, wlc)", None),
+        ("sch (Maglev, source)", Some(SchedKind::Source)),
+        ("tch (Maglev, 5-tuple)", Some(SchedKind::Tuple)),
+        ("rr / wrr (in turn)", Some(SchedKind::Turn)),
+    ];
+    for (round, (name, kind)) in kinds.iter().enumerate() {
+        let mut e = Engine::new(ZONE)?;
+        let table = match kind {
+            Some(SchedKind::Turn) => sched::round_robin(&m),
+            Some(_) => sched::consistent(&m),
+            None => Vec::new(),
+        };
+        e.tables.set_dnat(&DnatSpec {
+            zone: ZONE,
+            addr: VIP,
+            proto: PROTO_UDP,
+            port: 53,
+            rule_id: 1,
+            backends: m.iter().map(|b| b.target).collect(),
+            snat: None,
+            acl: None,
+            sched: kind.map(|kind| SchedSpec { kind, table: Arc::new(table) }),
+        })?;
+        let frames: Vec<Vec<u8>> = (0..n)
+            .map(|i| {
+                let src = [10, 1 + round as u8, (i >> 8) as u8, i as u8];
+                let l4 =
+                    L4::Udp { sport: 1024 + (i % 60_000) as u16, dport: 53, payload: vec![0; 64], zero_csum: false };
+                frame(&Ip::new(src, VIP.octets()), &l4)
+            })
+            .collect();
+        let t = Instant::now();
+        for f in &frames {
+            e.run(f)?;
+        }
+        let ns = t.elapsed().as_nanos() as f64 / n as f64;
+        writeln!(out, "| {name} | {ns:.0} |")?;
+        eprint!(".");
+    }
+    Ok(())
+}
+
+pub fn sched(quick: bool, out: &mut String) -> Result<()> {
+    writeln!(out, "\n## 9. Direct-mode schedulers (`docs/schedulers.md`)\n")?;
+    writeln!(
+        out,
+        "Table of {} slots. Build: the pure builder (userspace); install: a fresh inner map written and swapped in.\n",
+        lbagent_common::SCHED_TABLE_SIZE
+    )?;
+    writeln!(
+        out,
+        "| backends | Maglev build ms | round-robin build ms | install ms | keys moved, one joins (ideal 1/(N+1)) | keys moved, one leaves |\n|---:|---:|---:|---:|---:|---:|"
+    )?;
+    let e = Engine::new(ZONE)?;
+    for n in [1usize, 100, 1000] {
+        let all = ids(n + 1);
+        let (m, m_plus) = (members(&all[..n]), members(&all));
+        let t = Instant::now();
+        let table = sched::maglev(&m);
+        let maglev_ms = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        let _ = sched::round_robin(&m);
+        let rr_ms = t.elapsed().as_secs_f64() * 1e3;
+        let t = Instant::now();
+        e.tables.set_sched_table(7, &table)?;
+        let install_ms = t.elapsed().as_secs_f64() * 1e3;
+        let joined = sched::maglev(&m_plus);
+        let mut fewer = m_plus.clone();
+        fewer.remove(n / 2);
+        let left = sched::maglev(&fewer);
+        writeln!(
+            out,
+            "| {n} | {maglev_ms:.1} | {rr_ms:.1} | {install_ms:.1} | {:.4} ({:.4}) | {:.4} |",
+            moved(&table, &joined),
+            1.0 / (n + 1) as f64,
+            moved(&joined, &left),
+        )?;
+        eprint!(".");
+    }
+    e.tables.remove_sched_table(7)?;
+    drop(e);
+    new_flow_cost(if quick { 5_000 } else { 20_000 }, out)?;
+    Ok(())
+}

@@ -377,6 +377,12 @@ load_balancers:
         port: 9000
         backend_group: g
         health_check: {{type: tcp, interval: 1, rise: 1, fall: 1, timeout: 1}}
+      - id: r
+        type: tcp
+        port: 9001
+        backend_group: g
+        scheduler: rr
+        health_check: {{type: tcp, interval: 1, rise: 1, fall: 1, timeout: 1}}
     backend_groups: [{{id: g, backends: [{{id: b1, address: 10.70.0.21, port: 9000}}, {{id: b2, address: 10.70.0.22, port: 9000}}]}}]
 ",
             bridge.name
@@ -388,10 +394,15 @@ load_balancers:
     // The load balancer's OVS port was added by the first apply; the
     // userspace datapath may take a moment before it forwards.
     wait(|| ask_tcp(&client.ns.name, vip).is_ok(), "the VIP answers");
-    let tags = |n| -> HashSet<String> {
-        (0..n).map(|_| ask_tcp(&client.ns.name, vip).unwrap().split(' ').next().unwrap().to_string()).collect()
+    // `r` schedules in turn (its table is rebuilt without a backend that is
+    // down, and with it again once it is back up).
+    let rr: std::net::SocketAddr = "10.70.0.5:9001".parse().unwrap();
+    let tags_of = |to, n| -> HashSet<String> {
+        (0..n).map(|_| ask_tcp(&client.ns.name, to).unwrap().split(' ').next().unwrap().to_string()).collect()
     };
+    let tags = |n| -> HashSet<String> { tags_of(vip, n).union(&tags_of(rr, n)).cloned().collect() };
     assert_eq!(tags(16), HashSet::from(["h21".to_string(), "h22".to_string()]));
+    assert_eq!(tags_of(rr, 8), HashSet::from(["h21".to_string(), "h22".to_string()]), "rr: in turn");
 
     // b2 goes dark: the check marks it down and new flows avoid it.
     b2.ns.exec(&["ip", "link", "set", "eth0", "down"]).unwrap();
@@ -404,6 +415,8 @@ load_balancers:
         "b2 down",
     );
     assert_eq!(tags(16), HashSet::from(["h21".to_string()]));
+    let table = env.cli(&["maps", "sched_tables"]);
+    assert!(table.contains("10.70.0.21:9000 16381") && !table.contains("10.70.0.22"), "b2 left the rr table: {table}");
 
     // Back up: it serves again.
     b2.ns.exec(&["ip", "link", "set", "eth0", "up"]).unwrap();

@@ -11,8 +11,8 @@
 //!   Maglev's permutation walk (`maglev`, kept for comparison) moves up to
 //!   2.2/N at 100 backends. Like Maglev, the table depends only on the set
 //!   of backends, so every agent builds the same one.
-//! - `rr` / `wrr`: a **smooth weighted round robin** sequence (each pick goes
-//!   to the backend with the most accumulated credit), which the program
+//! - `rr` / `wrr`: a **weighted round-robin** sequence (stride scheduling:
+//!   each turn goes to the backend that is most due), which the program
 //!   walks with a per-CPU position: new flows go to the backends in turn, in
 //!   proportion to their weights (`rr`: all weights 1), interleaved rather
 //!   than in bursts.
@@ -69,19 +69,26 @@ fn consistent_sized(members: &[Member], m: usize) -> Table {
         return Vec::new();
     }
     let seeds: Vec<u64> = live.iter().map(|b| fnv1a(0x5bd1_e995, b.id)).collect();
-    let equal = live.iter().all(|b| b.weight == live[0].weight);
+    // Within one weight the highest hash wins (ln is monotone), so only
+    // each weight's winner needs its score computed: a few logarithms per
+    // slot however many backends.
+    let mut by_weight: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
+    for (i, b) in live.iter().enumerate() {
+        by_weight.entry(b.weight).or_default().push(i);
+    }
     let hash = |i: usize, s: usize| mix64(seeds[i] ^ (s as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     (0..m)
         .map(|s| {
-            let best = if equal {
-                (0..live.len()).max_by_key(|&i| (hash(i, s), i))
-            } else {
+            let mut best: Option<(f64, usize)> = None;
+            for (w, class) in &by_weight {
+                let Some((h, i)) = class.iter().map(|&i| (hash(i, s), i)).max() else { continue };
                 // u in (0, 1]; ln(u) / w is highest for the backend that wins.
-                let score =
-                    |i: usize| (((hash(i, s) >> 11) + 1) as f64 / (1u64 << 53) as f64).ln() / live[i].weight as f64;
-                (0..live.len()).max_by(|&a, &b| score(a).total_cmp(&score(b)))
-            };
-            live[best.unwrap_or(0)].target
+                let score = (((h >> 11) + 1) as f64 / (1u64 << 53) as f64).ln() / *w as f64;
+                if best.is_none_or(|(b, _)| score > b) {
+                    best = Some((score, i));
+                }
+            }
+            live[best.map_or(0, |(_, i)| i)].target
         })
         .collect()
 }
@@ -139,28 +146,48 @@ fn maglev_sized(members: &[Member], m: usize) -> Table {
     slot.into_iter().map(|i| live[i.unwrap_or(0)].target).collect()
 }
 
-/// The round-robin sequence of `members`: smooth weighted round robin,
-/// repeated to fill the table.
+/// The round-robin sequence of `members`, weighted and interleaved (stride
+/// scheduling): the next turn goes to the backend whose `(turns + 1) /
+/// weight` is lowest (ties to the first listed), so any run of Σweights
+/// turns gives each backend exactly its weight. O(size · log N).
 pub fn round_robin(members: &[Member]) -> Table {
     let live: Vec<&Member> = members.iter().filter(|b| b.weight > 0).collect();
     if live.is_empty() {
         return Vec::new();
     }
-    let total: i64 = live.iter().map(|b| b.weight as i64).sum();
-    let mut current = vec![0i64; live.len()];
+    let mut heap: std::collections::BinaryHeap<Turn> =
+        live.iter().enumerate().map(|(i, b)| Turn { next: 1, weight: b.weight as u64, index: i }).collect();
     (0..SCHED_TABLE_SIZE)
         .map(|_| {
-            let mut best = 0;
-            for (i, b) in live.iter().enumerate() {
-                current[i] += b.weight as i64;
-                if current[i] > current[best] {
-                    best = i;
-                }
-            }
-            current[best] -= total;
-            live[best].target
+            let mut t = heap.pop().expect("one live member at least");
+            let target = live[t.index].target;
+            t.next += 1;
+            heap.push(t);
+            target
         })
         .collect()
+}
+
+/// A backend's place in the round-robin: its next turn is due at
+/// `next / weight` (a max-heap, so the order is reversed: earliest first).
+#[derive(PartialEq, Eq)]
+struct Turn {
+    next: u64,
+    weight: u64,
+    index: usize,
+}
+
+impl Ord for Turn {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // self.next / self.weight vs other.next / other.weight, exactly.
+        (other.next * self.weight).cmp(&(self.next * other.weight)).then(other.index.cmp(&self.index))
+    }
+}
+
+impl PartialOrd for Turn {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 #[cfg(test)]

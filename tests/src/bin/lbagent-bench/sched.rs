@@ -46,8 +46,8 @@ fn new_flow_cost(n: u32, out: &mut String) -> Result<()> {
     let m = members(&id_list);
     let kinds: [(&str, Option<SchedKind>); 4] = [
         ("hash (none, wlc)", None),
-        ("sch (Maglev, source)", Some(SchedKind::Source)),
-        ("tch (Maglev, 5-tuple)", Some(SchedKind::Tuple)),
+        ("sch (table, source)", Some(SchedKind::Source)),
+        ("tch (table, 5-tuple)", Some(SchedKind::Tuple)),
         ("rr / wrr (in turn)", Some(SchedKind::Turn)),
     ];
     for (round, (name, kind)) in kinds.iter().enumerate() {
@@ -91,41 +91,51 @@ pub fn sched(quick: bool, out: &mut String) -> Result<()> {
     writeln!(out, "\n## 9. Direct-mode schedulers (`docs/schedulers.md`)\n")?;
     writeln!(
         out,
-        "Table of {} slots. Build: the pure builder (userspace); install: a fresh inner map written and swapped in.\n",
+        "Tables of {} slots. Build: the pure builders (weights 1-3); install: a fresh inner map written and \
+         swapped in. Keys moved (equal weights): the share of slots whose backend changes when one backend joins \
+         (ideal 1/(N+1)) or one in the middle leaves; `sch`/`tch` use the consistent (rendezvous-filled) table, \
+         Maglev's permutation fill is shown for comparison.\n",
         lbagent_common::SCHED_TABLE_SIZE
     )?;
     writeln!(
         out,
-        "| backends | Maglev build ms | round-robin build ms | install ms | keys moved, one joins (ideal 1/(N+1)) | keys moved, one leaves |\n|---:|---:|---:|---:|---:|---:|"
+        "| backends | consistent build ms | Maglev build ms | round-robin build ms | install ms | moved on join: consistent / Maglev (ideal) | moved on leave: consistent / Maglev |\n|---:|---:|---:|---:|---:|---:|---:|"
     )?;
     let e = Engine::new(ZONE)?;
     for n in [1usize, 100, 1000] {
         let all = ids(n + 1);
-        let (m, m_plus) = (members(&all[..n]), members(&all));
-        let t = Instant::now();
-        let table = sched::maglev(&m);
-        let maglev_ms = t.elapsed().as_secs_f64() * 1e3;
-        let t = Instant::now();
-        let _ = sched::round_robin(&m);
-        let rr_ms = t.elapsed().as_secs_f64() * 1e3;
+        let m = members(&all[..n]);
+        let time = |f: &dyn Fn() -> Vec<(Ipv4Addr, u16)>| {
+            let t = Instant::now();
+            let table = f();
+            (table, t.elapsed().as_secs_f64() * 1e3)
+        };
+        let (table, consistent_ms) = time(&|| sched::consistent(&m));
+        let (_, maglev_ms) = time(&|| sched::maglev(&m));
+        let (_, rr_ms) = time(&|| sched::round_robin(&m));
         let t = Instant::now();
         e.tables.set_sched_table(7, &table)?;
         let install_ms = t.elapsed().as_secs_f64() * 1e3;
-        let joined = sched::maglev(&m_plus);
-        let mut fewer = m_plus.clone();
+        // Equal weights for the moved columns (the ideal is then 1/(N+1)).
+        let equal =
+            |k: usize| -> Vec<Member> { members(&all[..k]).into_iter().map(|b| Member { weight: 1, ..b }).collect() };
+        let (small, big) = (equal(n), equal(n + 1));
+        let mut fewer = big.clone();
         fewer.remove(n / 2);
-        let left = sched::maglev(&fewer);
+        let mv = |f: fn(&[Member]) -> Vec<(Ipv4Addr, u16)>| {
+            let b = f(&big);
+            (moved(&f(&small), &b), moved(&b, &f(&fewer)))
+        };
+        let (cj, cl) = mv(sched::consistent);
+        let (mj, ml) = mv(sched::maglev);
         writeln!(
             out,
-            "| {n} | {maglev_ms:.1} | {rr_ms:.1} | {install_ms:.1} | {:.4} ({:.4}) | {:.4} |",
-            moved(&table, &joined),
+            "| {n} | {consistent_ms:.1} | {maglev_ms:.1} | {rr_ms:.1} | {install_ms:.1} | {cj:.4} / {mj:.4} ({:.4}) | {cl:.4} / {ml:.4} |",
             1.0 / (n + 1) as f64,
-            moved(&joined, &left),
         )?;
         eprint!(".");
     }
     e.tables.remove_sched_table(7)?;
     drop(e);
-    new_flow_cost(if quick { 5_000 } else { 20_000 }, out)?;
-    Ok(())
+    new_flow_cost(if quick { 5_000 } else { 20_000 }, out)
 }

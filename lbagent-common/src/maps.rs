@@ -19,7 +19,7 @@ pub const MAP_NAT_CONFIG: &str = "nat_config";
 pub const MAP_COUNTERS: &str = "counters";
 pub const MAP_META: &str = "meta";
 pub const MAP_RULE_STATS: &str = "rule_stats";
-pub const ALL_MAPS: [&str; 20] = [
+pub const ALL_MAPS: [&str; 21] = [
     MAP_CT,
     MAP_CT_NEW,
     MAP_FRAGS,
@@ -40,6 +40,7 @@ pub const ALL_MAPS: [&str; 20] = [
     crate::qos::MAP_QOS_STATS,
     crate::sched::MAP_SCHED_TABLES,
     crate::sched::MAP_SCHED_TURNS,
+    crate::sched::MAP_SCHED_ACTIVE,
 ];
 
 /// Default sizes (`max_entries`). `ct` holds established flows, `ct_new`

@@ -198,6 +198,9 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
         state = CT_REPLIED;
     }
     let changed = state != e.state;
+    if changed && state == CT_CLOSING {
+        crate::sched::flow_closing(e, &p.tuple);
+    }
     if changed || refresh {
         e.state = state;
         e.last_seen_ns = now;

@@ -19,6 +19,7 @@
 // lint fires on that generated function and cannot be silenced on it alone.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+mod atomic;
 mod conntrack;
 mod counters;
 mod egress;

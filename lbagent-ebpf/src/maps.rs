@@ -93,3 +93,8 @@ pub static SCHED_TABLES: HashOfMaps<u32, Array<Backend, { SCHED_TABLE_LEN as usi
 /// position ages out).
 #[btf_map(name = "sched_turns", pin_by_name)]
 pub static SCHED_TURNS: LruPerCpuHashMap<u32, u32, { SCHED_TABLES_MAX as usize }> = LruPerCpuHashMap::new();
+
+/// Least-connection rules: weight and active flows per backend
+/// (`lbagent_common::sched::Active`).
+#[btf_map(name = "sched_active", pin_by_name)]
+pub static SCHED_ACTIVE: HashMap<ActiveKey, Active, { SCHED_ACTIVE_MAX as usize }> = HashMap::new();

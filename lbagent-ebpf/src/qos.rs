@@ -223,7 +223,7 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32) -> bool {
         } else {
             // SAFETY: as above. The plain atomic add of kernel 5.10 (not a
             // fetch-add, 5.12+); the static check of the object guards that.
-            add(unsafe { &raw mut (*st).clock_ns }, cost);
+            unsafe { crate::atomic::add(&raw mut (*st).clock_ns, cost) };
         }
     }
     count(bucket, outcome, len);
@@ -307,14 +307,6 @@ fn mark_ce(ctx: &TcContext, _p: &Head) -> bool {
     ctx.l3_csum_replace(ETH_LEN + IP_CSUM, u16::from_ne_bytes(word) as u64, u16::from_ne_bytes(new) as u64, 2).is_ok()
 }
 
-/// Adds `v` to `*p` with the 5.10 atomic add (result unused).
-#[inline(always)]
-fn add(p: *mut u64, v: u64) {
-    // SAFETY: `p` points into a map value valid for the program run; the
-    // unused result makes this a plain `lock +=`.
-    unsafe { core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, v) };
-}
-
 /// Counts the packet in the bucket's stats (shared by all CPUs: atomic adds).
 #[inline(always)]
 fn count(bucket: u32, outcome: Outcome, bytes: u64) {
@@ -330,20 +322,25 @@ fn count(bucket: u32, outcome: Outcome, bytes: u64) {
             &raw mut (*s).dropped_bytes,
         )
     };
-    match outcome {
-        Outcome::Dropped => {
-            add(dp, 1);
-            add(db, bytes);
-        }
-        Outcome::Marked => {
-            add(mp, 1);
-            add(mb, bytes);
-            add(pp, 1);
-            add(pb, bytes);
-        }
-        Outcome::Passed => {
-            add(pp, 1);
-            add(pb, bytes);
+    use crate::atomic::add;
+    // SAFETY: the six pointers are aligned u64 fields of the live stats
+    // value; every CPU adds to them, hence the atomic adds.
+    unsafe {
+        match outcome {
+            Outcome::Dropped => {
+                add(dp, 1);
+                add(db, bytes);
+            }
+            Outcome::Marked => {
+                add(mp, 1);
+                add(mb, bytes);
+                add(pp, 1);
+                add(pb, bytes);
+            }
+            Outcome::Passed => {
+                add(pp, 1);
+                add(pb, bytes);
+            }
         }
     }
 }

@@ -35,7 +35,8 @@ pub fn dnat(t: &Tuple, has_ports: bool) -> Option<DnatHit> {
     if count == 0 {
         return None;
     }
-    if let Some(backend) = crate::sched::pick(&rule, t) {
+    let backend = crate::sched::pick(&rule, t);
+    if backend.addr != [0; 4] {
         return Some(DnatHit { backend, rule });
     }
     let index = flow_hash(t) % count;

@@ -9,6 +9,12 @@
 //!   map): no two CPUs write one counter, so no atomics are needed (Linux
 //!   5.10 has no fetching atomic add) and each CPU walks the weighted
 //!   sequence in turn on its own; together they still honour the weights.
+//! - `DNAT_F_SCHED_LEAST`: no table; the backend of `dnat_backends` with the
+//!   fewest active flows per weight (`sched_active`), ties to the first.
+//!   Counts move with atomic adds when a flow opens (`flow_opened`) and
+//!   when it starts closing (`flow_closing`); two CPUs opening flows at
+//!   once may both pick the same backend (one flow of imbalance); the agent
+//!   recounts from conntrack on every repair pass.
 //!
 //! The agent replaces a table by inserting a new inner map under the rule
 //! id: one map update, so a lookup sees the old table or the new one.
@@ -16,18 +22,23 @@
 use lbagent_common::*;
 
 use crate::{
-    maps::{SCHED_TABLES, SCHED_TURNS},
+    maps::{DNAT_BACKENDS, SCHED_ACTIVE, SCHED_TABLES, SCHED_TURNS},
     rules::flow_hash,
 };
 
-/// The backend the rule's table gives a new flow `t`; `None` when the rule
-/// has no scheduler (or its table is not there: the caller falls back to
-/// the plain hash over `dnat_backends`).
+/// The backend the rule's scheduler gives a new flow `t`; all zero (no
+/// backend has address 0.0.0.0) when the rule has no scheduler or its table
+/// is not there: the caller then falls back to the plain hash over
+/// `dnat_backends`. Not an `Option`: LLVM leaves the payload of a `None`
+/// undefined, and a register holding it fails the verifier when copied.
 #[inline(always)]
-pub fn pick(rule: &DnatRule, t: &Tuple) -> Option<Backend> {
+pub fn pick(rule: &DnatRule, t: &Tuple) -> Backend {
     let sched = rule.flags & DNAT_F_SCHED_MASK;
     if sched == 0 {
-        return None;
+        return Backend::default();
+    }
+    if sched == DNAT_F_SCHED_LEAST {
+        return least(rule);
     }
     let slot = if sched == DNAT_F_SCHED_SOURCE {
         source_hash(t.saddr) % SCHED_TABLE_SIZE
@@ -40,7 +51,10 @@ pub fn pick(rule: &DnatRule, t: &Tuple) -> Option<Backend> {
     let rule_id = rule.rule_id;
     // SAFETY: the inner table is only replaced whole (never written in
     // place) and its values are plain data, copied out at once.
-    unsafe { SCHED_TABLES.get_value(&rule_id, &slot) }.copied()
+    match unsafe { SCHED_TABLES.get_value(&rule_id, &slot) } {
+        Some(b) => *b,
+        None => Backend::default(),
+    }
 }
 
 /// This CPU's position for `rule_id`, moved on by one.
@@ -69,4 +83,70 @@ fn source_hash(saddr: [u8; 4]) -> u32 {
     h ^= h >> 16;
     h = h.wrapping_mul(0x85eb_ca6b);
     h ^ (h >> 13)
+}
+
+/// The backend with the fewest active flows per weight (all zero: none).
+#[inline(always)]
+fn least(rule: &DnatRule) -> Backend {
+    let rule_id = rule.rule_id;
+    let n = rule.backend_count;
+    let mut best = Backend::default();
+    let mut found = false;
+    let (mut best_active, mut best_weight) = (0u64, 1u64);
+    for index in 0..SCHED_LEAST_MAX {
+        if index >= n {
+            break;
+        }
+        // SAFETY: plain data, copied out at once.
+        let Some(b) = (unsafe { DNAT_BACKENDS.get(&BackendKey { rule_id, index }) }).copied() else { continue };
+        let key = ActiveKey { rule_id, addr: b.addr, port: b.port, _pad0: 0 };
+        // SAFETY: as above (`active` may be added to meanwhile: a torn
+        // read is impossible for an aligned 8-byte field).
+        let Some(a) = (unsafe { SCHED_ACTIVE.get(&key) }).copied() else { continue };
+        if a.weight == 0 {
+            continue;
+        }
+        let active = if a.active < 0 { 0 } else { a.active as u64 };
+        let weight = a.weight as u64;
+        // active / weight < best_active / best_weight, without division.
+        if !found || active * best_weight < best_active * weight {
+            best = b;
+            found = true;
+            best_active = active;
+            best_weight = weight;
+        }
+    }
+    best
+}
+
+/// Adds `delta` to a least-connection backend's active flows (if the rule
+/// counts them).
+#[inline(always)]
+fn add_active(rule_id: u32, addr: [u8; 4], port: u16, delta: i64) {
+    let key = ActiveKey { rule_id, addr, port, _pad0: 0 };
+    if let Some(p) = SCHED_ACTIVE.get_ptr_mut(&key) {
+        // SAFETY: `p` points at a live map value whose first field is the
+        // 8-byte aligned `active`; other CPUs add to it concurrently, hence
+        // the atomic add.
+        unsafe { crate::atomic::add(p.cast::<u64>(), delta as u64) };
+    }
+}
+
+/// A new flow of a least-connection rule went to `backend` (address, port
+/// as translated).
+#[inline(always)]
+pub fn flow_opened(rule: u32, addr: [u8; 4], port: u16) {
+    add_active(rule, addr, port, 1);
+}
+
+/// A flow started closing: if its rule counts active flows, the backend has
+/// one fewer. `e` is the entry of the direction the packet took, `t` the
+/// packet's tuple (for a reply, its source is the backend).
+#[inline(always)]
+pub fn flow_closing(e: &CtEntry, t: &Tuple) {
+    if e.dnat_rule == 0 {
+        return;
+    }
+    let (addr, port) = if e.flags & CT_F_REPLY != 0 { (t.saddr, t.sport) } else { (e.xlate.daddr, e.xlate.dport) };
+    add_active(e.dnat_rule, addr, port, -1);
 }

@@ -42,3 +42,12 @@ pub fn require_root() -> bool {
     }
     true
 }
+
+/// Polls `f` every 100 ms until it holds; panics naming `what` after 15 s.
+pub fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(15), "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -131,12 +131,8 @@ impl Drop for Env {
     }
 }
 
-fn wait(mut f: impl FnMut() -> bool, what: &str) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait(f: impl FnMut() -> bool, what: &str) {
+    lbagent_tests::wait_for(f, what)
 }
 
 /// The parts of the status that describe what runs (not timestamps).

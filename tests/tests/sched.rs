@@ -67,7 +67,7 @@ fn sched_bed() -> Option<SchedBed> {
 
 impl SchedBed {
     /// Listeners (tcp and udp on each port): 7001 `sch`, 7002 `tch`, 7003
-    /// `rr`, 7004 `wrr` (weights 1, 2, 3 on `.21`–`.23`). `members`: the
+    /// `rr`, 7004 `wrr` (weights 1, 2, 3 on `.21`–`.23`), 7005 `wlc`. `members`: the
     /// backends of the equal-weight group.
     fn apply(&mut self, members: &[u8]) {
         let group: String =
@@ -81,6 +81,8 @@ impl SchedBed {
                  type: udp, port: {port}, backend_group: equdp, scheduler: {s}}}\n"
             );
         }
+        listeners += "      - {id: t7005, type: tcp, port: 7005, backend_group: eq, scheduler: wlc}\n";
+        listeners += "      - {id: u7005, type: udp, port: 7005, backend_group: equdp, scheduler: wlc}\n";
         listeners += "      - {id: t7004, type: tcp, port: 7004, backend_group: weighted, scheduler: wrr}\n";
         listeners += "      - {id: u7004, type: udp, port: 7004, backend_group: wudp, scheduler: wrr}\n";
         let weighted = |port: u16, p: &str| -> String {
@@ -247,4 +249,57 @@ fn tuple_hashing_spreads_one_clients_connections() {
             assert!(text.contains("10.31.0.21:9000 ") && text.contains("10.31.0.23:5353 "), "{text}");
         }
     }
+}
+
+/// `(backend last octet, active)` of every least-connection entry on `port`.
+fn active(t: &lbagent::dataplane::tables::Tables, port: u16) -> BTreeMap<u8, i64> {
+    t.least_entries().unwrap().into_iter().filter(|(k, _)| k.port == port).map(|(k, v)| (k.addr[3], v.active)).collect()
+}
+
+#[test]
+fn least_connections_sends_new_flows_to_the_least_busy_backends() {
+    let Some(mut b) = sched_bed() else { return };
+    let root = b.bed.pins.root.clone();
+    let client = b.client.ns.name.clone();
+    let t = || lbagent::dataplane::tables::Tables::open(&root).unwrap();
+    b.apply(&[21]);
+    // 20 long connections, all on h21 (the only backend).
+    let open = |i: u8| OpenConn::open_from(&client, SocketAddr::from((client_addr(i), 0)), vip(7005)).unwrap();
+    let held: Vec<OpenConn> = (0..20).map(open).collect();
+    for c in &held {
+        assert_eq!(tag(&c.ping("x").unwrap()), "h21");
+    }
+    // Two more backends join: new flows go to them, not to h21 (20 active).
+    b.apply(&[21, 22, 23]);
+    assert_eq!(active(&t(), 9000), BTreeMap::from([(21, 20), (22, 0), (23, 0)]), "counts kept across the change");
+    let fresh: Vec<OpenConn> = (20..40).map(open).collect();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &fresh {
+        *counts.entry(tag(&c.ping("x").unwrap())).or_default() += 1;
+    }
+    eprintln!("wlc: 20 new connections went to {counts:?}");
+    assert!(!counts.contains_key("h21"), "h21 holds 20 flows: no new one for it: {counts:?}");
+    assert!(counts.get("h22").is_some_and(|n| *n >= 8) && counts.get("h23").is_some_and(|n| *n >= 8), "{counts:?}");
+    assert_eq!(active(&t(), 9000)[&21], 20);
+
+    // h21's connections close (FIN both ways): its count drops, and it gets
+    // the next new flows.
+    drop(held);
+    lbagent_tests::wait_for(|| active(&t(), 9000)[&21] == 0, "h21's flows counted closed");
+    let next: Vec<String> = (0..6).map(|i| tag(&open(i).ping("x").unwrap())).collect();
+    assert!(next.iter().all(|x| x == "h21"), "the idle backend takes the new flows: {next:?}");
+    drop(fresh);
+
+    // UDP flows never close: 30 new ones spread evenly, and once conntrack
+    // forgets them (here: flushed) the agent's recount zeroes the counts.
+    for i in 0..30 {
+        b.udp_from(i, 7005);
+    }
+    let udp = active(&t(), 5353);
+    eprintln!("wlc udp: {udp:?}");
+    assert!(udp.values().all(|n| *n == 10), "30 UDP flows, 10 per backend: {udp:?}");
+    let tables = t();
+    tables.flush_conntrack(|k, _| k.proto == lbagent_common::PROTO_UDP).unwrap();
+    assert_eq!(tables.recount_active().unwrap(), 3, "three drifted counts corrected");
+    assert!(active(&t(), 5353).values().all(|n| *n == 0));
 }

@@ -292,6 +292,22 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             }
             Value::Array(arr)
         }
+        MAP_SCHED_ACTIVE => {
+            let mut arr = Vec::new();
+            for (k, v) in t.least_entries()? {
+                text += &format!(
+                    "rule {:<6} {}:{} weight {} active {}\n",
+                    k.rule_id,
+                    ip(k.addr),
+                    k.port,
+                    v.weight,
+                    v.active
+                );
+                arr.push(json!({"rule_id": k.rule_id, "addr": ip(k.addr).to_string(), "port": k.port,
+                                "weight": v.weight, "active": v.active}));
+            }
+            Value::Array(arr)
+        }
         MAP_META => {
             text += &format!("layout_version {LAYOUT_VERSION}\n");
             json!({"layout_version": LAYOUT_VERSION})

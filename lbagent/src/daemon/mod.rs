@@ -98,7 +98,8 @@ impl Daemon {
         }
     }
 
-    /// Frees conntrack entries idle past their timeout.
+    /// Frees conntrack entries idle past their timeout, then recounts the
+    /// least-connection backends' active flows.
     fn collect_garbage(&self) {
         let gc = crate::dataplane::tables::Tables::open(&self.opts.bpffs)
             .and_then(|t| t.gc(crate::dataplane::tables::monotonic_ns()));
@@ -106,6 +107,14 @@ impl Daemon {
             Ok(0) => {}
             Ok(n) => info!("conntrack: {n} idle flows collected"),
             Err(e) => warn!("conntrack garbage collection: {e:#}"),
+        }
+        // Least-connection counts drift by the flows that ended without a
+        // close (timeouts, evictions, the collection above): recount.
+        let recount = crate::dataplane::tables::Tables::open(&self.opts.bpffs).and_then(|t| t.recount_active());
+        match recount {
+            Ok(0) => {}
+            Ok(n) => info!("least-connection counts: {n} corrected from conntrack"),
+            Err(e) => warn!("least-connection recount: {e:#}"),
         }
     }
 

@@ -47,6 +47,9 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
         let same = same
             && match &d.sched {
                 None => true,
+                Some(s) if s.kind == super::tables::SchedKind::Least => {
+                    t.least_weights(d.rule_id, &d.backends)? == s.weights
+                }
                 Some(s) => t.sched_digest(d.rule_id)? == Some(super::tables::table_digest(&s.table)),
             };
         if !same {

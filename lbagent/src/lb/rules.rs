@@ -36,18 +36,19 @@ fn acl(a: &Acl) -> AclSpec {
     AclSpec { allow: a.allow, cidrs: a.cidrs.clone() }
 }
 
-/// A direct listener's backends (those up) and its scheduler table:
-/// `sch`/`tch` a Maglev table, `rr`/`wrr` a round-robin sequence (each
-/// backend once in `backends`, the table does the weighting); without a
-/// scheduler (and for `wlc`, not built yet) new flows hash over the
-/// backends, each repeated by its weight (at most `MAX_WEIGHT_SLOTS`).
+/// A direct listener's backends (those up) and its scheduler: `sch`/`tch`
+/// a consistent table, `rr`/`wrr` a round-robin sequence, `wlc` the
+/// weights (each backend once in `backends`; the scheduler does the
+/// weighting); without a scheduler new flows hash over the backends, each
+/// repeated by its weight (at most `MAX_WEIGHT_SLOTS`).
 fn direct_backends(l: &Listener, up: &dyn Fn(&str, &str) -> bool) -> (Vec<(Ipv4Addr, u16)>, Option<SchedSpec>) {
     let live: Vec<&Backend> = l.group.backends.iter().filter(|b| up(&l.id, &b.id)).collect();
     let kind = match l.scheduler {
         Some(Scheduler::Sch) => Some(SchedKind::Source),
         Some(Scheduler::Tch) => Some(SchedKind::Tuple),
         Some(Scheduler::Rr | Scheduler::Wrr) => Some(SchedKind::Turn),
-        None | Some(Scheduler::Wlc) => None,
+        Some(Scheduler::Wlc) => Some(SchedKind::Least),
+        None => None,
     };
     let Some(kind) = kind else {
         let slots = |b: &Backend| b.weight.min(MAX_WEIGHT_SLOTS) as usize;
@@ -56,10 +57,23 @@ fn direct_backends(l: &Listener, up: &dyn Fn(&str, &str) -> bool) -> (Vec<(Ipv4A
     let weight = |b: &Backend| if l.scheduler == Some(Scheduler::Rr) { b.weight.min(1) } else { b.weight };
     let members: Vec<sched::Member> =
         live.iter().map(|b| sched::Member { id: &b.id, target: (b.addr, b.port), weight: weight(b) }).collect();
-    let table = if kind == SchedKind::Turn { sched::round_robin(&members) } else { sched::consistent(&members) };
-    let backends: Vec<(Ipv4Addr, u16)> = members.iter().filter(|m| m.weight > 0).map(|m| m.target).collect();
-    let sched = (!table.is_empty()).then(|| SchedSpec { kind, table: std::sync::Arc::new(table) });
-    (backends, sched)
+    let live: Vec<&sched::Member> = members.iter().filter(|m| m.weight > 0).collect();
+    let backends: Vec<(Ipv4Addr, u16)> = live.iter().map(|m| m.target).collect();
+    if live.is_empty() {
+        return (backends, None);
+    }
+    let sched = match kind {
+        SchedKind::Least => {
+            SchedSpec { kind, table: Default::default(), weights: live.iter().map(|m| m.weight).collect() }
+        }
+        SchedKind::Turn => {
+            SchedSpec { kind, table: std::sync::Arc::new(sched::round_robin(&members)), weights: vec![] }
+        }
+        SchedKind::Source | SchedKind::Tuple => {
+            SchedSpec { kind, table: std::sync::Arc::new(sched::consistent(&members)), weights: vec![] }
+        }
+    };
+    (backends, Some(sched))
 }
 
 /// `up(listener, backend)` says whether a direct listener's backend passes

@@ -249,6 +249,19 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
             }
             _ => {}
         }
+        if l.scheduler == Some(Scheduler::Wlc) && l.effective_mode() == ListenerMode::Direct {
+            let n = lb.backend_groups.iter().find(|g| g.id == l.backend_group).map_or(0, |g| g.backends.len());
+            if n > lbagent_common::SCHED_LEAST_MAX as usize {
+                c.err(
+                    format!("{lp}.scheduler"),
+                    format!(
+                        "wlc compares at most {} backends in direct mode; group {:?} has {n} (use sch, tch or wrr)",
+                        lbagent_common::SCHED_LEAST_MAX,
+                        l.backend_group
+                    ),
+                );
+            }
+        }
         if let Some(acl) = &l.acl {
             for (k, cidr) in acl.cidrs.iter().enumerate() {
                 c.ok(&format!("{lp}.acl.cidrs[{k}]"), parse_cidr(cidr));

@@ -28,12 +28,16 @@ pub struct DnatSpec {
     pub sched: Option<SchedSpec>,
 }
 
-/// A scheduler table for a rule (`dataplane/tables/sched.rs`).
+/// How a rule's new flows pick a backend (`dataplane/tables/sched.rs`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SchedSpec {
     pub kind: SchedKind,
-    /// `SCHED_TABLE_SIZE` targets (`lb::sched` builds them).
+    /// `Source`, `Tuple`, `Turn`: `SCHED_TABLE_SIZE` targets (`lb::sched`
+    /// builds them); `Least`: empty.
     pub table: std::sync::Arc<Vec<(Ipv4Addr, u16)>>,
+    /// `Least`: the weight of each of the rule's backends, in order; empty
+    /// for the others.
+    pub weights: Vec<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +48,8 @@ pub enum SchedKind {
     Tuple,
     /// In turn (round robin, weighted by the table).
     Turn,
+    /// Fewest active flows per weight (no table).
+    Least,
 }
 
 impl SchedKind {
@@ -52,6 +58,7 @@ impl SchedKind {
             SchedKind::Source => DNAT_F_SCHED_SOURCE,
             SchedKind::Tuple => DNAT_F_SCHED_TUPLE,
             SchedKind::Turn => DNAT_F_SCHED_TURN,
+            SchedKind::Least => DNAT_F_SCHED_LEAST,
         }
     }
 }
@@ -231,15 +238,26 @@ impl Tables {
             let b = Backend { addr: addr.octets(), port: *port, _pad0: 0 };
             backends.insert(&BackendKey { rule_id: spec.rule_id, index: i as u32 }, &b, 0)?;
         }
-        if let Some(s) = &spec.sched {
-            self.set_sched_table(spec.rule_id, &s.table)?;
+        match &spec.sched {
+            Some(s) if s.kind == SchedKind::Least => self.set_least(spec.rule_id, &spec.backends, &s.weights)?,
+            Some(s) => {
+                self.set_sched_table(spec.rule_id, &s.table)?;
+            }
+            None => {}
         }
         let rule = spec.rule();
         rules.insert(&spec.key(), &rule, 0)?;
         self.set_acl(spec.rule_id, &acl_keys)?;
         if let Some(old) = old {
-            if old.flags & DNAT_F_SCHED_MASK != 0 && (old.rule_id != spec.rule_id || spec.sched.is_none()) {
+            // The old rule's table or counts go unless this rule id keeps
+            // the same kind of scheduler.
+            let same_id = old.rule_id == spec.rule_id;
+            let table_bits = DNAT_F_SCHED_MASK & !DNAT_F_SCHED_LEAST;
+            if old.flags & table_bits != 0 && !(same_id && rule.flags & table_bits != 0) {
                 self.remove_sched_table(old.rule_id)?;
+            }
+            if old.flags & DNAT_F_SCHED_LEAST != 0 && !(same_id && rule.flags & DNAT_F_SCHED_LEAST != 0) {
+                self.set_least(old.rule_id, &[], &[])?;
             }
             let start = if old.rule_id == spec.rule_id { spec.backends.len() as u32 } else { 0 };
             for index in start..old.backend_count {
@@ -262,8 +280,11 @@ impl Tables {
             if old.flags & (DNAT_F_ACL_ALLOW | DNAT_F_ACL_DENY) != 0 {
                 self.set_acl(old.rule_id, &[])?;
             }
-            if old.flags & DNAT_F_SCHED_MASK != 0 {
+            if old.flags & DNAT_F_SCHED_MASK & !DNAT_F_SCHED_LEAST != 0 {
                 self.remove_sched_table(old.rule_id)?;
+            }
+            if old.flags & DNAT_F_SCHED_LEAST != 0 {
+                self.set_least(old.rule_id, &[], &[])?;
             }
         }
         Ok(())

@@ -2,13 +2,16 @@
 //! program's side in `lbagent-ebpf/src/sched.rs`): a rule's table is
 //! written into a fresh inner array and swapped in with one update of the
 //! outer map, so no packet sees a half-written table. The digest slot lets
-//! the agent skip rewriting a table that has not changed.
+//! the agent skip rewriting a table that has not changed. Least-connection
+//! rules have no table: their backends' weights and active-flow counts are
+//! in `sched_active`, recounted from conntrack on every repair pass.
 
 use std::net::Ipv4Addr;
 
 use anyhow::Result;
 use aya::maps::{Array, HashOfMaps, Map, MapData, MapError, PerCpuHashMap};
 use lbagent_common::*;
+use std::collections::BTreeMap;
 
 use super::Tables;
 
@@ -106,6 +109,81 @@ impl Tables {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// Makes least-connection rule `rule_id`'s `sched_active` entries
+    /// exactly `backends` with `weights` (active counts of backends that
+    /// stay are kept; new ones start at 0). Empty `backends`: removes them.
+    pub fn set_least(&self, rule_id: u32, backends: &[(Ipv4Addr, u16)], weights: &[u32]) -> Result<()> {
+        anyhow::ensure!(backends.len() == weights.len(), "one weight per backend");
+        let mut map = self.hash::<ActiveKey, Active>(MAP_SCHED_ACTIVE)?;
+        let key = |(a, p): (Ipv4Addr, u16)| ActiveKey { rule_id, addr: a.octets(), port: p, _pad0: 0 };
+        for (b, w) in backends.iter().zip(weights) {
+            let k = key(*b);
+            let active = map.get(&k, 0).map(|v| v.active).unwrap_or(0);
+            map.insert(&k, &Active { active, weight: *w, _pad0: 0 }, 0)?;
+        }
+        let stale: Vec<ActiveKey> = map
+            .keys()
+            .filter_map(|k| k.ok())
+            .filter(|k| k.rule_id == rule_id && !backends.iter().any(|b| key(*b) == *k))
+            .collect();
+        for k in stale {
+            let _ = map.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// The weights `sched_active` holds for `backends` of rule `rule_id`
+    /// (0 for a backend without an entry).
+    pub fn least_weights(&self, rule_id: u32, backends: &[(Ipv4Addr, u16)]) -> Result<Vec<u32>> {
+        let map = self.hash::<ActiveKey, Active>(MAP_SCHED_ACTIVE)?;
+        Ok(backends
+            .iter()
+            .map(|(a, p)| {
+                map.get(&ActiveKey { rule_id, addr: a.octets(), port: *p, _pad0: 0 }, 0).map_or(0, |v| v.weight)
+            })
+            .collect())
+    }
+
+    /// Every `sched_active` entry, sorted.
+    pub fn least_entries(&self) -> Result<Vec<(ActiveKey, Active)>> {
+        let map = self.hash::<ActiveKey, Active>(MAP_SCHED_ACTIVE)?;
+        let mut out = map.iter().collect::<Result<Vec<_>, _>>()?;
+        out.sort_by_key(|(k, _)| *k);
+        Ok(out)
+    }
+
+    /// Recounts every least-connection backend's active flows from
+    /// conntrack (flows not closing, by their DNAT rule and translated
+    /// destination) and writes the counts the program's adds drifted from
+    /// (flows that timed out or were evicted never said goodbye). Returns
+    /// how many counts it corrected.
+    pub fn recount_active(&self) -> Result<usize> {
+        let entries = self.least_entries()?;
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        let rules: std::collections::BTreeSet<u32> = entries.iter().map(|(k, _)| k.rule_id).collect();
+        let mut counts: BTreeMap<ActiveKey, i64> = BTreeMap::new();
+        for table in [MAP_CT, MAP_CT_NEW] {
+            for (_, e) in self.conntrack_table(table)? {
+                if e.flags & CT_F_REPLY == 0 && e.state != CT_CLOSING && rules.contains(&e.dnat_rule) {
+                    let k = ActiveKey { rule_id: e.dnat_rule, addr: e.xlate.daddr, port: e.xlate.dport, _pad0: 0 };
+                    *counts.entry(k).or_default() += 1;
+                }
+            }
+        }
+        let mut map = self.hash::<ActiveKey, Active>(MAP_SCHED_ACTIVE)?;
+        let mut fixed = 0;
+        for (k, v) in entries {
+            let want = counts.get(&k).copied().unwrap_or(0);
+            if v.active != want {
+                map.insert(&k, &Active { active: want, ..v }, 0)?;
+                fixed += 1;
+            }
+        }
+        Ok(fixed)
     }
 
     /// Rule ids that have a table.

@@ -44,8 +44,9 @@ fn new_flow_cost(n: u32, out: &mut String) -> Result<()> {
     writeln!(out, "| scheduler | ns per new flow (incl. syscall) |\n|---|---:|")?;
     let id_list = ids(10);
     let m = members(&id_list);
-    let kinds: [(&str, Option<SchedKind>); 4] = [
-        ("hash (none, wlc)", None),
+    let kinds: [(&str, Option<SchedKind>); 5] = [
+        ("hash (none)", None),
+        ("wlc (fewest active flows, 10 compared)", Some(SchedKind::Least)),
         ("sch (table, source)", Some(SchedKind::Source)),
         ("tch (table, 5-tuple)", Some(SchedKind::Tuple)),
         ("rr / wrr (in turn)", Some(SchedKind::Turn)),
@@ -54,8 +55,8 @@ fn new_flow_cost(n: u32, out: &mut String) -> Result<()> {
         let mut e = Engine::new(ZONE)?;
         let table = match kind {
             Some(SchedKind::Turn) => sched::round_robin(&m),
+            Some(SchedKind::Least) | None => Vec::new(),
             Some(_) => sched::consistent(&m),
-            None => Vec::new(),
         };
         e.tables.set_dnat(&DnatSpec {
             zone: ZONE,
@@ -66,7 +67,11 @@ fn new_flow_cost(n: u32, out: &mut String) -> Result<()> {
             backends: m.iter().map(|b| b.target).collect(),
             snat: None,
             acl: None,
-            sched: kind.map(|kind| SchedSpec { kind, table: Arc::new(table) }),
+            sched: kind.map(|kind| SchedSpec {
+                kind,
+                table: Arc::new(table),
+                weights: if kind == SchedKind::Least { m.iter().map(|b| b.weight).collect() } else { vec![] },
+            }),
         })?;
         let frames: Vec<Vec<u8>> = (0..n)
             .map(|i| {

@@ -297,8 +297,17 @@ pub struct NatConfig {
     pub icmp_s: u32,
     /// Every other IP protocol (GRE, ESP, SCTP, ...; address-only).
     pub other_s: u32,
-    pub _pad0: u32,
+    /// `NAT_CFG_*` bits (0: the defaults). Was padding before the fast
+    /// path: pins written then hold 0, which keeps its meaning.
+    pub flags: u32,
 }
+
+/// `NatConfig::flags`: translated packets the namespace would forward are
+/// redirected to their egress interface from the program (the fast path,
+/// `lbagent-ebpf/src/route.rs`) instead of climbing the namespace's stack.
+/// Off by default: on the Open vSwitch topologies it loses flows (see
+/// `docs/benchmarks.md`, *Fast path*).
+pub const NAT_CFG_FAST_PATH: u32 = 1;
 
 impl NatConfig {
     /// Idle timeout (seconds) of a conntrack entry; shared by the program

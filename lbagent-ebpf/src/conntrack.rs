@@ -98,7 +98,7 @@ fn find(key: &Tuple) -> Option<(Table, *mut CtEntry)> {
 }
 
 #[inline(always)]
-fn config() -> NatConfig {
+pub fn config() -> NatConfig {
     NAT_CONFIG.get(0).copied().unwrap_or_default()
 }
 

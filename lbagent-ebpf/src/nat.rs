@@ -147,6 +147,9 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
 #[inline(always)]
 fn apply(ctx: &TcContext, p: &Packet, to: &Tuple) -> i32 {
     match rewrite(ctx, p, to) {
+        Ok(()) if conntrack::config().flags & NAT_CFG_FAST_PATH != 0 => {
+            crate::route::fast_forward(ctx, p.l3, to, p.ifindex).unwrap_or(TC_ACT_OK)
+        }
         Ok(()) => TC_ACT_OK,
         Err(_) => {
             count(Counter::DropRewrite);

@@ -51,3 +51,9 @@ pub fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// `LBAGENT_TEST_FAST_PATH=1`: test beds turn the fast path on
+/// (`agent.fast_path: true`), so the traffic tests can run both ways.
+pub fn fast_path() -> bool {
+    std::env::var_os("LBAGENT_TEST_FAST_PATH").is_some_and(|v| v == "1")
+}

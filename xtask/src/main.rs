@@ -39,6 +39,11 @@ enum Cmd {
     Bench,
 }
 
+/// Test files whose traffic the fast path carries correctly so far;
+/// `cargo xtask test` runs them a second time with it on. (The gateway and
+/// load balancer tests on Open vSwitch lose flows with it: issue 13.)
+const FAST_PATH_TESTS: [&str; 1] = ["traffic"];
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
@@ -57,6 +62,17 @@ fn main() -> Result<()> {
                 .args(&args)
                 .env("RUST_TEST_THREADS", std::env::var("RUST_TEST_THREADS").unwrap_or("2".into()));
             run(&mut cmd)?;
+            // The traffic tests again with the fast path on: both paths must
+            // carry the same packets (only when no filter was given).
+            if args.is_empty() {
+                eprintln!("xtask: traffic tests again with the fast path on (LBAGENT_TEST_FAST_PATH=1)");
+                let mut slow = build::cargo(&channel);
+                slow.args(["test", "-p", "lbagent-tests"])
+                    .args(FAST_PATH_TESTS.iter().flat_map(|t| ["--test", t]))
+                    .env("LBAGENT_TEST_FAST_PATH", "1")
+                    .env("RUST_TEST_THREADS", std::env::var("RUST_TEST_THREADS").unwrap_or("2".into()));
+                run(&mut slow)?;
+            }
             eprintln!("xtask: tests passed in {:.0?}", started.elapsed());
             Ok(())
         }

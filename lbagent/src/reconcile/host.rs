@@ -81,7 +81,7 @@ impl Realizer for Host {
             Ok(_) => {}
             Err(e) => tracing::error!(object = "agent", "repairing the pin directory: {e:#}"),
         }
-        let want = agent.conntrack.nat_config();
+        let want = agent.nat_config();
         let pinned = crate::dataplane::pins::versioned_dir(&self.engine.bpffs).join(lbagent_common::MAP_CT).exists();
         if !pinned && want == lbagent_common::NatConfig::default() {
             // Nothing loaded yet and nothing to change (teardown must not load the maps).

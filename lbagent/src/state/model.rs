@@ -31,11 +31,27 @@ pub struct AgentConfig {
     /// Conntrack idle timeouts (seconds); absent fields keep the defaults.
     #[serde(default)]
     pub conntrack: ConntrackTimeouts,
+    /// Translated packets go straight to their egress interface from the
+    /// program instead of through the namespace's IP stack (off by default:
+    /// experimental, see docs/state-file.md).
+    #[serde(default)]
+    pub fast_path: bool,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
-        AgentConfig { integration_bridge: default_bridge(), conntrack: ConntrackTimeouts::default() }
+        AgentConfig { integration_bridge: default_bridge(), conntrack: ConntrackTimeouts::default(), fast_path: false }
+    }
+}
+
+impl AgentConfig {
+    /// The engine's `nat_config` value: timeouts and the fast-path switch.
+    pub fn nat_config(&self) -> lbagent_common::NatConfig {
+        let mut c = self.conntrack.nat_config();
+        if self.fast_path {
+            c.flags |= lbagent_common::NAT_CFG_FAST_PATH;
+        }
+        c
     }
 }
 
@@ -81,7 +97,7 @@ impl ConntrackTimeouts {
             udp_stream_s: v(self.udp_stream_s),
             icmp_s: v(self.icmp_s),
             other_s: v(self.other_s),
-            _pad0: 0,
+            flags: 0,
         }
     }
 }

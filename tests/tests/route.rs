@@ -1,0 +1,59 @@
+//! The fast path (`lbagent-ebpf/src/route.rs`, `fast_forward`): a
+//! translated packet the namespace would forward leaves the program
+//! redirected to its egress interface, as a router sends it. Program tests
+//! (BPF_PROG_TEST_RUN) on the shared fixture, with the fast path switched
+//! on; real traffic in `traffic.rs`.
+
+use lbagent_common::*;
+use lbagent_tests::{
+    engine::{CLIENT_MAC, TC_ACT_OK, mac_of},
+    fixture::*,
+    packet::{Ip, frame, summary, verify},
+};
+
+/// `TC_ACT_REDIRECT`.
+const TC_ACT_REDIRECT: u32 = 7;
+
+/// udp/5353 on the VIP → the client (its neighbour entry is resolved in
+/// the test net, `v0`), from a sender arriving on `lo`.
+fn fast_engine() -> Option<lbagent_tests::engine::Engine> {
+    let e = engine()?;
+    e.tables.set_dnat(&dnat(PROTO_UDP, 5353, 9, &[(CLIENT, 53)])).unwrap();
+    e.tables.set_config(NatConfig { flags: NAT_CFG_FAST_PATH, ..Default::default() }).unwrap();
+    Some(e)
+}
+
+fn query(ttl: u8) -> Vec<u8> {
+    frame(&Ip { ttl, ..Ip::new([10, 0, 2, 7], VIP) }, &udp(4000, 5353, b"query"))
+}
+
+#[test]
+fn a_forwarded_packet_is_redirected_with_ttl_checksum_and_next_hop_macs() {
+    let Some(mut e) = fast_engine() else { return };
+    let (rc, out) = e.run(&query(64)).unwrap();
+    assert_eq!(rc, TC_ACT_REDIRECT, "sent to the egress interface by the program");
+    verify(&out).unwrap_or_else(|err| panic!("{err}: {out:02x?}"));
+    let s = summary(&out);
+    assert_eq!((s.dst, s.dport), (CLIENT, 53), "translated");
+    assert_eq!(out[14 + 8], 63, "TTL decremented as a router does");
+    let client_mac: Vec<u8> = CLIENT_MAC.split(':').map(|x| u8::from_str_radix(x, 16).unwrap()).collect();
+    assert_eq!(&out[0..6], &client_mac[..], "destination: the next hop's MAC");
+    assert_eq!(out[6..12], mac_of("v0"), "source: the egress interface's MAC");
+}
+
+#[test]
+fn what_the_stack_must_handle_takes_the_stack() {
+    let Some(mut e) = fast_engine() else { return };
+    // TTL 1: the stack sends time-exceeded.
+    let (rc, out) = e.run(&query(1)).unwrap();
+    assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 1));
+    // To the servers: the route's gateway (10.0.2.254) has no neighbour
+    // entry in the test net; the stack resolves it.
+    e.tables.set_dnat(&dnat(PROTO_UDP, 5354, 10, &[(SERVER, 53)])).unwrap();
+    let (rc, _) = e.run(&frame(&Ip::new([10, 0, 2, 7], VIP), &udp(4001, 5354, b"q"))).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    // Switched off (the default): everything climbs the stack, TTL untouched.
+    e.tables.set_config(NatConfig::default()).unwrap();
+    let (rc, out) = e.run(&query(64)).unwrap();
+    assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 64));
+}

@@ -305,8 +305,8 @@ pub struct NatConfig {
 /// `NatConfig::flags`: translated packets the namespace would forward are
 /// redirected to their egress interface from the program (the fast path,
 /// `lbagent-ebpf/src/route.rs`) instead of climbing the namespace's stack.
-/// Off by default: on the Open vSwitch topologies it loses flows (see
-/// `docs/benchmarks.md`, *Fast path*).
+/// The agent sets it unless `agent.fast_path: false`; pins written before
+/// the fast path hold 0 (the stack), their old behaviour.
 pub const NAT_CFG_FAST_PATH: u32 = 1;
 
 impl NatConfig {

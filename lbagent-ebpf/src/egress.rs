@@ -90,13 +90,21 @@ fn looped_error(ctx: &TcContext, p: &Packet, e: &Embedded) -> i32 {
     }
 }
 
-/// Whether a socket of the namespace sent the packet (forwarded ones have none).
+/// Whether a socket of the namespace sent the packet. Forwarded packets
+/// have none once the stack took them in (`ip_rcv` orphans them); a packet
+/// the fast path redirected from an ingress hook (`route::fast_forward`)
+/// may still carry the socket of the host in another namespace that sent
+/// it, but it was received: its ingress interface is set, a local one's
+/// is 0.
 #[inline(always)]
 fn from_socket(ctx: &TcContext) -> bool {
+    let skb = ctx.as_ptr() as *const __sk_buff;
     // SAFETY: the context pointer of a TC program is a valid __sk_buff; the
     // verifier turns this read into a (nullable) socket pointer we only test.
-    let sk = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).__bindgen_anon_2.sk };
-    !sk.is_null()
+    let sk = unsafe { (*skb).__bindgen_anon_2.sk };
+    // SAFETY: as above; a plain field of the context.
+    let received = unsafe { (*skb).ingress_ifindex } != 0;
+    !sk.is_null() && !received
 }
 
 /// Tracks (and if it clashes, moves) a connection the namespace opens.

@@ -5,8 +5,8 @@
 //! packet the namespace addressed to itself but that belongs elsewhere (an
 //! ICMP error about a SNAT'ed packet) is sent out directly (`forward`).
 //!
-//! The fast path (`fast_forward`, experimental, off unless
-//! `NAT_CFG_FAST_PATH`): a translated packet the namespace would
+//! The fast path (`fast_forward`, on when the agent sets
+//! `NAT_CFG_FAST_PATH`, its default): a translated packet the namespace would
 //! forward is handed straight to its egress interface, as a router would
 //! send it (TTL decremented, IP checksum updated, the next hop's MAC
 //! addresses), instead of climbing the namespace's IP stack (routing,
@@ -14,8 +14,7 @@
 //! with a complete next hop takes the stack: local delivery, no route, an
 //! unresolved neighbour (the stack resolves it for the next packets), a
 //! packet larger than the egress MTU (the stack sends frag-needed or
-//! fragments), TTL 1 or less (the stack sends time-exceeded), a packet
-//! that leaves by the interface it came in by (see `fast_forward`). The egress
+//! fragments), TTL 1 or less (the stack sends time-exceeded). The egress
 //! interface's programs (clsact egress: QoS, the egress companion) still
 //! see the packet.
 
@@ -107,14 +106,6 @@ pub fn fast_forward(ctx: &TcContext, l3: usize, to: &Tuple, ingress: u32) -> Opt
     // SAFETY: the helper filled the MAC union on success.
     let macs = unsafe { params.__bindgen_anon_6.__bindgen_anon_2 };
     let ifindex = params.ifindex;
-    // Out of the interface it came in by (a load balancer's direct-mode
-    // hairpin: client and backends on the VPC side): the stack. Flows
-    // redirected toward Open vSwitch's userspace datapath were lost in the
-    // tests (gateway and load balancer alike); not understood yet, which is
-    // why the fast path is off by default.
-    if ifindex == ingress {
-        return None;
-    }
     let old = [ttl, to.proto];
     let new = [ttl - 1, to.proto];
     ctx.store(l3 + IP_TTL, &new[0], 0).ok()?;

@@ -36,8 +36,8 @@ impl Bed {
     /// Validates and applies a state; panics with every error on failure.
     pub fn apply(&mut self, yaml: &str) {
         let mut s = accept_str(yaml, Format::Yaml).unwrap_or_else(|e| panic!("invalid test state: {e}\n{yaml}"));
-        if crate::fast_path() {
-            s.desired.agent.fast_path = true;
+        if crate::slow_path() {
+            s.desired.agent.fast_path = false;
         }
         let report = self.reconciler.apply(&s.desired, false);
         assert!(report.ok(), "apply failed: {:?}", report.errors);

@@ -52,8 +52,8 @@ pub fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
     }
 }
 
-/// `LBAGENT_TEST_FAST_PATH=1`: test beds turn the fast path on
-/// (`agent.fast_path: true`), so the traffic tests can run both ways.
-pub fn fast_path() -> bool {
-    std::env::var_os("LBAGENT_TEST_FAST_PATH").is_some_and(|v| v == "1")
+/// `LBAGENT_TEST_SLOW_PATH=1`: test beds and topologies turn the fast path
+/// off (`agent.fast_path: false`), so the traffic tests run both ways.
+pub fn slow_path() -> bool {
+    std::env::var_os("LBAGENT_TEST_SLOW_PATH").is_some_and(|v| v == "1")
 }

@@ -87,12 +87,10 @@ impl NatTopology {
             }
         }
         let tables = Tables::open(&pins.root)?;
-        if crate::fast_path() {
-            tables.set_config(lbagent_common::NatConfig {
-                flags: lbagent_common::NAT_CFG_FAST_PATH,
-                ..Default::default()
-            })?;
-        }
+        // As the agent configures it (the fast path on) unless the run
+        // asks for the stack.
+        let flags = if crate::slow_path() { 0 } else { lbagent_common::NAT_CFG_FAST_PATH };
+        tables.set_config(lbagent_common::NatConfig { flags, ..Default::default() })?;
         // SNAT is keyed on the interface flows leave by: n1, toward the server.
         let n1_index = lbagent::netns::run_in(Some(&nat.name), || lbagent::netns::ifindex(&n1))?;
         let rule = |proto, port, id, to: u16| DnatSpec {

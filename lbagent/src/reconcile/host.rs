@@ -83,7 +83,7 @@ impl Realizer for Host {
         }
         let want = agent.nat_config();
         let pinned = crate::dataplane::pins::versioned_dir(&self.engine.bpffs).join(lbagent_common::MAP_CT).exists();
-        if !pinned && want == lbagent_common::NatConfig::default() {
+        if !pinned && want == AgentConfig::default().nat_config() {
             // Nothing loaded yet and nothing to change (teardown must not load the maps).
             return;
         }

@@ -32,15 +32,15 @@ pub struct AgentConfig {
     #[serde(default)]
     pub conntrack: ConntrackTimeouts,
     /// Translated packets go straight to their egress interface from the
-    /// program instead of through the namespace's IP stack (off by default:
-    /// experimental, see docs/state-file.md).
-    #[serde(default)]
+    /// program (default); `false` sends them through the namespace's IP
+    /// stack, for debugging.
+    #[serde(default = "yes")]
     pub fast_path: bool,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
-        AgentConfig { integration_bridge: default_bridge(), conntrack: ConntrackTimeouts::default(), fast_path: false }
+        AgentConfig { integration_bridge: default_bridge(), conntrack: ConntrackTimeouts::default(), fast_path: true }
     }
 }
 

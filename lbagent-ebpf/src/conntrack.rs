@@ -405,7 +405,7 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
         // flows over the range (a plain sport start would cluster). Each
         // round starts afresh at random; its first port may reclaim an
         // expired flow's tuple, the others only take free ones.
-        let mut start = if f.random { random() } else { crate::rules::flow_hash(&orig) };
+        let mut start = if f.random { random() } else { crate::hash::flow_hash(&orig) };
         'rounds: for _ in 0..PORT_ROUNDS {
             x.sport = f.port_min + (start % span) as u16;
             if claim(&cfg, &x, &reply, now, true) {

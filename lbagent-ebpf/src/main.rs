@@ -24,6 +24,7 @@ mod conntrack;
 mod counters;
 mod egress;
 mod fragment;
+mod hash;
 mod icmp_error;
 mod maps;
 mod nat;

@@ -4,7 +4,10 @@
 use aya_ebpf::btf_maps::lpm_trie::Key;
 use lbagent_common::*;
 
-use crate::maps::{ACL_RULES, DNAT_BACKENDS, DNAT_RULES, SNAT_RULES};
+use crate::{
+    hash::flow_hash,
+    maps::{ACL_RULES, DNAT_BACKENDS, DNAT_RULES, SNAT_RULES},
+};
 
 /// The chosen DNAT target and the rule id.
 pub struct DnatHit {
@@ -68,16 +71,4 @@ pub fn address_wide_dnat(zone: u16, addr: [u8; 4]) -> bool {
 pub fn snat(zone: u16, ifindex: u32, saddr: [u8; 4]) -> Option<SnatRule> {
     let key = Key::new(SNAT_KEY_FIXED_BITS + 32, SnatKey { zone, _pad0: 0, ifindex, addr: saddr });
     SNAT_RULES.get(&key).copied()
-}
-
-/// A stable hash of the tuple, so a flow's backend choice is reproducible.
-#[inline(always)]
-pub fn flow_hash(t: &Tuple) -> u32 {
-    let mut h = u32::from_ne_bytes(t.saddr).wrapping_mul(0x9e37_79b1);
-    h ^= u32::from_ne_bytes(t.daddr).wrapping_mul(0x85eb_ca6b);
-    h ^= (((t.sport as u32) << 16) | t.dport as u32).wrapping_mul(0xc2b2_ae35);
-    h ^= t.proto as u32;
-    h ^= h >> 16;
-    h = h.wrapping_mul(0x7feb_352d);
-    h ^ (h >> 15)
 }

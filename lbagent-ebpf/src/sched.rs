@@ -22,8 +22,8 @@
 use lbagent_common::*;
 
 use crate::{
+    hash::{flow_hash, source_hash},
     maps::{DNAT_BACKENDS, SCHED_ACTIVE, SCHED_TABLES, SCHED_TURNS},
-    rules::flow_hash,
 };
 
 /// The backend the rule's scheduler gives a new flow `t`; all zero (no
@@ -74,15 +74,6 @@ fn next_turn(rule_id: u32) -> u32 {
             0
         }
     }
-}
-
-/// A hash of the source address alone (`sch`: one client, one backend).
-#[inline(always)]
-fn source_hash(saddr: [u8; 4]) -> u32 {
-    let mut h = u32::from_ne_bytes(saddr).wrapping_mul(0x9e37_79b1);
-    h ^= h >> 16;
-    h = h.wrapping_mul(0x85eb_ca6b);
-    h ^ (h >> 13)
 }
 
 /// The backend with the fewest active flows per weight (all zero: none).

@@ -354,3 +354,20 @@ fn more_rules_on_one_hook_than_the_program_holds_are_refused() {
     let e = load_str(&text, Format::Yaml).unwrap_err().to_string();
     assert!(e.contains("qos_policies[1].rules[8]: more than 8 rules on net1"), "{e}");
 }
+
+#[test]
+fn wlc_over_more_backends_than_the_program_compares_is_refused() {
+    let backends = |n: usize| -> String {
+        (0..n).map(|i| format!("{{id: b{i}, address: 10.0.0.{}, port: 80}}", i + 10)).collect::<Vec<_>>().join(", ")
+    };
+    let doc = |n: usize| {
+        format!(
+            "version: 1\nload_balancers:\n  - id: abcdefghijklmn\n    network: {{ip: 10.0.0.5, mac: \"02:00:00:00:00:05\", prefix_len: 24, gateway: 10.0.0.1}}\n    listeners: [{{id: l, type: tcp, port: 80, backend_group: g, scheduler: wlc}}]\n    backend_groups: [{{id: g, backends: [{}]}}]\n",
+            backends(n)
+        )
+    };
+    let max = lbagent_common::SCHED_LEAST_MAX as usize;
+    assert!(load_str(&doc(max), Format::Yaml).is_ok());
+    let e = load_str(&doc(max + 1), Format::Yaml).unwrap_err().to_string();
+    assert!(e.contains("load_balancers[0].listeners[0].scheduler: wlc compares at most 16 backends"), "{e}");
+}

@@ -272,34 +272,26 @@ pub fn ask_tcp(ns: &str, to: SocketAddr) -> Result<String> {
 
 /// UDP server answering forever with the sender's address.
 pub fn udp_echo_forever(ns: &str, port: u16) -> Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    spawn_in(ns, move || {
-        let s = UdpSocket::bind(("0.0.0.0", port))?;
-        tx.send(()).ok();
-        let mut buf = [0u8; 2048];
-        loop {
-            let (_, peer) = s.recv_from(&mut buf)?;
-            s.send_to(peer.to_string().as_bytes(), peer)?;
-        }
-        #[allow(unreachable_code)]
-        Ok::<(), anyhow::Error>(())
-    });
-    rx.recv_timeout(Duration::from_secs(5)).context("server did not start")?;
-    Ok(())
+    udp_answer_forever(ns, port, |peer| peer.to_string())
 }
 
 /// UDP server answering every datagram, forever, with `<tag> <sender>`
 /// (which backend answered, as `line_echo_server` does for TCP).
 pub fn udp_tag_forever(ns: &str, port: u16, tag: &str) -> Result<()> {
-    let (tx, rx) = std::sync::mpsc::channel();
     let tag = tag.to_string();
+    udp_answer_forever(ns, port, move |peer| format!("{tag} {peer}"))
+}
+
+/// UDP server answering every datagram, forever, with `answer(sender)`.
+fn udp_answer_forever(ns: &str, port: u16, answer: impl Fn(SocketAddr) -> String + Send + 'static) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
     spawn_in(ns, move || {
         let s = UdpSocket::bind(("0.0.0.0", port))?;
         tx.send(()).ok();
         let mut buf = [0u8; 2048];
         loop {
             let (_, peer) = s.recv_from(&mut buf)?;
-            s.send_to(format!("{tag} {peer}").as_bytes(), peer)?;
+            s.send_to(answer(peer).as_bytes(), peer)?;
         }
         #[allow(unreachable_code)]
         Ok::<(), anyhow::Error>(())

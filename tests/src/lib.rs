@@ -34,6 +34,22 @@ pub fn lbagent_bin() -> std::path::PathBuf {
     target.join("debug/lbagent")
 }
 
+/// The previous release's `lbagent` (the last build of the previous map
+/// layout), built from git history by `cargo xtask test` and named by
+/// `LBAGENT_PREVIOUS_BIN`. `None` (skip) outside CI when it was not built;
+/// under `CI=true` a missing build fails the test instead.
+pub fn previous_lbagent_bin() -> Option<std::path::PathBuf> {
+    let bin = std::env::var_os("LBAGENT_PREVIOUS_BIN").map(std::path::PathBuf::from).filter(|p| p.exists());
+    if bin.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none_or(|v| v != "true"),
+            "LBAGENT_PREVIOUS_BIN unset or missing under CI: `cargo xtask test` builds the previous release"
+        );
+        eprintln!("skipped: LBAGENT_PREVIOUS_BIN not set (`cargo xtask test` builds the previous release)");
+    }
+    bin
+}
+
 /// Skips (with a message) when not root; root tests need CAP_NET_ADMIN and CAP_BPF.
 pub fn require_root() -> bool {
     if !nix::unistd::geteuid().is_root() {

@@ -198,6 +198,50 @@ impl Drop for OpenConn {
     }
 }
 
+/// A UDP flow kept open: one socket, so every `ask` travels the same
+/// 5-tuple (and, through SNAT, must keep the same translated port).
+pub struct UdpFlow {
+    tx: std::sync::mpsc::Sender<Option<String>>,
+    rx: std::sync::mpsc::Receiver<Result<String>>,
+}
+
+impl UdpFlow {
+    /// A socket in `ns` on local port `port` (0: an ephemeral one),
+    /// connected to `to`.
+    pub fn open(ns: &str, port: u16, to: SocketAddr) -> Result<UdpFlow> {
+        let (tx, crx) = std::sync::mpsc::channel::<Option<String>>();
+        let (ctx, rx) = std::sync::mpsc::channel();
+        spawn_in(ns, move || {
+            let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))?;
+            s.connect(to)?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            let mut buf = [0u8; 2048];
+            while let Ok(Some(line)) = crx.recv() {
+                let res = (|| {
+                    s.send(line.as_bytes())?;
+                    let n = s.recv(&mut buf)?;
+                    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+                })();
+                ctx.send(res).ok();
+            }
+            Ok(())
+        });
+        Ok(UdpFlow { tx, rx })
+    }
+
+    /// Sends one datagram; the answer (a lost one is an error after 2 s).
+    pub fn ask(&self, line: &str) -> Result<String> {
+        self.tx.send(Some(line.to_string()))?;
+        self.rx.recv_timeout(Duration::from_secs(10)).context("client thread gone")?
+    }
+}
+
+impl Drop for UdpFlow {
+    fn drop(&mut self) {
+        let _ = self.tx.send(None);
+    }
+}
+
 /// A blocking TCP connection from the bound address `from` to `to` (IPv4).
 fn connect_from(from: SocketAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
     use std::os::fd::FromRawFd;

@@ -21,7 +21,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracing::{error, info, warn};
 
 use crate::{
-    dataplane::{attach::AttachMode, loader::ZoneProgram},
+    dataplane::{attach::AttachMode, loader::ZoneProgram, migrate::Migration},
     lb::health,
     reconcile::{Reconciler, host::Host},
     state::Desired,
@@ -48,6 +48,9 @@ struct Daemon {
     last_good: Option<Desired>,
     /// Health checks the prober runs (refreshed after every apply).
     checks: Arc<Mutex<Vec<health::Target>>>,
+    /// An upgrade from the previous map layout waiting for an apply that
+    /// attached every zone's new programs (`dataplane::migrate`).
+    migration: Option<Migration>,
 }
 
 impl Daemon {
@@ -123,6 +126,13 @@ impl Daemon {
         let report = self.reconciler.apply(good, repair);
         if !report.ok() {
             warn!("{} of {} steps failed; they are retried by the next repair pass", report.errors.len(), report.steps);
+        } else if let Some(m) = self.migration.take() {
+            // Every zone runs this build's programs now: the old layout's
+            // maps can go (after catching up what its programs still wrote).
+            let from = m.from;
+            if let Err(e) = m.finish() {
+                warn!("finishing the migration from layout {from}: {e:#}; the old pins stay until teardown");
+            }
         }
         {
             let mut st = self.status.lock().unwrap();
@@ -181,6 +191,10 @@ pub async fn run(opts: Options) -> Result<()> {
     let _locks = locks(&opts.state_dir, &opts.bpffs)?;
     let nofile = crate::dataplane::loader::raise_nofile();
     tracing::debug!("open file limit {nofile}");
+    // An upgrade across a layout change: this layout's maps are filled from
+    // the previous layout's before anything is attached.
+    let migration =
+        Migration::begin(&opts.bpffs, opts.conntrack_max).context("migrating the previous layout's dataplane")?;
     // Load the object once up front: it creates or reuses (after checking)
     // the pinned maps, and fails fast on a verifier or pin problem.
     ZoneProgram::load_sized(&opts.bpffs, 0, opts.conntrack_max).context("preparing the dataplane")?;
@@ -213,7 +227,7 @@ pub async fn run(opts: Options) -> Result<()> {
         let (checks, health) = (checks.clone(), reconciler.realizer.health.clone());
         std::thread::spawn(move || prober(checks, health, wake));
     }
-    let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, checks };
+    let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, checks, migration };
     // Handlers first: a SIGTERM that arrives during the first apply must
     // still be a clean stop (it was the default action, death, before).
     let mut hup = signal(SignalKind::hangup())?;

@@ -8,6 +8,7 @@ pub mod attach;
 pub mod engine;
 pub mod loader;
 pub mod logs;
+pub mod migrate;
 pub mod pins;
 pub mod qos;
 pub mod sync;

@@ -13,7 +13,12 @@ const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
 /// `<root>/v<LAYOUT_VERSION>`: where this build's maps are pinned.
 pub fn versioned_dir(root: &Path) -> PathBuf {
-    root.join(format!("v{LAYOUT_VERSION}"))
+    version_dir(root, LAYOUT_VERSION)
+}
+
+/// `<root>/v<version>`: where a build of that layout pins its maps.
+pub fn version_dir(root: &Path, version: u32) -> PathBuf {
+    root.join(format!("v{version}"))
 }
 
 /// Directory for pinned tcx links.
@@ -52,14 +57,35 @@ fn is_bpffs(path: &Path) -> Result<bool> {
 
 /// Refuses pins made by an incompatible build; returns whether pins exist.
 ///
-/// Pins of other layout versions live in other directories and are never
-/// opened; this catches a same-version directory whose `meta` disagrees.
+/// Two cases: this build's directory holds a `meta` of another version (a
+/// newer agent migrated away from it and left it as a marker, or it was
+/// tampered with), or a newer layout's directory is live (a newer agent
+/// runs the dataplane). Either way this build would replace the newer
+/// programs with ones that cannot see their maps, losing every flow: a
+/// downgrade is refused before anything is touched.
 pub fn check_meta(root: &Path) -> Result<bool> {
+    if let Some(newer) = newer_live_version(root) {
+        bail!(
+            "the dataplane under {} runs pins of layout version {newer} (a newer lbagent); this lbagent uses \
+             layout {LAYOUT_VERSION} and cannot take it over without losing every flow: downgrade refused. \
+             Run the newer lbagent, or tear the dataplane down (`lbagent teardown`) and start over",
+            root.display()
+        );
+    }
     let path = versioned_dir(root).join(MAP_META);
     if !path.exists() {
         return Ok(false);
     }
     let meta = read_meta(&path)?;
+    if meta.layout_version > LAYOUT_VERSION {
+        bail!(
+            "pinned maps in {} were migrated to layout version {} by a newer lbagent; this lbagent uses \
+             layout {LAYOUT_VERSION}: downgrade refused (it would lose every flow). Run the newer lbagent, \
+             or tear the dataplane down (`lbagent teardown`) and start over",
+            versioned_dir(root).display(),
+            meta.layout_version,
+        );
+    }
     if meta.layout_version != 0 && meta.layout_version != LAYOUT_VERSION {
         bail!(
             "pinned maps in {} have layout version {}, this lbagent uses {}; \
@@ -70,6 +96,38 @@ pub fn check_meta(root: &Path) -> Result<bool> {
         );
     }
     Ok(true)
+}
+
+/// The layout version recorded in `<root>/v<version>/meta`, if pinned.
+pub fn meta_version(root: &Path, version: u32) -> Result<Option<u32>> {
+    let path = version_dir(root, version).join(MAP_META);
+    if !path.exists() {
+        return Ok(None);
+    }
+    Ok(Some(read_meta(&path)?.layout_version))
+}
+
+/// Other layout versions' directories under `root`, with their version.
+fn version_dirs(root: &Path) -> Vec<(u32, PathBuf)> {
+    fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.strip_prefix('v')?.parse::<u32>().ok()?;
+            Some((v, e.path()))
+        })
+        .collect()
+}
+
+/// A newer layout whose maps are live (its `meta` says its own version).
+fn newer_live_version(root: &Path) -> Option<u32> {
+    version_dirs(root)
+        .into_iter()
+        .filter(|(v, _)| *v > LAYOUT_VERSION)
+        .filter(|(v, _)| meta_version(root, *v).ok().flatten() == Some(*v))
+        .map(|(v, _)| v)
+        .max()
 }
 
 fn read_meta(path: &Path) -> Result<Meta> {
@@ -87,23 +145,52 @@ pub fn write_meta(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Lists other layout versions' pin dirs under `root` (left by older builds).
+/// Lists other layout versions' live pin dirs under `root` (left by older
+/// builds and not migrated). Migration markers (a directory whose `meta`
+/// names a newer layout, see `migrate`) are not listed.
 pub fn stale_versions(root: &Path) -> Vec<PathBuf> {
-    let current = versioned_dir(root);
-    fs::read_dir(root)
+    version_dirs(root)
         .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p != &current && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with('v')))
+        .filter(|(v, _)| *v != LAYOUT_VERSION && !is_marker(root, *v))
+        .map(|(_, p)| p)
         .collect()
 }
 
-/// Removes every pin of this build under `root` (maps and links).
+/// Whether `<root>/v<version>` is what a migration leaves behind: its
+/// `meta` names a newer layout (so that agent refuses to start) and its
+/// maps are gone.
+pub fn is_marker(root: &Path, version: u32) -> bool {
+    meta_version(root, version).ok().flatten().is_some_and(|m| m > version)
+}
+
+/// Turns `<root>/v<version>` into a migration marker: every pin but `meta`
+/// removed (the programs that still use those maps keep them alive until
+/// they are replaced), `meta` set to this build's layout, which makes an
+/// agent of that version refuse to start (its check reads `meta` first).
+pub fn leave_marker(root: &Path, version: u32) -> Result<()> {
+    let dir = version_dir(root, version);
+    for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.file_name().is_some_and(|n| n == MAP_META) {
+            continue;
+        }
+        let removed = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+        removed.with_context(|| format!("removing {}", path.display()))?;
+    }
+    let data = MapData::from_pin(dir.join(MAP_META))?;
+    let mut arr: Array<_, Meta> = Array::try_from(aya::maps::Map::Array(data))?;
+    arr.set(0, &Meta { layout_version: LAYOUT_VERSION, _pad0: 0 }, 0)?;
+    Ok(())
+}
+
+/// Removes every pin of this build under `root` (maps and links) and the
+/// markers of layouts migrated from.
 pub fn remove_all(root: &Path) -> Result<()> {
-    let dir = versioned_dir(root);
-    if dir.exists() {
-        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    let markers = version_dirs(root).into_iter().filter(|(v, _)| *v < LAYOUT_VERSION && is_marker(root, *v));
+    for dir in markers.map(|(_, p)| p).chain([versioned_dir(root)]) {
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
     }
     let _ = fs::remove_dir(root);
     Ok(())

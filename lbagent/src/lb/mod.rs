@@ -57,10 +57,13 @@ pub fn ensure(
 
     let plumb::Plumbed { ovn, proxy, ovs } = plumb::ensure(lb, &a, bridge, &mut changes).context("plumbing")?;
     let site = site(&lb.id);
-    zone::attach(engine, zone, &site)?;
     let up = |listener: &str, backend: &str| health.is_up(&lb.id, listener, backend);
     let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, alloc);
     engine.sync_zone(zone, &want, None, &mut changes)?;
+    // Attached after the rules are written: a program that replaces an
+    // older build's (an upgrade, `dataplane::migrate`) never runs against
+    // a half-written table.
+    zone::attach(engine, zone, &site)?;
     zone::release_unused_rules(engine, alloc, &site, &keys, &mut changes)?;
     // Last: an OVS outage must not hold back rule updates (health-driven
     // backend removal above all).

@@ -37,8 +37,6 @@ pub fn ensure(
     let site = site(&gw.name);
     let zone = alloc.zone(&site.zone_key)?;
     let plumb::Plumbed { lan, ext, bridges } = plumb::ensure(gw, bridge, &mut changes)?;
-    zone::attach(engine, zone, &site)?;
-
     let want = rules::rules(gw, zone, rules::Ifaces { lan, ext }, alloc);
     engine.sync_zone(zone, &want.dnats, Some(&want.snats), &mut changes)?;
     let t = engine.tables()?;
@@ -54,6 +52,8 @@ pub fn ensure(
     let q = qos::qos(gw, rules::Ifaces { lan, ext }, alloc)?;
     changes.extend(t.sync_qos(zone, &q.zone)?);
     alloc.release_qos(&naming::gw_qos_prefix(&gw.name), &q.keys);
+    // Attached after rules and QoS are written (see `lb::ensure`).
+    zone::attach(engine, zone, &site)?;
     zone::release_unused_rules(engine, alloc, &site, &want.keys, &mut changes)?;
     // Last: an OVS outage must not hold back rule updates.
     bridges.context("bridge ports (the rules were updated)")?;

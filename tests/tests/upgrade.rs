@@ -1,0 +1,396 @@
+//! Upgrading across a map-layout change with real traffic: the previous
+//! release (the last build of layout 1, built from git history by `cargo
+//! xtask test`) runs a load balancer (direct and proxy) and a NAT gateway
+//! (FIP, DNAT, SNAT) with 20 open TCP connections and two UDP flows; it is
+//! stopped and this build started on the same pins and state dir. No open
+//! connection may be lost, no UDP flow may move to another port, new
+//! connections must work; then the previous release must refuse to start
+//! (a downgrade) and change nothing.
+//!
+//! ```text
+//!  vpc0 .21 (FIP)  vpc1 .22 (DNAT, LB backend)  vpc2 .23 (SNAT)  vpc3 .200 (LB client)
+//!        └───────────────── OVS lan ── lb 10.10.0.5 ─────────┘
+//!                             └── eth0 [gateway .254] net1 ── Linux br ── internet 198.51.100.1
+//! ```
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use lbagent_tests::{
+    bed::{HostLock, lb_id},
+    hosts::TestHost,
+    lbagent_bin,
+    net::sh,
+    ovs::{LinuxBridge, OvsBridge},
+    previous_lbagent_bin, require_root,
+    traffic::{OpenConn, UdpFlow, ask_tcp, line_echo_server, udp_echo_forever, udp_tag_forever},
+    unique,
+};
+use serde_json::Value;
+
+const LAN_GW: &str = "10.10.0.254";
+const INTERNET: &str = "198.51.100.1";
+
+fn at(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+/// One agent process (either build) on the test's pins and state dir.
+struct Agent {
+    child: Child,
+    bin: PathBuf,
+}
+
+impl Agent {
+    fn start(bin: &Path, env: &Env, log: &str) -> Agent {
+        let child = Command::new(bin)
+            .arg("run")
+            .args(env.run_args())
+            .args(env.common())
+            .stderr(std::fs::File::create(env.dir.join(log)).unwrap())
+            .spawn()
+            .unwrap();
+        let a = Agent { child, bin: bin.to_path_buf() };
+        let t = Instant::now();
+        while !a.applied(env) {
+            assert!(t.elapsed() < Duration::from_secs(60), "{} did not apply; see {log}", bin.display());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        a
+    }
+
+    fn status(&self, env: &Env) -> Option<Value> {
+        let out = Command::new(&self.bin).args(["status", "--json"]).args(env.common()).output().ok()?;
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+
+    fn applied(&self, env: &Env) -> bool {
+        self.status(env).is_some_and(|s| s["last_apply"]["ok"] == true)
+    }
+
+    /// SIGTERM (the dataplane stays) and wait for the exit.
+    fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        assert!(self.child.wait().unwrap().success(), "{} did not stop cleanly", self.bin.display());
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The test's directories and pins; torn down (by this build) on drop.
+struct Env {
+    dir: PathBuf,
+    bpffs: PathBuf,
+    attach: &'static str,
+}
+
+impl Env {
+    fn new(attach: &'static str) -> Env {
+        let tag = unique("lbup");
+        let dir = std::env::temp_dir().join(&tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        Env { dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag), attach }
+    }
+
+    fn common(&self) -> Vec<String> {
+        let d = |p: &str| self.dir.join(p).display().to_string();
+        vec!["--state-dir".into(), d("sd"), "--bpffs".into(), self.bpffs.display().to_string()]
+            .into_iter()
+            .chain(["--api-socket".into(), d("api.sock")])
+            .collect()
+    }
+
+    fn run_args(&self) -> Vec<String> {
+        let state = self.dir.join("state.yaml").display().to_string();
+        ["--state", &state, "--metrics", "127.0.0.1:0", "--attach", self.attach, "--repair-interval", "3"]
+            .map(String::from)
+            .to_vec()
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(lbagent_bin()).args(args).args(self.common()).output().unwrap();
+        assert!(out.status.success(), "lbagent {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = Command::new(lbagent_bin()).arg("teardown").args(self.common()).output();
+        let _ = std::fs::remove_dir_all(&self.bpffs);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Hosts, bridges and servers (declared before `Env` in the test so the
+/// teardown runs first, then the hosts and bridges go).
+struct Topology {
+    _lock: HostLock,
+    lan: OvsBridge,
+    ext: LinuxBridge,
+    internet: TestHost,
+    vpc: Vec<TestHost>,
+}
+
+impl Topology {
+    fn new() -> Topology {
+        let lock = HostLock::take().unwrap();
+        let lan = OvsBridge::new(&unique("bru")).unwrap();
+        let ext = LinuxBridge::new(&unique("bre")).unwrap();
+        let ext_name = ext.name.clone();
+        let internet =
+            TestHost::on(|p| sh(&["ip", "link", "set", p, "master", &ext_name]).map(|_| ()), INTERNET, 24, "")
+                .unwrap();
+        let vpc: Vec<TestHost> = ["10.10.0.21", "10.10.0.22", "10.10.0.23", "10.10.0.200"]
+            .iter()
+            .map(|ip| TestHost::on(|p| lan.add_port(p), ip, 24, LAN_GW).unwrap())
+            .collect();
+        line_echo_server(&vpc[0].ns.name, 7000, "vpc0").unwrap();
+        line_echo_server(&vpc[1].ns.name, 8022, "vpc1").unwrap();
+        line_echo_server(&vpc[1].ns.name, 9000, "lb").unwrap();
+        udp_tag_forever(&vpc[1].ns.name, 9001, "lbu").unwrap();
+        line_echo_server(&internet.ns.name, 9000, "inet").unwrap();
+        udp_echo_forever(&internet.ns.name, 9001).unwrap();
+        Topology { _lock: lock, lan, ext, internet, vpc }
+    }
+
+    fn state(&self, lb: &str, gw: &str) -> String {
+        format!(
+            "version: 1
+agent: {{integration_bridge: {lan}}}
+load_balancers:
+  - id: {lb}
+    network: {{ip: 10.10.0.5, mac: \"02:00:0a:0a:00:05\", prefix_len: 24, gateway: 10.10.0.1}}
+    listeners:
+      - {{id: direct, type: tcp, port: 9000, backend_group: g}}
+      - {{id: proxied, type: tcp, port: 7000, backend_group: g, mode: proxy}}
+      - {{id: dgram, type: udp, port: 9001, backend_group: u}}
+    backend_groups:
+      - {{id: g, backends: [{{id: b, address: 10.10.0.22, port: 9000}}]}}
+      - {{id: u, backends: [{{id: bu, address: 10.10.0.22, port: 9001}}]}}
+nat_gateways:
+  - name: {gw}
+    lan: {{ip: {LAN_GW}, prefix_len: 24, mac: \"02:00:0a:0a:00:fe\", gateway: 10.10.0.1}}
+    external: {{bridge: {ext}, prefix_len: 24, gateway: {INTERNET}}}
+    eips:
+      - {{name: eip1, ip: 198.51.100.10}}
+      - {{name: eip2, ip: 198.51.100.11}}
+    fips: [{{eip: eip1, internal_ip: 10.10.0.21}}]
+    dnats:
+      - {{eip: eip2, protocol: tcp, external_port: 2222, internal_ip: 10.10.0.22, internal_port: 8022}}
+    snats: [{{eip: eip2, internal_cidr: 10.10.0.0/25}}]
+",
+            lan = self.lan.name,
+            ext = self.ext.name,
+        )
+    }
+}
+
+/// A TCP path through the dataplane: (client namespace, address, the
+/// answer's tag and the peer address the server must see).
+struct Route {
+    name: &'static str,
+    from: String,
+    to: SocketAddr,
+    tag: &'static str,
+    seen_as: &'static str,
+}
+
+fn paths(t: &Topology) -> Vec<Route> {
+    let (inet, vpc) = (t.internet.ns.name.clone(), |i: usize| t.vpc[i].ns.name.clone());
+    vec![
+        Route { name: "lb direct", from: vpc(3), to: at("10.10.0.5:9000"), tag: "lb", seen_as: "10.10.0.5" },
+        Route { name: "lb proxy", from: vpc(3), to: at("10.10.0.5:7000"), tag: "lb", seen_as: "" },
+        Route { name: "fip", from: inet.clone(), to: at("198.51.100.10:7000"), tag: "vpc0", seen_as: INTERNET },
+        Route { name: "dnat", from: inet, to: at("198.51.100.11:2222"), tag: "vpc1", seen_as: INTERNET },
+        Route { name: "snat", from: vpc(2), to: at("198.51.100.1:9000"), tag: "inet", seen_as: "198.51.100.11" },
+    ]
+}
+
+/// `<tag> <ip>:<port>` checked against the path.
+fn check(p: &Route, answer: &str) {
+    let (tag, peer) = answer.split_once(' ').unwrap_or_else(|| panic!("{}: odd answer {answer:?}", p.name));
+    assert_eq!(tag, p.tag, "{}: answered by the wrong host: {answer}", p.name);
+    if !p.seen_as.is_empty() {
+        assert_eq!(peer.rsplit_once(':').unwrap().0, p.seen_as, "{}: server saw {peer}", p.name);
+    }
+}
+
+/// What the prober saw while the agents were swapped.
+#[derive(Default, Debug)]
+struct Seen {
+    udp_answers: Vec<Vec<String>>,
+    udp_lost: usize,
+    new_tried: usize,
+    new_failed: usize,
+}
+
+fn upgrade(attach: &'static str) {
+    if !require_root() {
+        return;
+    }
+    let Some(previous) = previous_lbagent_bin() else { return };
+    let topo = Topology::new();
+    let env = Env::new(attach);
+    let (lb, gw) = (lb_id(), unique("gwu"));
+    std::fs::write(env.dir.join("state.yaml"), topo.state(&lb, &gw)).unwrap();
+
+    let old = Agent::start(&previous, &env, "previous.log");
+    for ns in [lbagent::naming::gw_netns(&gw), lbagent::naming::lb_netns(&lb)] {
+        lbagent_tests::net::dataplane_offloads_all(&ns).unwrap();
+    }
+    let paths = paths(&topo);
+    // Four connections per path. Through SNAT, two hosts use the same
+    // source ports, so half of those flows were given a port other than
+    // their own: a mapping only the carried conntrack knows.
+    let conns: Vec<(usize, OpenConn)> = (0..20)
+        .map(|i| {
+            let (p, r) = (i % paths.len(), &paths[i % paths.len()]);
+            let conn = if r.name == "snat" {
+                let host = [1, 2][(i / paths.len()) % 2];
+                let from = SocketAddr::new(topo.vpc[host].ip.parse().unwrap(), 41000 + (i / paths.len() / 2) as u16);
+                OpenConn::open_from(&topo.vpc[host].ns.name, from, r.to)
+            } else {
+                OpenConn::open(&r.from, r.to)
+            };
+            (p, conn.unwrap_or_else(|e| panic!("{}: {e:#}", r.name)))
+        })
+        .collect();
+    for (p, c) in &conns {
+        check(&paths[*p], &c.ping("before").unwrap());
+    }
+    // UDP: the same collision through SNAT, and one flow through the load balancer.
+    let udp = [
+        UdpFlow::open(&topo.vpc[1].ns.name, 42000, at("198.51.100.1:9001")).unwrap(),
+        UdpFlow::open(&topo.vpc[2].ns.name, 42000, at("198.51.100.1:9001")).unwrap(),
+        UdpFlow::open(&topo.vpc[3].ns.name, 0, at("10.10.0.5:9001")).unwrap(),
+    ];
+    let first: Vec<String> = udp.iter().map(|f| f.ask("before").unwrap()).collect();
+    assert!(first[0].starts_with("198.51.100.11:") && first[1].starts_with("198.51.100.11:"), "{first:?}");
+    assert_ne!(first[0], first[1], "two flows share a translated port");
+    assert!(first[2].starts_with("lbu 10.10.0.5:"), "load-balanced UDP: {}", first[2]);
+
+    // Upgrade while a prober keeps the UDP flows busy and opens new
+    // connections on every path.
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = {
+        let stop = stop.clone();
+        let targets: Vec<(String, SocketAddr)> = paths.iter().map(|p| (p.from.clone(), p.to)).collect();
+        std::thread::spawn(move || {
+            let mut seen = Seen { udp_answers: vec![vec![]; 3], ..Default::default() };
+            while !stop.load(Ordering::Relaxed) {
+                for (i, f) in udp.iter().enumerate() {
+                    match f.ask("during") {
+                        Ok(a) => seen.udp_answers[i].push(a),
+                        Err(_) => seen.udp_lost += 1,
+                    }
+                }
+                let (from, to) = &targets[seen.new_tried % targets.len()];
+                seen.new_tried += 1;
+                if ask_tcp(from, *to).is_err() {
+                    seen.new_failed += 1;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (seen, udp)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    old.stop();
+    let started = Instant::now();
+    let new = Agent::start(&lbagent_bin(), &env, "current.log");
+    let took = started.elapsed();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let (seen, udp) = prober.join().unwrap();
+
+    // Nothing lost, nothing moved.
+    let lost: Vec<&str> = conns.iter().filter(|(_, c)| c.ping("after").is_err()).map(|(p, _)| paths[*p].name).collect();
+    assert!(lost.is_empty(), "connections lost across the upgrade: {lost:?}");
+    for (p, c) in &conns {
+        check(&paths[*p], &c.ping("after").unwrap());
+    }
+    for (i, f) in udp.iter().enumerate() {
+        let after = f.ask("after").unwrap();
+        let moved: Vec<&String> = seen.udp_answers[i].iter().chain([&after]).filter(|a| **a != first[i]).collect();
+        assert!(moved.is_empty(), "UDP flow {i} moved from {} to {moved:?}", first[i]);
+    }
+    for p in &paths {
+        check(p, &ask_tcp(&p.from, p.to).unwrap_or_else(|e| panic!("new connection via {}: {e:#}", p.name)));
+    }
+    let log = std::fs::read_to_string(env.dir.join("current.log")).unwrap();
+    eprintln!(
+        "upgrade ({attach}): new agent applied in {took:?}; 0 of {} open connections lost; UDP datagrams lost \
+         during the swap: {}; new connections failed during the swap: {} of {}",
+        conns.len(),
+        seen.udp_lost,
+        seen.new_failed,
+        seen.new_tried
+    );
+    assert!(log.contains("migrating it to layout 2"), "{log}");
+    assert!(log.contains("migration from layout 1 done"), "{log}");
+
+    // What is left of layout 1 is the marker: its meta, nothing else.
+    let v1: Vec<String> = std::fs::read_dir(env.bpffs.join("v1"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(v1, ["meta"], "layout 1's pins after the migration");
+    // The open connections' flows are in the new tables, rules kept their ids.
+    let ct: Value = serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--port", "2222"])).unwrap();
+    assert!(!ct.as_array().unwrap().is_empty(), "DNAT flows in the new conntrack");
+
+    // Downgrade: the previous release refuses, and nothing changes.
+    let before = new.status(&env).unwrap();
+    let out = Command::new(&previous)
+        .arg("run")
+        .args(env.run_args())
+        .args(env.common())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the previous release started on an upgraded dataplane: {err}");
+    assert!(err.contains("layout version 2"), "{err}");
+    for (p, c) in &conns {
+        check(&paths[*p], &c.ping("after the downgrade attempt").unwrap());
+    }
+    for p in &paths {
+        check(p, &ask_tcp(&p.from, p.to).unwrap_or_else(|e| panic!("new connection via {}: {e:#}", p.name)));
+    }
+    let after = new.status(&env).unwrap();
+    assert_eq!(after["last_apply"]["ok"], true);
+    assert_eq!(before["load_balancers"], after["load_balancers"]);
+    assert_eq!(before["nat_gateways"], after["nat_gateways"]);
+    drop(new);
+    drop(env);
+}
+
+/// tcx links (pinned) are moved into the new layout and updated in place.
+#[test]
+fn upgrade_from_the_previous_layout_tcx() {
+    if lbagent::dataplane::attach::AttachMode::Auto.resolve() != lbagent::dataplane::attach::AttachMode::Tcx {
+        eprintln!("skipped: tcx needs Linux 6.6+ (the netlink variant runs)");
+        return;
+    }
+    upgrade("tcx");
+}
+
+/// Netlink filters (Linux 5.x) are replaced in place by priority and handle.
+#[test]
+fn upgrade_from_the_previous_layout_netlink() {
+    upgrade("netlink");
+}

@@ -153,8 +153,7 @@ impl Topology {
         let ext = LinuxBridge::new(&unique("bre")).unwrap();
         let ext_name = ext.name.clone();
         let internet =
-            TestHost::on(|p| sh(&["ip", "link", "set", p, "master", &ext_name]).map(|_| ()), INTERNET, 24, "")
-                .unwrap();
+            TestHost::on(|p| sh(&["ip", "link", "set", p, "master", &ext_name]).map(|_| ()), INTERNET, 24, "").unwrap();
         let vpc: Vec<TestHost> = ["10.10.0.21", "10.10.0.22", "10.10.0.23", "10.10.0.200"]
             .iter()
             .map(|ip| TestHost::on(|p| lan.add_port(p), ip, 24, LAN_GW).unwrap())
@@ -356,12 +355,7 @@ fn upgrade(attach: &'static str) {
 
     // Downgrade: the previous release refuses, and nothing changes.
     let before = new.status(&env).unwrap();
-    let out = Command::new(&previous)
-        .arg("run")
-        .args(env.run_args())
-        .args(env.common())
-        .output()
-        .unwrap();
+    let out = Command::new(&previous).arg("run").args(env.run_args()).args(env.common()).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the previous release started on an upgraded dataplane: {err}");
     assert!(err.contains("layout version 2"), "{err}");
@@ -376,6 +370,9 @@ fn upgrade(attach: &'static str) {
     assert_eq!(before["load_balancers"], after["load_balancers"]);
     assert_eq!(before["nat_gateways"], after["nat_gateways"]);
     drop(new);
+    // Teardown removes the new pins and the marker: nothing is left.
+    env.cli(&["teardown"]);
+    assert!(!env.bpffs.exists(), "pins left after teardown: {:?}", std::fs::read_dir(&env.bpffs).map(|d| d.count()));
     drop(env);
 }
 

@@ -4,6 +4,7 @@
 //! `git clone` to a green test run with one command.
 
 mod build;
+mod previous;
 mod setup;
 
 use std::process::Command;
@@ -54,11 +55,14 @@ fn main() -> Result<()> {
             let channel = setup::ensure_all()?;
             build::all(&channel)?;
             build::lint(&channel)?;
+            // The upgrade test runs the previous release, then this one.
+            let previous = previous::build(&channel)?;
             let started = std::time::Instant::now();
             // Root tests share the kernel; they use unique names and run two at a time.
             let mut cmd = build::cargo(&channel);
             cmd.args(["test", "--workspace", "--exclude", "lbagent-ebpf"])
                 .args(&args)
+                .env("LBAGENT_PREVIOUS_BIN", &previous)
                 .env("RUST_TEST_THREADS", std::env::var("RUST_TEST_THREADS").unwrap_or("2".into()));
             run(&mut cmd)?;
             // The traffic tests again with the fast path off: both paths

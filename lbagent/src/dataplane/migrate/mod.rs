@@ -75,13 +75,16 @@ impl Migration {
     /// migration).
     pub fn begin(root: &Path, ct_max: Option<u32>) -> Result<Option<Migration>> {
         let old = pins::version_dir(root, FROM_VERSION);
-        if std::env::var_os("NOMIG").is_some() || FROM_VERSION == 0 || pins::meta_version(root, FROM_VERSION)? != Some(FROM_VERSION) {
+        if FROM_VERSION == 0 || pins::meta_version(root, FROM_VERSION)? != Some(FROM_VERSION) {
             return Ok(None);
         }
         if !old.join(MAP_CT).exists() {
             return Ok(None);
         }
-        info!("found the dataplane of layout {FROM_VERSION} in {}: migrating it to layout {LAYOUT_VERSION}", old.display());
+        info!(
+            "found the dataplane of layout {FROM_VERSION} in {}: migrating it to layout {LAYOUT_VERSION}",
+            old.display()
+        );
         // Creates (or reuses, after the usual checks) this layout's maps.
         super::loader::ZoneProgram::load_sized(root, 0, ct_max).context("creating the new layout's maps")?;
         let tables = Tables::open(root)?;
@@ -169,8 +172,7 @@ fn copy_rules(old: &Path, t: &Tables, c: &mut Carried) -> Result<()> {
             c.dnat_rules += 1;
         }
     }
-    let backends: HashMap<_, BackendKey, Backend> =
-        HashMap::try_from(Map::HashMap(old_map(old, MAP_DNAT_BACKENDS)?))?;
+    let backends: HashMap<_, BackendKey, Backend> = HashMap::try_from(Map::HashMap(old_map(old, MAP_DNAT_BACKENDS)?))?;
     let mut new_backends = t.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
     for (k, b) in backends.iter().flatten() {
         if new_backends.insert(&k, &b, NOEXIST).is_ok() {

@@ -121,3 +121,53 @@ fn reload_keeps_conntrack_and_rules() {
     assert_eq!((s.src, s.sport), ([198, 51, 100, 10], 53), "reply translated by the reloaded program");
     assert_eq!(e.tables.counter(Counter::XlateReply).unwrap(), 1);
 }
+
+/// Pins a `meta` map (array[1] of `Meta`) recording `recorded` in
+/// `<root>/v<dir_version>/`, as an agent of that layout would.
+fn pin_meta(root: &std::path::Path, dir_version: u32, recorded: u8) {
+    let dir = pins::version_dir(root, dir_version);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(MAP_META);
+    let p = path.to_str().unwrap();
+    sh(&["bpftool", "map", "create", p, "type", "array", "key", "4", "value", "8", "entries", "1", "name", "meta"])
+        .unwrap();
+    let v = recorded.to_string();
+    let value = [v.as_str(), "0", "0", "0", "0", "0", "0", "0"];
+    let mut args = vec!["bpftool", "map", "update", "pinned", p, "key", "0", "0", "0", "0", "value"];
+    args.extend(value);
+    sh(&args).unwrap();
+}
+
+#[test]
+fn a_newer_layout_is_refused_as_a_downgrade() {
+    if !require_root() {
+        return;
+    }
+    let e = Engine::new(1).unwrap();
+    pin_meta(&e.pins.root, LAYOUT_VERSION + 1, (LAYOUT_VERSION + 1) as u8);
+    let err = format!("{:#}", ZoneProgram::load(&e.pins.root, 1).err().expect("must refuse"));
+    assert!(err.contains(&format!("layout version {} (a newer lbagent)", LAYOUT_VERSION + 1)), "{err}");
+    assert!(err.contains("downgrade refused"), "{err}");
+}
+
+#[test]
+fn only_the_previous_layout_is_migrated() {
+    use lbagent::dataplane::migrate::{FROM_VERSION, Migration};
+    if !require_root() {
+        return;
+    }
+    // A marker of a finished migration: nothing to do.
+    let p = TestPins::new();
+    pins::ensure_bpffs(&p.root).unwrap();
+    pin_meta(&p.root, FROM_VERSION, LAYOUT_VERSION as u8);
+    assert!(Migration::begin(&p.root, None).unwrap().is_none());
+    assert!(pins::is_marker(&p.root, FROM_VERSION));
+    // A live dataplane older than the previous layout: refused, untouched.
+    let p = TestPins::new();
+    pins::ensure_bpffs(&p.root).unwrap();
+    pin_meta(&p.root, FROM_VERSION - 1, (FROM_VERSION - 1) as u8);
+    let err = format!("{:#}", Migration::begin(&p.root, None).err().expect("must refuse"));
+    assert!(err.contains(&format!("layout version {}", FROM_VERSION - 1)), "{err}");
+    assert!(err.contains(&format!("migrates only layout {FROM_VERSION}")), "{err}");
+    assert!(!pins::versioned_dir(&p.root).join(MAP_CT).exists(), "nothing created");
+}

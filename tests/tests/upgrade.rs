@@ -359,6 +359,7 @@ fn upgrade(attach: &'static str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the previous release started on an upgraded dataplane: {err}");
     assert!(err.contains("layout version 2"), "{err}");
+    eprintln!("downgrade refused ({attach}): {}", err.trim());
     for (p, c) in &conns {
         check(&paths[*p], &c.ping("after the downgrade attempt").unwrap());
     }

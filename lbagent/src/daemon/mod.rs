@@ -198,12 +198,6 @@ pub async fn run(opts: Options) -> Result<()> {
     // Load the object once up front: it creates or reuses (after checking)
     // the pinned maps, and fails fast on a verifier or pin problem.
     ZoneProgram::load_sized(&opts.bpffs, 0, opts.conntrack_max).context("preparing the dataplane")?;
-    for old in crate::dataplane::pins::stale_versions(&opts.bpffs) {
-        warn!(
-            "pins of another layout version remain in {} (an older lbagent's dataplane); remove them once it is drained",
-            old.display()
-        );
-    }
     let mut host = Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir);
     host.engine.ct_max = opts.conntrack_max;
     let reconciler = Reconciler::open(host, &opts.state_dir)?;

@@ -145,15 +145,16 @@ pub fn write_meta(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Lists other layout versions' live pin dirs under `root` (left by older
-/// builds and not migrated). Migration markers (a directory whose `meta`
-/// names a newer layout, see `migrate`) are not listed.
-pub fn stale_versions(root: &Path) -> Vec<PathBuf> {
-    version_dirs(root)
+/// Older layouts' directories under `root` whose maps are live (their
+/// `meta` names their own version): (version, directory), oldest first.
+/// Migration markers are not listed.
+pub fn older_live_versions(root: &Path) -> Vec<(u32, PathBuf)> {
+    let mut v: Vec<(u32, PathBuf)> = version_dirs(root)
         .into_iter()
-        .filter(|(v, _)| *v != LAYOUT_VERSION && !is_marker(root, *v))
-        .map(|(_, p)| p)
-        .collect()
+        .filter(|(v, _)| *v < LAYOUT_VERSION && meta_version(root, *v).ok().flatten() == Some(*v))
+        .collect();
+    v.sort();
+    v
 }
 
 /// Whether `<root>/v<version>` is what a migration leaves behind: its

@@ -30,7 +30,7 @@ mod v1;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use lbagent_common::*;
 use tracing::info;
@@ -73,7 +73,20 @@ impl Migration {
     /// state into this layout's maps (creating them with `ct_max`). `None`:
     /// nothing to migrate (no old pins, or only a marker of a finished
     /// migration).
+    ///
+    /// Live pins of a layout older than the previous one are refused: their
+    /// flows cannot be carried, and an empty dataplane beside them would
+    /// replace their programs and lose every flow.
     pub fn begin(root: &Path, ct_max: Option<u32>) -> Result<Option<Migration>> {
+        if let Some((v, dir)) = pins::older_live_versions(root).into_iter().find(|(v, _)| *v != FROM_VERSION) {
+            bail!(
+                "{} holds a running dataplane of layout version {v}; this lbagent (layout {LAYOUT_VERSION}) \
+                 migrates only layout {FROM_VERSION}: upgrade through a release of layout {} first, or tear that \
+                 dataplane down with its own release (`lbagent teardown`)",
+                dir.display(),
+                v + 1
+            );
+        }
         let old = pins::version_dir(root, FROM_VERSION);
         if FROM_VERSION == 0 || pins::meta_version(root, FROM_VERSION)? != Some(FROM_VERSION) {
             return Ok(None);

@@ -166,7 +166,7 @@ fn only_the_previous_layout_is_migrated() {
     let p = TestPins::new();
     pins::ensure_bpffs(&p.root).unwrap();
     pin_meta(&p.root, FROM_VERSION - 1, (FROM_VERSION - 1) as u8);
-    let err = format!("{:#}", Migration::begin(&p.root, None).err().expect("must refuse"));
+    let err = format!("{:#}", Migration::begin(&p.root, None).expect_err("must refuse"));
     assert!(err.contains(&format!("layout version {}", FROM_VERSION - 1)), "{err}");
     assert!(err.contains(&format!("migrates only layout {FROM_VERSION}")), "{err}");
     assert!(!pins::versioned_dir(&p.root).join(MAP_CT).exists(), "nothing created");

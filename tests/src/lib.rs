@@ -59,13 +59,22 @@ pub fn require_root() -> bool {
     true
 }
 
-/// Polls `f` every 100 ms until it holds; panics naming `what` after 15 s.
+/// Polls `f` every 100 ms until it holds; panics naming `what` after 15 s
+/// (times [`slowdown`]).
 pub fn wait_for(mut f: impl FnMut() -> bool, what: &str) {
     let t = std::time::Instant::now();
+    let limit = std::time::Duration::from_secs(15) * slowdown();
     while !f() {
-        assert!(t.elapsed() < std::time::Duration::from_secs(15), "timed out waiting for {what}");
+        assert!(t.elapsed() < limit, "timed out waiting for {what}");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// `LBAGENT_TEST_SLOWDOWN=N`: waits for the agent are N times longer. Set
+/// by `cargo xtask vm-test` for guests under TCG, where loading a program
+/// (the verifier) takes ~20 times as long as on the host.
+pub fn slowdown() -> u32 {
+    std::env::var("LBAGENT_TEST_SLOWDOWN").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(1)
 }
 
 /// `LBAGENT_TEST_SLOW_PATH=1`: test beds and topologies turn the fast path

@@ -1,4 +1,4 @@
-//! Developer tasks: `cargo xtask setup|build-ebpf|build|lint|test|demo|bench`.
+//! Developer tasks: `cargo xtask setup|build-ebpf|build|lint|test|vm-test|demo|bench`.
 //!
 //! Every task first runs the idempotent setup, so a fresh machine goes from
 //! `git clone` to a green test run with one command.
@@ -6,6 +6,7 @@
 mod build;
 mod previous;
 mod setup;
+mod vm;
 
 use std::process::Command;
 
@@ -36,6 +37,15 @@ enum Cmd {
     Lint,
     /// Build everything, run the agent with a load balancer and a NAT gateway, send traffic, show the maps, clean up.
     Demo,
+    /// Run the root tests in QEMU on Debian's 5.10 and/or 6.1 kernels (virtme-ng; KVM if it works, else TCG).
+    VmTest {
+        /// 5.10, 6.1 or all.
+        #[arg(long, default_value = "5.10")]
+        kernel: String,
+        /// smoke (one test per layer, what `cargo xtask test` runs) or full (every program test too).
+        #[arg(long, default_value = "smoke")]
+        tier: vm::Tier,
+    },
     /// Measure the dataplane side by side with iptables and plain routing (results in target/bench/results.md).
     Bench,
 }
@@ -78,6 +88,18 @@ fn main() -> Result<()> {
             }
             eprintln!("xtask: tests passed in {:.0?}", started.elapsed());
             Ok(())
+        }
+        Cmd::VmTest { kernel, tier } => {
+            let channel = setup::ensure_all()?;
+            setup::ensure_vm_tools()?;
+            build::all(&channel)?;
+            let kernels: Vec<&vm::Series> = match kernel.as_str() {
+                "all" => vm::SERIES.iter().collect(),
+                k => vec![vm::SERIES.iter().find(|s| s.name == k).with_context(|| {
+                    format!("--kernel {k:?}: expected {} or all", vm::SERIES.map(|s| s.name).join(", "))
+                })?],
+            };
+            vm::test(&channel, &kernels, tier)
         }
         Cmd::Demo => {
             let channel = setup::ensure_all()?;

@@ -193,6 +193,44 @@ fn ensure_packages() -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
+/// What `cargo xtask vm-test` boots guests with: QEMU and busybox from
+/// Debian, virtme-ng from PyPI (with the `python3` on PATH; Debian has no
+/// package of it in bookworm).
+pub fn ensure_vm_tools() -> Result<()> {
+    let has = |bin: &str| {
+        Command::new("sh").arg("-c").arg(format!("command -v {bin} >/dev/null")).status().is_ok_and(|s| s.success())
+    };
+    let missing: Vec<&str> = [("qemu-system-x86_64", "qemu-system-x86"), ("busybox", "busybox-static")]
+        .iter()
+        .filter(|(bin, _)| !has(bin))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    if !missing.is_empty() {
+        eprintln!("setup: installing Debian packages: {}", missing.join(" "));
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    if !has("vng") {
+        eprintln!("setup: installing virtme-ng (pip)");
+        let plain = Command::new("python3").args(["-m", "pip", "install", "--quiet", "virtme-ng"]).status();
+        if !plain.is_ok_and(|s| s.success()) {
+            // A Debian-managed python3 refuses plain pip installs (PEP 668).
+            run(Command::new("python3").args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--break-system-packages",
+                "virtme-ng",
+            ]))?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

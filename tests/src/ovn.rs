@@ -15,10 +15,25 @@ fn ok(cmd: &[&str]) -> bool {
     Command::new(cmd[0]).args(&cmd[1..]).output().is_ok_and(|o| o.status.success())
 }
 
+/// ovn-ctl skips a daemon whose pidfile names a live process; after a
+/// crash or reboot the pid may belong to anything (a kworker), and the
+/// database never starts. Pidfiles of processes that are not OVN's go.
+fn remove_stale_pidfiles() {
+    for name in ["ovnnb_db", "ovnsb_db", "ovn-northd", "ovn-controller"] {
+        let pidfile = format!("/var/run/ovn/{name}.pid");
+        let Ok(pid) = std::fs::read_to_string(&pidfile) else { continue };
+        let comm = std::fs::read_to_string(format!("/proc/{}/comm", pid.trim())).unwrap_or_default();
+        if !["ovsdb-server", "ovn-northd", "ovn-controller"].contains(&comm.trim()) {
+            let _ = std::fs::remove_file(&pidfile);
+        }
+    }
+}
+
 pub fn ensure_running() -> Result<()> {
     ovs::ensure_running()?;
     let _lock = ovs::lock()?;
     if !ok(&["ovn-sbctl", "--timeout=2", "show"]) {
+        remove_stale_pidfiles();
         sh(&[OVN_CTL, "start_northd"])?;
     }
     // Keep an existing chassis name: changing it under a running

@@ -1,8 +1,6 @@
 //! Pins: typed BTF dumps through bpftool, refusal of incompatible pins, and
 //! reuse of conntrack across a program reload (agent restart).
 
-use std::process::Command;
-
 use lbagent::dataplane::{loader::ZoneProgram, pins};
 use lbagent_common::*;
 use lbagent_tests::{
@@ -75,31 +73,7 @@ fn pins_of_another_layout_version_are_refused() {
         return;
     }
     let e = Engine::new(1).unwrap();
-    let meta = pins::versioned_dir(&e.pins.root).join(MAP_META);
-    let st = Command::new("bpftool")
-        .args([
-            "map",
-            "update",
-            "pinned",
-            meta.to_str().unwrap(),
-            "key",
-            "0",
-            "0",
-            "0",
-            "0",
-            "value",
-            "99",
-            "0",
-            "0",
-            "0",
-            "0",
-            "0",
-            "0",
-            "0",
-        ])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    set_meta(&pins::versioned_dir(&e.pins.root).join(MAP_META), 99);
     let err = ZoneProgram::load(&e.pins.root, 1).err().expect("must refuse").to_string();
     assert!(err.contains("layout version 99"), "{err}");
 }
@@ -131,10 +105,14 @@ fn pin_meta(root: &std::path::Path, dir_version: u32, recorded: u8) {
     let p = path.to_str().unwrap();
     sh(&["bpftool", "map", "create", p, "type", "array", "key", "4", "value", "8", "entries", "1", "name", "meta"])
         .unwrap();
+    set_meta(&path, recorded);
+}
+
+/// Writes `recorded` as the layout version in the pinned `meta` map at `path`.
+fn set_meta(path: &std::path::Path, recorded: u8) {
     let v = recorded.to_string();
-    let value = [v.as_str(), "0", "0", "0", "0", "0", "0", "0"];
-    let mut args = vec!["bpftool", "map", "update", "pinned", p, "key", "0", "0", "0", "0", "value"];
-    args.extend(value);
+    let mut args = vec!["bpftool", "map", "update", "pinned", path.to_str().unwrap(), "key", "0", "0", "0", "0"];
+    args.extend(["value", &v, "0", "0", "0", "0", "0", "0", "0"]);
     sh(&args).unwrap();
 }
 

@@ -125,7 +125,7 @@ fn newer_live_version(root: &Path) -> Option<u32> {
     version_dirs(root)
         .into_iter()
         .filter(|(v, _)| *v > LAYOUT_VERSION)
-        .filter(|(v, _)| meta_version(root, *v).ok().flatten() == Some(*v))
+        .filter(|(v, _)| is_live(root, *v))
         .map(|(v, _)| v)
         .max()
 }
@@ -138,21 +138,29 @@ fn read_meta(path: &Path) -> Result<Meta> {
 
 /// Records this build's layout version in the `meta` map.
 pub fn write_meta(root: &Path) -> Result<()> {
-    let path = versioned_dir(root).join(MAP_META);
-    let data = MapData::from_pin(&path)?;
+    write_meta_in(&versioned_dir(root))
+}
+
+/// Sets `<dir>/meta` to this build's layout version.
+fn write_meta_in(dir: &Path) -> Result<()> {
+    let data = MapData::from_pin(dir.join(MAP_META))?;
     let mut arr: Array<_, Meta> = Array::try_from(aya::maps::Map::Array(data))?;
     arr.set(0, &Meta { layout_version: LAYOUT_VERSION, _pad0: 0 }, 0)?;
     Ok(())
+}
+
+/// Whether `<root>/v<version>` holds a live dataplane of that layout (its
+/// `meta` names its own version; a marker names a newer one).
+pub fn is_live(root: &Path, version: u32) -> bool {
+    meta_version(root, version).ok().flatten() == Some(version)
 }
 
 /// Older layouts' directories under `root` whose maps are live (their
 /// `meta` names their own version): (version, directory), oldest first.
 /// Migration markers are not listed.
 pub fn older_live_versions(root: &Path) -> Vec<(u32, PathBuf)> {
-    let mut v: Vec<(u32, PathBuf)> = version_dirs(root)
-        .into_iter()
-        .filter(|(v, _)| *v < LAYOUT_VERSION && meta_version(root, *v).ok().flatten() == Some(*v))
-        .collect();
+    let mut v: Vec<(u32, PathBuf)> =
+        version_dirs(root).into_iter().filter(|(v, _)| *v < LAYOUT_VERSION && is_live(root, *v)).collect();
     v.sort();
     v
 }
@@ -178,10 +186,7 @@ pub fn leave_marker(root: &Path, version: u32) -> Result<()> {
         let removed = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
         removed.with_context(|| format!("removing {}", path.display()))?;
     }
-    let data = MapData::from_pin(dir.join(MAP_META))?;
-    let mut arr: Array<_, Meta> = Array::try_from(aya::maps::Map::Array(data))?;
-    arr.set(0, &Meta { layout_version: LAYOUT_VERSION, _pad0: 0 }, 0)?;
-    Ok(())
+    write_meta_in(&dir)
 }
 
 /// Removes every pin of this build under `root` (maps and links) and the

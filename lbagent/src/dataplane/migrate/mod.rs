@@ -88,7 +88,7 @@ impl Migration {
             );
         }
         let old = pins::version_dir(root, FROM_VERSION);
-        if FROM_VERSION == 0 || pins::meta_version(root, FROM_VERSION)? != Some(FROM_VERSION) {
+        if FROM_VERSION == 0 || !pins::is_live(root, FROM_VERSION) {
             return Ok(None);
         }
         if !old.join(MAP_CT).exists() {

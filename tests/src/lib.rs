@@ -4,6 +4,7 @@
 //! `BPF_PROG_TEST_RUN`.
 
 pub mod bed;
+pub mod cgroup;
 pub mod engine;
 pub mod fixture;
 pub mod gateway;

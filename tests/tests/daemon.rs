@@ -64,6 +64,11 @@ impl Env {
         ]
     }
     fn start(&self) -> Daemon {
+        let d = self.spawn();
+        self.wait_applied(|| {});
+        d
+    }
+    fn spawn(&self) -> Daemon {
         let child = Command::new(lbagent_bin())
             .arg("run")
             .args(["--state", self.state().to_str().unwrap(), "--repair-interval", "2"])
@@ -72,15 +77,29 @@ impl Env {
             .stderr(std::fs::File::create(self.dir.join("daemon.log")).unwrap())
             .spawn()
             .unwrap();
-        let d = Daemon(child);
-        wait(|| self.status().is_some_and(|s| !s["last_apply"].is_null()), "daemon up and applied");
+        Daemon(child)
+    }
+    /// Waits for the first apply, calling `tick` while waiting.
+    fn wait_applied(&self, mut tick: impl FnMut()) {
+        wait(
+            || {
+                tick();
+                self.status().is_some_and(|s| !s["last_apply"].is_null())
+            },
+            "daemon up and applied",
+        );
         if lbagent_tests::slowdown() > 1 {
             // Emulated guests (vm-test under TCG): haproxy's reload can miss
-            // the agent's 5 s bound on the first apply; the repair pass
-            // (every 2 s here) completes it.
-            wait(|| self.status().is_some_and(|s| s["last_apply"]["ok"] == true), "an apply without errors");
+            // the agent's 5 s wait on the first apply; a repair pass (every
+            // 2 s here) sees it through.
+            wait(
+                || {
+                    tick();
+                    self.status().is_some_and(|s| s["last_apply"]["ok"] == true)
+                },
+                "an apply without errors",
+            );
         }
-        d
     }
     /// Runs a client command with this environment's flags; its stdout.
     fn cli(&self, args: &[&str]) -> String {
@@ -322,7 +341,16 @@ load_balancers:
     assert!(proxied.ping("2").unwrap().starts_with("b "));
 
     // Restart: pins reused, programs replaced in place, flows untouched.
-    let _daemon = env.start();
+    // (Under TCG the restart takes minutes: the proxied connection is kept
+    // from idling into haproxy's 60 s client timeout.)
+    let _daemon = env.spawn();
+    let mut last = Instant::now();
+    env.wait_applied(|| {
+        if last.elapsed() > Duration::from_secs(20) {
+            assert!(proxied.ping("keepalive").unwrap().starts_with("b "));
+            last = Instant::now();
+        }
+    });
     let st = env.status().unwrap();
     assert_eq!(st["last_apply"]["ok"], true, "{st}");
     assert!(direct.ping("3").unwrap().starts_with("b "));
@@ -349,6 +377,90 @@ load_balancers:
     assert!(flushed.starts_with("flushed ") && !flushed.starts_with("flushed 0 "), "{flushed}");
     let ct: Value = serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--port", "7000"])).unwrap();
     assert!(ct.as_array().unwrap().is_empty());
+}
+
+/// haproxy's master re-executes itself on a reload; on a loaded host (or an
+/// emulated guest) starting the new worker takes longer than the agent's
+/// 5 s wait. The reload must then be left to finish, not signalled again by
+/// every repair pass (which restarts it, or kills a master that has not yet
+/// installed its signal handlers), and the apply completes once the new
+/// worker serves. The master is slowed for real: a cgroup holding it (and
+/// what it forks) to 1 % of a CPU makes its re-exec take ~10 s.
+#[test]
+fn a_slow_haproxy_reload_is_left_to_finish() {
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brs")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.61.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.61.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let env = Env::new();
+    let id = lb_id();
+    let with = |ports: &[u16]| {
+        let listeners: String = ports
+            .iter()
+            .map(|p| format!("      - {{id: p{p}, type: tcp, port: {p}, backend_group: g, mode: proxy}}\n"))
+            .collect();
+        format!(
+            "version: 1
+agent: {{integration_bridge: {}}}
+load_balancers:
+  - id: {}
+    network: {{ip: 10.61.0.5, mac: \"02:00:0a:3d:00:05\", prefix_len: 24, gateway: 10.61.0.1}}
+    listeners:
+{listeners}    backend_groups: [{{id: g, backends: [{{id: b, address: 10.61.0.21, port: 9000}}]}}]
+",
+            bridge.name, id
+        )
+    };
+    std::fs::write(env.state(), with(&[7000])).unwrap();
+    let _daemon = env.start();
+    let vip = |port| -> std::net::SocketAddr { format!("10.61.0.5:{port}").parse().unwrap() };
+    let open = OpenConn::open(&client.ns.name, vip(7000)).unwrap();
+    assert!(open.ping("1").unwrap().starts_with("b "));
+
+    let pidfile = env.dir.join("sd/haproxy/haproxy.pid");
+    let master: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let throttle = match lbagent_tests::cgroup::CpuThrottle::new(&unique("lbat"), 1) {
+        Ok(t) => t,
+        Err(e) => {
+            assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "{e:#}");
+            eprintln!("skipped: {e:#}");
+            return;
+        }
+    };
+    throttle.add(master).unwrap();
+    let applies = env.status().unwrap()["applies"].as_u64().unwrap();
+
+    // A new listener: the agent signals the reload and waits 5 s; the
+    // throttled master needs longer.
+    std::fs::write(env.state(), with(&[7000, 7001])).unwrap();
+    let t = Instant::now();
+    wait(
+        || env.status().is_some_and(|s| s["applies"].as_u64().unwrap() > applies && s["last_apply"]["ok"] == false),
+        "an apply that reports the reload still running",
+    );
+    let st = env.status().unwrap();
+    assert!(st["last_apply"].to_string().contains("haproxy"), "{st}");
+    // It completes (repair passes every 2 s must not restart it).
+    let limit = Duration::from_secs(60) * lbagent_tests::slowdown();
+    while !env.status().is_some_and(|s| s["last_apply"]["ok"] == true) {
+        assert!(
+            t.elapsed() < limit,
+            "the slow reload never completed:\n{}",
+            std::fs::read_to_string(env.dir.join("daemon.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(throttle);
+    let log = std::fs::read_to_string(env.dir.join("daemon.log")).unwrap();
+    assert_eq!(log.matches("signalled haproxy to reload").count(), 1, "one reload signal:\n{log}");
+    let still: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert_eq!(still, master, "the same master (re-executed), not a restarted haproxy");
+    assert!(ask_tcp(&client.ns.name, vip(7001)).unwrap().starts_with("b "), "the new listener serves");
+    assert!(open.ping("2").unwrap().starts_with("b "), "the open connection outlived the reload");
 }
 
 #[test]

@@ -45,6 +45,9 @@ enum Cmd {
         /// smoke (one test per layer, what `cargo xtask test` runs) or full (every program test too).
         #[arg(long, default_value = "smoke")]
         tier: vm::Tier,
+        /// Only these test files of the tier (repeatable), e.g. `--file daemon`.
+        #[arg(long = "file")]
+        files: Vec<String>,
     },
     /// Measure the dataplane side by side with iptables and plain routing (results in target/bench/results.md).
     Bench,
@@ -89,7 +92,7 @@ fn main() -> Result<()> {
             eprintln!("xtask: tests passed in {:.0?}", started.elapsed());
             Ok(())
         }
-        Cmd::VmTest { kernel, tier } => {
+        Cmd::VmTest { kernel, tier, files } => {
             let channel = setup::ensure_all()?;
             setup::ensure_vm_tools()?;
             build::all(&channel)?;
@@ -99,7 +102,7 @@ fn main() -> Result<()> {
                     format!("--kernel {k:?}: expected {} or all", vm::SERIES.map(|s| s.name).join(", "))
                 })?],
             };
-            vm::test(&channel, &kernels, tier)
+            vm::test(&channel, &kernels, tier, &files)
         }
         Cmd::Demo => {
             let channel = setup::ensure_all()?;

@@ -5,7 +5,11 @@
 //! Sources come from `git archive` (no worktree is registered), into
 //! `target/previous/src`; the build has its own target dir
 //! (`target/previous/target`), so it never touches this build's artifacts
-//! and is cached across runs (a fresh machine builds it once, ~3 min).
+//! and is cached across runs (a fresh machine builds it once, ~3 min). The
+//! binary (self-contained: the eBPF object is embedded) is also kept in a
+//! per-machine cache, `/var/cache/lbagent-xtask/previous-<commit>-<toolchain>/`
+//! (`LBAGENT_XTASK_CACHE` moves it), so a fresh clone on the same machine
+//! does not build it again. Deleting the directory is always safe.
 
 use std::path::PathBuf;
 
@@ -28,6 +32,15 @@ pub fn build(channel: &str) -> Result<PathBuf> {
     let stamp = src.join(".commit");
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == COMMIT) && bin.exists() {
         return Ok(bin);
+    }
+    let cache = std::env::var_os("LBAGENT_XTASK_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/lbagent-xtask"))
+        .join(format!("previous-{}-{channel}", &COMMIT[..12]));
+    let cached = cache.join("lbagent");
+    if cached.exists() {
+        eprintln!("xtask: previous release ({}) from {}", &COMMIT[..12], cache.display());
+        return Ok(cached);
     }
     let git = |args: &[&str]| {
         let mut c = std::process::Command::new("git");
@@ -69,5 +82,13 @@ pub fn build(channel: &str) -> Result<PathBuf> {
         .env("CARGO_ENCODED_RUSTFLAGS", ["-C", "debuginfo=2", "-C", "link-arg=--btf"].join("\x1f")))?;
     run(cargo().args(["build", "-p", "lbagent", "--bin", "lbagent"]))?;
     std::fs::write(&stamp, COMMIT)?;
+    // Written under a temporary name and renamed: a killed copy leaves no
+    // half binary in the cache.
+    if std::fs::create_dir_all(&cache).is_ok() {
+        let tmp = cache.join(".lbagent.tmp");
+        if std::fs::copy(&bin, &tmp).is_ok() {
+            let _ = std::fs::rename(&tmp, &cached);
+        }
+    }
     Ok(bin)
 }

@@ -97,12 +97,18 @@ struct FileResult {
 
 /// Runs the tier on each series; prints a summary per kernel and fails
 /// when any guest test failed (or a guest did not report).
-pub fn test(channel: &str, kernels: &[&Series], tier: Tier) -> Result<()> {
+pub fn test(channel: &str, kernels: &[&Series], tier: Tier, files: &[String]) -> Result<()> {
     let bins = test_binaries(channel)?;
-    let plan: Vec<(&str, &[&str])> = match tier {
+    let mut plan: Vec<(&str, &[&str])> = match tier {
         Tier::Smoke => SMOKE.to_vec(),
         Tier::Full => SMOKE.iter().chain(FULL_EXTRA).copied().collect(),
     };
+    if !files.is_empty() {
+        if let Some(f) = files.iter().find(|f| !plan.iter().any(|(p, _)| p == f)) {
+            bail!("--file {f:?} is not in the {tier:?} tier");
+        }
+        plan.retain(|(p, _)| files.iter().any(|f| f == p));
+    }
     let mut failed = Vec::new();
     for s in kernels {
         let vmlinuz = fetch(s)?;

@@ -11,6 +11,7 @@
 
 use std::{
     cell::Cell,
+    time::Instant,
     fs,
     hash::{DefaultHasher, Hash, Hasher},
     os::{
@@ -43,6 +44,27 @@ pub struct Haproxy {
     pub dir: PathBuf,
     /// Hash of the configuration this agent last started or reloaded with.
     loaded: Cell<Option<u64>>,
+    /// A reload signalled but not yet seen through (its new worker did not
+    /// serve within `RELOAD_WAIT`).
+    pending: Cell<Option<Pending>>,
+}
+
+/// How long `apply` waits for a reload's new worker before returning.
+const RELOAD_WAIT: Duration = Duration::from_secs(5);
+/// How long a signalled reload is left to finish before it is signalled
+/// again. haproxy's master re-executes itself on SIGUSR2; on a loaded host
+/// that takes seconds, and a second SIGUSR2 restarts it (or, before the new
+/// image has installed its handlers, terminates the master).
+const RELOAD_PATIENCE: Duration = Duration::from_secs(60);
+
+/// A reload in progress: which configuration, which master, the worker it
+/// replaces, and when it was signalled.
+#[derive(Clone, Copy)]
+struct Pending {
+    hash: u64,
+    master: i32,
+    old_worker: Option<u32>,
+    since: Instant,
 }
 
 /// A live haproxy master of this agent, held by a pidfd.
@@ -70,7 +92,7 @@ fn hash(text: &str) -> u64 {
 
 impl Haproxy {
     pub fn new(dir: PathBuf) -> Self {
-        Haproxy { dir, loaded: Cell::new(None) }
+        Haproxy { dir, loaded: Cell::new(None), pending: Cell::new(None) }
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -202,9 +224,37 @@ impl Haproxy {
             outcome.faults = faults;
         }
         let running = self.master();
-        if running.is_some() && self.loaded.get() == Some(hash(&text)) {
+        let want = hash(&text);
+        if running.is_some() && self.loaded.get() == Some(want) {
             return Ok(outcome);
         }
+        if let (Some(m), Some(p)) = (&running, self.pending.get())
+            && p.hash == want
+            && p.master == m.pid
+        {
+            // The same reload, still under way: see whether it finished,
+            // never signal it again while it may still be starting.
+            let now = self.worker_pid();
+            if now.is_some() && now != p.old_worker {
+                self.pending.set(None);
+                self.loaded.set(Some(want));
+                outcome.action = Some("reloaded haproxy");
+                return Ok(outcome);
+            }
+            if p.since.elapsed() < RELOAD_PATIENCE {
+                bail!(
+                    "haproxy is still starting the worker for the new configuration (reload signalled {} s ago); \
+                     the old worker serves until then",
+                    p.since.elapsed().as_secs()
+                );
+            }
+            tracing::warn!(
+                master = m.pid,
+                "haproxy's reload did not finish within {} s; signalling again",
+                RELOAD_PATIENCE.as_secs()
+            );
+        }
+        self.pending.set(None);
         let path = self.config_path();
         let candidate = self.dir.join("haproxy.cfg.new");
         write_private(&candidate, text.as_bytes(), false)?;
@@ -215,10 +265,12 @@ impl Haproxy {
                 if !m.signal(libc::SIGUSR2) {
                     bail!("haproxy master {} vanished before its reload", m.pid);
                 }
+                tracing::info!(master = m.pid, "signalled haproxy to reload");
                 // Hitless: the old worker keeps its connections; we return
                 // once the new worker (with the new config) serves.
+                let since = Instant::now();
                 let mut serving = false;
-                for _ in 0..100 {
+                while since.elapsed() < RELOAD_WAIT {
                     std::thread::sleep(Duration::from_millis(50));
                     let now = self.worker_pid();
                     if now.is_some() && now != old {
@@ -227,7 +279,12 @@ impl Haproxy {
                     }
                 }
                 if !serving {
-                    bail!("haproxy did not pick up the new configuration within 5 s");
+                    self.pending.set(Some(Pending { hash: want, master: m.pid, old_worker: old, since }));
+                    bail!(
+                        "haproxy did not start the worker for the new configuration within {} s; the reload \
+                         continues (the old worker serves) and is checked again on the next pass",
+                        RELOAD_WAIT.as_secs()
+                    );
                 }
                 "reloaded haproxy"
             }
@@ -254,7 +311,7 @@ impl Haproxy {
                 "started haproxy"
             }
         });
-        self.loaded.set(Some(hash(&text)));
+        self.loaded.set(Some(want));
         Ok(outcome)
     }
 
@@ -264,6 +321,7 @@ impl Haproxy {
     /// master alive, so the group id cannot have been reused.
     pub fn stop(&self) -> Result<bool> {
         self.loaded.set(None);
+        self.pending.set(None);
         let Some(m) = self.master() else {
             let _ = fs::remove_dir_all(&self.dir);
             return Ok(false);

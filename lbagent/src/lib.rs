@@ -10,6 +10,7 @@ pub mod cli;
 pub mod daemon;
 pub mod dataplane;
 pub mod files;
+pub mod fleet;
 pub mod lb;
 pub mod naming;
 pub mod natgw;

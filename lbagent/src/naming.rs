@@ -153,6 +153,29 @@ pub fn gw_qos_key(gw: &str, target: QosTarget, policy: &str, rule: &str) -> Stri
     }
 }
 
+/// Prefix of every fleet key in etcd (`../shared/DESIGN.md` §9).
+pub const FLEET_PREFIX: &str = "/lbagent/v1/";
+
+/// A host's desired state (the whole document): `/lbagent/v1/desired/<host>`.
+pub fn fleet_desired_key(host: &str) -> String {
+    format!("{FLEET_PREFIX}desired/{host}")
+}
+
+/// A host's status (JSON, written by its agent): `/lbagent/v1/status/<host>`.
+pub fn fleet_status_key(host: &str) -> String {
+    format!("{FLEET_PREFIX}status/{host}")
+}
+
+/// A host's liveness key, bound to its agent's lease: `/lbagent/v1/alive/<host>`.
+pub fn fleet_alive_key(host: &str) -> String {
+    format!("{FLEET_PREFIX}alive/{host}")
+}
+
+/// The etcd user of a host's agent (its client certificate's CN): `lbagent-<host>`.
+pub fn fleet_user(host: &str) -> String {
+    format!("lbagent-{host}")
+}
+
 /// What a QoS rule instance limits.
 #[derive(Clone, Copy, Debug)]
 pub enum QosTarget<'a> {

@@ -6,6 +6,7 @@
 pub mod bed;
 pub mod cgroup;
 pub mod engine;
+pub mod etcd;
 pub mod fixture;
 pub mod gateway;
 pub mod hosts;

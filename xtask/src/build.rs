@@ -13,6 +13,15 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
+/// The per-machine cache for what outlives a clone (the previous release's
+/// binary, the KVM probe's answer): `/var/cache/lbagent-xtask`, or
+/// `LBAGENT_XTASK_CACHE`. Deleting it is always safe (rebuilt on demand).
+pub fn machine_cache() -> PathBuf {
+    std::env::var_os("LBAGENT_XTASK_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/lbagent-xtask"))
+}
+
 /// `cargo +<pinned channel>` in the workspace root.
 pub fn cargo(channel: &str) -> Command {
     let mut c = Command::new("cargo");

@@ -27,7 +27,8 @@ enum Cmd {
     BuildEbpf,
     /// Build the eBPF object and the userspace binaries.
     Build,
-    /// Run every test tier: unit, program (BPF_PROG_TEST_RUN), static checks, integration.
+    /// Run every test tier: unit, program (BPF_PROG_TEST_RUN), static checks, integration, then
+    /// (without a filter) the traffic tests with the fast path off and the smoke tier on Linux 5.10 in a VM.
     Test {
         /// Extra arguments passed to `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
@@ -88,6 +89,15 @@ fn main() -> Result<()> {
                     .env("LBAGENT_TEST_SLOW_PATH", "1")
                     .env("RUST_TEST_THREADS", std::env::var("RUST_TEST_THREADS").unwrap_or("2".into()));
                 run(&mut slow)?;
+                // The smoke tier on Linux 5.10, the oldest kernel we support
+                // (`docs/kernels.md`): ~8 minutes under TCG.
+                eprintln!(
+                    "xtask: host tests passed in {:.0?}; the smoke tier on Linux 5.10 in a VM",
+                    started.elapsed()
+                );
+                setup::ensure_vm_tools()?;
+                let oldest = vm::SERIES.iter().find(|s| s.name == "5.10").expect("5.10 is a series");
+                vm::test(&channel, &[oldest], vm::Tier::Smoke, &[])?;
             }
             eprintln!("xtask: tests passed in {:.0?}", started.elapsed());
             Ok(())

@@ -7,9 +7,8 @@
 //! (`target/previous/target`), so it never touches this build's artifacts
 //! and is cached across runs (a fresh machine builds it once, ~3 min). The
 //! binary (self-contained: the eBPF object is embedded) is also kept in a
-//! per-machine cache, `/var/cache/lbagent-xtask/previous-<commit>-<toolchain>/`
-//! (`LBAGENT_XTASK_CACHE` moves it), so a fresh clone on the same machine
-//! does not build it again. Deleting the directory is always safe.
+//! per-machine cache (`build::machine_cache`, `previous-<commit>-<toolchain>/`),
+//! so a fresh clone on the same machine does not build it again.
 
 use std::path::PathBuf;
 
@@ -33,10 +32,7 @@ pub fn build(channel: &str) -> Result<PathBuf> {
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == COMMIT) && bin.exists() {
         return Ok(bin);
     }
-    let cache = std::env::var_os("LBAGENT_XTASK_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/lbagent-xtask"))
-        .join(format!("previous-{}-{channel}", &COMMIT[..12]));
+    let cache = build::machine_cache().join(format!("previous-{}-{channel}", &COMMIT[..12]));
     let cached = cache.join("lbagent");
     if cached.exists() {
         eprintln!("xtask: previous release ({}) from {}", &COMMIT[..12], cache.display());

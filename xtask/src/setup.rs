@@ -35,6 +35,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("nsenter", "util-linux"),
     ("ovn-northd", "ovn-central"),
     ("ovn-controller", "ovn-host"),
+    // Fleet mode: etcd for its tests, protoc for the etcd client's build.
+    ("etcd", "etcd-server"),
+    ("etcdctl", "etcd-client"),
+    ("protoc", "protobuf-compiler"),
 ];
 
 /// The interpreter Debian's `python3-*` packages serve (a `python3` earlier

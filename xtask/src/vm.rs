@@ -344,10 +344,11 @@ fn find_vmlinuz(root: &Path) -> Result<Option<PathBuf>> {
 }
 
 /// `kvm` when a probe boot under KVM prints its marker within 60 s, else
-/// `tcg`. The answer is cached per host kernel in `target/vm/accel`.
+/// `tcg`. The answer is cached per host kernel in the machine cache
+/// (`accel`), so a fresh clone does not probe again.
 fn accel(vmlinuz: &Path) -> Result<&'static str> {
     let host = output(Command::new("uname").arg("-r"))?.trim().to_string();
-    let cache = build::root().join("target/vm/accel");
+    let cache = build::machine_cache().join("accel");
     if let Ok(text) = std::fs::read_to_string(&cache)
         && let Some((h, a)) = text.trim().split_once(' ')
         && h == host
@@ -363,6 +364,7 @@ fn accel(vmlinuz: &Path) -> Result<&'static str> {
         boot_with_timeout(vmlinuz, "kvm", &probe, Duration::from_secs(60)).is_ok_and(|c| c.contains("VMTEST-KVM-OK"))
     };
     let a = if kvm { "kvm" } else { "tcg" };
+    std::fs::create_dir_all(build::machine_cache())?;
     std::fs::write(&cache, format!("{host} {a}\n"))?;
     Ok(a)
 }

@@ -1,6 +1,7 @@
 //! The `lbagent` command line.
 
 pub mod conntrack;
+pub mod fleet;
 pub mod format;
 pub mod maps;
 pub mod status;
@@ -56,8 +57,14 @@ pub enum Command {
     /// Run the agent: reconcile the state file, reload on change and SIGHUP.
     Run {
         /// The state file (YAML or JSON by extension).
-        #[arg(long, default_value = DEFAULT_STATE)]
+        #[arg(long, default_value = DEFAULT_STATE, conflicts_with = "endpoints")]
         state: PathBuf,
+        /// Fleet mode: take the desired state from etcd (`--etcd`) at
+        /// `/lbagent/v1/desired/<host>` and report to `/lbagent/v1/status/<host>`.
+        #[arg(long, requires = "endpoints")]
+        host: Option<String>,
+        #[command(flatten)]
+        etcd: crate::fleet::conn::EtcdArgs,
         /// auto (tcx on Linux >= 6.6, netlink below), netlink or tcx.
         #[arg(long, default_value = "auto")]
         attach: AttachMode,
@@ -102,6 +109,13 @@ pub enum Command {
         #[command(subcommand)]
         action: conntrack::Action,
     },
+    /// Fleet mode: put, read and drain hosts' desired state in etcd; read their status.
+    Fleet {
+        #[command(subcommand)]
+        action: fleet::Action,
+        #[command(flatten)]
+        etcd: crate::fleet::conn::EtcdArgs,
+    },
     /// Remove everything the agent created (stop the daemon first).
     Teardown {
         #[command(flatten)]
@@ -117,10 +131,18 @@ pub fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().cmd {
-        Command::Run { state, attach, metrics, repair_interval, conntrack_max, ebpf_log, common } => {
+        Command::Run { state, host, etcd, attach, metrics, repair_interval, conntrack_max, ebpf_log, common } => {
             crate::dataplane::logs::set_level(ebpf_log);
+            let desire = match host {
+                None if etcd.endpoints.is_empty() => daemon::Desire::File(state),
+                None => anyhow::bail!("--etcd needs --host NAME (whose desired state to follow)"),
+                Some(host) => {
+                    crate::fleet::check_host(&host).map_err(|e| anyhow::anyhow!("--host: {e}"))?;
+                    daemon::Desire::Etcd { etcd: crate::fleet::conn::Etcd::new(&etcd)?, host }
+                }
+            };
             let opts = daemon::Options {
-                state,
+                desire,
                 state_dir: common.state_dir,
                 bpffs: common.bpffs,
                 attach,
@@ -159,6 +181,7 @@ pub fn main() -> Result<()> {
         Command::Status { json, common } => status::run(&common.api_socket, &common.bpffs, json),
         Command::Maps { name, json, common } => maps::run(&common.bpffs, name.as_deref(), json),
         Command::Conntrack { action } => conntrack::run(action),
+        Command::Fleet { action, etcd } => fleet::run(action, &etcd),
         Command::Teardown { common } => daemon::teardown(&common.state_dir, &common.bpffs, &common.api_socket),
     }
 }

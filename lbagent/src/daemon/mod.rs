@@ -28,9 +28,18 @@ use crate::{
 };
 use status::Status;
 
-#[derive(Clone, Debug)]
+/// Where the desired state comes from.
+#[derive(Clone)]
+pub enum Desire {
+    /// The state file.
+    File(PathBuf),
+    /// `/lbagent/v1/desired/<host>` in etcd (fleet mode).
+    Etcd { etcd: crate::fleet::conn::Etcd, host: String },
+}
+
+#[derive(Clone)]
 pub struct Options {
-    pub state: PathBuf,
+    pub desire: Desire,
     pub state_dir: PathBuf,
     pub bpffs: PathBuf,
     pub attach: AttachMode,
@@ -51,6 +60,8 @@ struct Daemon {
     /// An upgrade from the previous map layout waiting for an apply that
     /// attached every zone's new programs (`dataplane::migrate`).
     migration: Option<Migration>,
+    /// Notified after every status change (the source may report it).
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl Daemon {
@@ -65,6 +76,7 @@ impl Daemon {
         let down: Vec<String> =
             health.lock().unwrap().down().iter().map(|(lb, l, b)| format!("{lb}/{l}/{b}")).collect();
         st.document.backends_down = down;
+        self.changed.notify_one();
     }
 
     /// Takes a document from the source: applies it when valid, otherwise
@@ -201,9 +213,16 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut host = Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir);
     host.engine.ct_max = opts.conntrack_max;
     let reconciler = Reconciler::open(host, &opts.state_dir)?;
-    let source: Box<dyn source::Source> = Box::new(source::FileSource::new(opts.state.clone()));
+    let source: Box<dyn source::Source> = match &opts.desire {
+        Desire::File(path) => Box::new(source::FileSource::new(path.clone())),
+        Desire::Etcd { etcd, host } => Box::new(crate::fleet::source::EtcdSource {
+            etcd: etcd.clone(),
+            host: host.clone(),
+            cache: opts.state_dir.join("fleet-desired.json"),
+        }),
+    };
     let mut status = Status::default();
-    status.document.state_file = opts.state.display().to_string();
+    status.document.state_file = source.describe();
     let status = Arc::new(Mutex::new(status));
     status.lock().unwrap().refresh(&reconciler.applied, &reconciler.alloc);
 
@@ -221,7 +240,9 @@ pub async fn run(opts: Options) -> Result<()> {
         let (checks, health) = (checks.clone(), reconciler.realizer.health.clone());
         std::thread::spawn(move || prober(checks, health, wake));
     }
-    let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, checks, migration };
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let feedback = source::Feedback { status: status.clone(), changed: changed.clone() };
+    let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, checks, migration, changed };
     // Handlers first: a SIGTERM that arrives during the first apply must
     // still be a clean stop (it was the default action, death, before).
     let mut hup = signal(SignalKind::hangup())?;
@@ -230,7 +251,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let (updates_tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
     let refresh = Arc::new(tokio::sync::Notify::new());
     info!("desired state from {}", source.describe());
-    let source_task = source.run(updates_tx, refresh.clone());
+    let source_task = source.run(updates_tx, refresh.clone(), feedback);
     let first = updates.recv().await.context("the desired-state source stopped before its first document")?;
     tokio::task::block_in_place(|| d.reload(first));
     d.apply(true);

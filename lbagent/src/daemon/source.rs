@@ -5,7 +5,8 @@
 //! running whatever the source (a refused document changes nothing). The
 //! state file is the first source: polled every second, a change applied
 //! once it has stayed the same for a whole poll interval, re-read at once
-//! on SIGHUP. A distributed store is the next one (`../shared/DESIGN.md` §9).
+//! on SIGHUP. etcd is the other (`fleet::source`, `../shared/DESIGN.md` §9),
+//! which also reports the daemon's status back through [`Feedback`].
 
 use std::{
     path::{Path, PathBuf},
@@ -26,6 +27,14 @@ pub struct Update {
     pub state: Result<Accepted, Problems>,
 }
 
+/// The daemon's status, shared with its source: `changed` is notified after
+/// every apply or refusal (a source that reports status back reads it then).
+#[derive(Clone)]
+pub struct Feedback {
+    pub status: std::sync::Arc<std::sync::Mutex<super::status::Status>>,
+    pub changed: std::sync::Arc<Notify>,
+}
+
 /// A source of desired state, run as its own task: it sends an [`Update`]
 /// at start, on every change, and when `refresh` is notified (SIGHUP).
 pub trait Source: Send + 'static {
@@ -37,6 +46,7 @@ pub trait Source: Send + 'static {
         self: Box<Self>,
         updates: UnboundedSender<Update>,
         refresh: std::sync::Arc<Notify>,
+        feedback: Feedback,
     ) -> tokio::task::JoinHandle<()>;
 }
 
@@ -67,6 +77,7 @@ impl Source for FileSource {
         self: Box<Self>,
         updates: UnboundedSender<Update>,
         refresh: std::sync::Arc<Notify>,
+        _feedback: Feedback,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let mut seen = fingerprint(&self.path);
@@ -156,7 +167,8 @@ mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let refresh = std::sync::Arc::new(Notify::new());
         let source = FileSource { path: path.clone(), poll: Duration::from_millis(20) };
-        let task = Box::new(source).run(tx, refresh.clone());
+        let feedback = Feedback { status: Default::default(), changed: Default::default() };
+        let task = Box::new(source).run(tx, refresh.clone(), feedback);
         let first = rx.recv().await.unwrap();
         assert_eq!(first.why, "start");
         assert!(first.state.is_ok());

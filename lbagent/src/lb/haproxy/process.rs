@@ -11,7 +11,6 @@
 
 use std::{
     cell::Cell,
-    time::Instant,
     fs,
     hash::{DefaultHasher, Hash, Hasher},
     os::{
@@ -20,6 +19,7 @@ use std::{
     },
     path::PathBuf,
     time::Duration,
+    time::Instant,
 };
 
 use anyhow::{Context, Result, anyhow, bail};

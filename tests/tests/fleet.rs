@@ -1,0 +1,229 @@
+//! Fleet mode with a real etcd (Debian's `etcd-server`, on free loopback
+//! ports): two agents on one machine (separate state dirs, bpffs dirs,
+//! namespaces) follow their own keys; a refused document shows its problems
+//! in the host's status and changes nothing; etcd restarted mid-run loses no
+//! traffic and the agent resumes; an agent restarted while etcd is down
+//! applies its cached document; a compaction during an outage forces a
+//! clean re-read.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use lbagent_tests::{
+    bed::{HostLock, lb_id},
+    etcd::{self, Etcd},
+    hosts::TestHost,
+    lbagent_bin,
+    ovs::OvsBridge,
+    traffic::{OpenConn, ask_tcp, line_echo_server},
+    unique, wait_for,
+};
+
+/// One agent in fleet mode: its own state dir, bpffs dir and API socket.
+struct Agent {
+    host: String,
+    dir: PathBuf,
+    bpffs: PathBuf,
+    child: Option<Child>,
+}
+
+impl Agent {
+    fn new(host: &str) -> Agent {
+        let tag = unique("lbaf");
+        let dir = std::env::temp_dir().join(&tag);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Agent { host: host.into(), dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag), child: None }
+    }
+    fn common(&self) -> Vec<String> {
+        let p = |p: PathBuf| p.display().to_string();
+        vec![
+            "--state-dir".into(),
+            p(self.dir.join("sd")),
+            "--bpffs".into(),
+            p(self.bpffs.clone()),
+            "--api-socket".into(),
+            p(self.dir.join("api.sock")),
+        ]
+    }
+    fn start(&mut self, etcd: &str) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).unwrap();
+        let child = Command::new(lbagent_bin())
+            .args(["run", "--etcd", etcd, "--host", &self.host, "--repair-interval", "2", "--metrics", "off"])
+            .args(self.common())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("agent.log")
+    }
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+    /// The daemon's own status (its API).
+    fn status(&self) -> Option<Value> {
+        let out = Command::new(lbagent_bin()).args(["status", "--json"]).args(self.common()).output().ok()?;
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+    fn lbs(&self) -> usize {
+        self.status().and_then(|s| s["load_balancers"].as_array().map(Vec::len)).unwrap_or(usize::MAX)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = Command::new(lbagent_bin()).arg("teardown").args(self.common()).output();
+        let _ = std::fs::remove_dir_all(&self.bpffs);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `lbagent fleet …` against `etcd`: (exit ok, stdout, stderr).
+fn fleet(etcd: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(lbagent_bin()).args(["fleet", "--etcd", etcd]).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn host_status(etcd: &Etcd, host: &str) -> Option<Value> {
+    let (ok, out, _) = fleet(&etcd.endpoint(), &["status", host, "--json"]);
+    ok.then(|| serde_json::from_str::<Value>(&out).ok()?.get(host).cloned()).flatten()
+}
+
+/// A load balancer with direct TCP listeners on `ports` in front of one backend.
+fn document(bridge: &str, id: &str, ports: &[u16]) -> String {
+    let listeners: String =
+        ports.iter().map(|p| format!("      - {{id: l{p}, type: tcp, port: {p}, backend_group: g}}\n")).collect();
+    format!(
+        "version: 1
+agent: {{integration_bridge: {bridge}}}
+load_balancers:
+  - id: {id}
+    network: {{ip: 10.62.0.5, mac: \"02:00:0a:3e:00:05\", prefix_len: 24, gateway: 10.62.0.1}}
+    listeners:
+{listeners}    backend_groups: [{{id: g, backends: [{{id: b, address: 10.62.0.21, port: 9000}}]}}]
+"
+    )
+}
+
+fn put(etcd: &Etcd, host: &str, dir: &std::path::Path, doc: &str, wait: bool) -> (bool, String, String) {
+    let file = dir.join(format!("{}.yaml", unique("doc")));
+    std::fs::write(&file, doc).unwrap();
+    let mut args = vec!["put", host, file.to_str().unwrap()];
+    if wait {
+        args.extend(["--wait", "120"]);
+    }
+    fleet(&etcd.endpoint(), &args)
+}
+
+#[test]
+fn hosts_follow_their_own_keys_through_etcd_outages() {
+    if !lbagent_tests::require_root() || !etcd::available() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let tag = unique("lbfe");
+    let mut etcd = Etcd::start(&tag).unwrap();
+    let ep = etcd.endpoint();
+    let bridge = OvsBridge::new(&unique("brf")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.62.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.62.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let host_a = format!("a-{tag}");
+    let host_b = format!("b-{tag}");
+    let mut a = Agent::new(&host_a);
+    let mut b = Agent::new(&host_b);
+    a.start(&ep);
+    b.start(&ep);
+    let id = lb_id();
+    let vip = |port| -> std::net::SocketAddr { format!("10.62.0.5:{port}").parse().unwrap() };
+
+    // Host A's document reaches A only; `put --wait` returns once A runs it.
+    let (ok, out, err) = put(&etcd, &host_a, &a.dir, &document(&bridge.name, &id, &[9000]), true);
+    assert!(ok, "put --wait: {out}{err}\n{}", a.log());
+    assert!(out.contains("applied"), "{out}");
+    assert_eq!(a.lbs(), 1);
+    wait_for(|| b.status().is_some(), "agent B serving its API");
+    assert_eq!(b.lbs(), 0, "host B got nothing");
+    let open = OpenConn::open(&client.ns.name, vip(9000)).unwrap();
+    assert!(open.ping("1").unwrap().starts_with("b "));
+    let st = host_status(&etcd, &host_a).unwrap();
+    assert_eq!((st["result"].as_str(), st["alive"].as_bool()), (Some("applied"), Some(true)), "{st}");
+    let (ok, listing, _) = fleet(&ep, &["status"]);
+    assert!(ok && listing.contains(&format!("{host_a}: Applied")), "{listing}");
+
+    // A refused document: `fleet put` refuses it locally; written behind
+    // its back (etcdctl), the agent refuses it, reports every problem with
+    // its path, and keeps running what it had.
+    let bad = document(&bridge.name, "x;rm -rf /", &[9000]);
+    let (ok, _, err) = put(&etcd, &host_a, &a.dir, &bad, false);
+    assert!(!ok && err.contains("load_balancers[0].id"), "{err}");
+    etcd.ctl(&["put", &format!("/lbagent/v1/desired/{host_a}"), &bad]).unwrap();
+    wait_for(|| host_status(&etcd, &host_a).is_some_and(|s| s["result"] == "rejected"), "the refusal reported");
+    let st = host_status(&etcd, &host_a).unwrap();
+    assert!(st["problems"].to_string().contains("load_balancers[0].id"), "{st}");
+    assert!(st["running_revision"].as_i64() < st["seen_revision"].as_i64(), "{st}");
+    assert_eq!(a.lbs(), 1);
+    assert!(open.ping("2").unwrap().starts_with("b "), "nothing changed");
+
+    // etcd killed mid-run: traffic keeps flowing; restarted, the agent
+    // resumes its watch and applies the next document.
+    etcd.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(open.ping("3").unwrap().starts_with("b "));
+    assert!(ask_tcp(&client.ns.name, vip(9000)).unwrap().starts_with("b "));
+    etcd.resume().unwrap();
+    let (ok, out, err) = put(&etcd, &host_a, &a.dir, &document(&bridge.name, &id, &[9000, 9001]), true);
+    assert!(ok, "after the etcd restart: {out}{err}\n{}", a.log());
+    assert!(ask_tcp(&client.ns.name, vip(9001)).unwrap().starts_with("b "));
+    assert!(open.ping("4").unwrap().starts_with("b "));
+
+    // A compaction while the agent cannot reach etcd: it resumes its watch
+    // from a compacted revision and reads the key again.
+    etcd.stop();
+    std::thread::sleep(Duration::from_secs(8)); // the agent's backoff grows
+    etcd.resume().unwrap();
+    let (ok, _, err) = put(&etcd, &host_a, &a.dir, &document(&bridge.name, &id, &[9000, 9002]), false);
+    assert!(ok, "{err}");
+    let rev = etcd.revision().unwrap();
+    etcd.ctl(&["compact", &rev.to_string()]).unwrap();
+    wait_for(
+        || ask_tcp(&client.ns.name, vip(9002)).is_ok_and(|a| a.starts_with("b ")),
+        "the document after the compaction",
+    );
+    let log = a.log();
+    assert!(log.contains("compacted") || log.contains("reading the key again"), "a re-read after compaction:\n{log}");
+
+    // Agent killed, etcd down, agent restarted: it applies its cached
+    // document (the dataplane was never touched either way).
+    a.kill();
+    etcd.stop();
+    a.start(&ep);
+    let t = Instant::now();
+    wait_for(|| a.status().is_some_and(|s| s["last_apply"]["ok"] == true), "the cached document applied");
+    assert!(a.log().contains("applying the cached document"), "{}", a.log());
+    assert_eq!(a.lbs(), 1);
+    assert!(open.ping("5").unwrap().starts_with("b "));
+    assert!(ask_tcp(&client.ns.name, vip(9002)).unwrap().starts_with("b "));
+    eprintln!("cached document applied {:?} after start with etcd down", t.elapsed());
+
+    // Back online: an explicit empty document drains host A.
+    etcd.resume().unwrap();
+    let (ok, out, err) = fleet(&ep, &["drain", &host_a, "--wait", "120"]);
+    assert!(ok, "drain: {out}{err}\n{}", a.log());
+    assert_eq!(a.lbs(), 0);
+    assert_eq!(b.lbs(), 0);
+}

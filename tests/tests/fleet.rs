@@ -52,9 +52,14 @@ impl Agent {
         ]
     }
     fn start(&mut self, etcd: &str) {
+        self.start_with(etcd, &[]);
+    }
+    /// With extra flags (TLS).
+    fn start_with(&mut self, etcd: &str, extra: &[String]) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).unwrap();
         let child = Command::new(lbagent_bin())
             .args(["run", "--etcd", etcd, "--host", &self.host, "--repair-interval", "2", "--metrics", "off"])
+            .args(extra)
             .args(self.common())
             .stderr(log)
             .spawn()
@@ -94,7 +99,12 @@ impl Drop for Agent {
 
 /// `lbagent fleet …` against `etcd`: (exit ok, stdout, stderr).
 fn fleet(etcd: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(lbagent_bin()).args(["fleet", "--etcd", etcd]).args(args).output().unwrap();
+    fleet_as(etcd, &[], args)
+}
+
+/// `lbagent fleet …` with extra flags (TLS identity).
+fn fleet_as(etcd: &str, extra: &[String], args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(lbagent_bin()).args(["fleet", "--etcd", etcd]).args(extra).args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 
@@ -226,4 +236,124 @@ fn hosts_follow_their_own_keys_through_etcd_outages() {
     assert!(ok, "drain: {out}{err}\n{}", a.log());
     assert_eq!(a.lbs(), 0);
     assert_eq!(b.lbs(), 0);
+}
+
+/// A 3-member cluster loses its leader, then (with the leader back) the
+/// member the agent talks to: the agent follows every new document.
+#[test]
+fn the_agent_follows_a_three_member_cluster_through_failures() {
+    if !lbagent_tests::require_root() || !etcd::available() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let tag = unique("lbfc");
+    let mut etcd = Etcd::cluster(&tag, 3).unwrap();
+    let eps = etcd.endpoints();
+    let bridge = OvsBridge::new(&unique("brc")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.62.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.62.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let host = format!("c-{tag}");
+    let mut a = Agent::new(&host);
+    a.start(&eps);
+    let id = lb_id();
+    let vip = |port| -> std::net::SocketAddr { format!("10.62.0.5:{port}").parse().unwrap() };
+    let put_wait = |ports: &[u16]| {
+        let file = a.dir.join(format!("{}.yaml", unique("doc")));
+        std::fs::write(&file, document(&bridge.name, &id, ports)).unwrap();
+        fleet(&eps, &["put", &host, file.to_str().unwrap(), "--wait", "120"])
+    };
+    let (ok, out, err) = put_wait(&[9000]);
+    assert!(ok, "{out}{err}\n{}", a.log());
+    let open = OpenConn::open(&client.ns.name, vip(9000)).unwrap();
+    assert!(open.ping("1").unwrap().starts_with("b "));
+
+    // The leader goes; the remaining two elect another and serve.
+    let leader = etcd.leader().unwrap();
+    etcd.stop_member(leader);
+    let (ok, out, err) = put_wait(&[9000, 9001]);
+    assert!(ok, "after losing the leader (member {leader}): {out}{err}\n{}", a.log());
+    assert!(ask_tcp(&client.ns.name, vip(9001)).unwrap().starts_with("b "));
+    etcd.resume().unwrap();
+
+    // The member the agent talks to goes (it starts with the first, and
+    // moved to the next if the first was the lost leader).
+    let talking = if leader == 0 { 1 } else { 0 };
+    etcd.stop_member(talking);
+    let (ok, out, err) = put_wait(&[9000, 9002]);
+    assert!(ok, "after losing member {talking}: {out}{err}\n{}", a.log());
+    assert!(ask_tcp(&client.ns.name, vip(9002)).unwrap().starts_with("b "));
+    assert!(open.ping("2").unwrap().starts_with("b "), "the open connection outlived both failures");
+}
+
+/// Mutual TLS with a per-host etcd user (the certificate's CN) whose role
+/// reads exactly its own desired key and writes exactly its own status and
+/// alive keys: the agent runs with it; the same identity is denied another
+/// host's document and writing desired state at all.
+#[test]
+fn mutual_tls_with_a_per_host_user() {
+    if !lbagent_tests::require_root() || !etcd::available() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let tag = unique("lbft");
+    let etcd = Etcd::start_tls(&tag).unwrap();
+    let pki = etcd.pki.as_ref().unwrap();
+    let ep = etcd.endpoint();
+    let (h1, h2) = (format!("t1-{tag}"), format!("t2-{tag}"));
+    for h in [&h1, &h2] {
+        let user = format!("lbagent-{h}");
+        pki.issue(&user, Some(etcd::CLIENT)).unwrap();
+        etcd.ctl(&["role", "add", &user]).unwrap();
+        for (perm, kind) in [("read", "desired"), ("write", "status"), ("write", "alive")] {
+            etcd.ctl(&["role", "grant-permission", &user, perm, &format!("/lbagent/v1/{kind}/{h}")]).unwrap();
+        }
+        etcd.ctl(&["user", "add", &user, "--no-password"]).unwrap();
+        etcd.ctl(&["user", "grant-role", &user, &user]).unwrap();
+    }
+    etcd.ctl(&["user", "add", "root", "--no-password"]).unwrap();
+    etcd.ctl(&["user", "grant-role", "root", "root"]).unwrap();
+    etcd.ctl(&["auth", "enable"]).unwrap();
+    let tls = |cn: &str| -> Vec<String> {
+        let p = |p: PathBuf| p.display().to_string();
+        vec![
+            "--etcd-ca".into(),
+            p(pki.ca()),
+            "--etcd-cert".into(),
+            p(pki.cert(cn)),
+            "--etcd-key".into(),
+            p(pki.key(cn)),
+        ]
+    };
+    let user1 = format!("lbagent-{h1}");
+
+    let bridge = OvsBridge::new(&unique("brt")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.62.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.62.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let mut a = Agent::new(&h1);
+    a.start_with(&ep, &tls(&user1));
+    let file = a.dir.join("doc.yaml");
+    std::fs::write(&file, document(&bridge.name, &lb_id(), &[9000])).unwrap();
+    let (ok, out, err) = fleet_as(&ep, &tls("root"), &["put", &h1, file.to_str().unwrap(), "--wait", "120"]);
+    assert!(ok, "the operator's put, applied by the agent over mutual TLS: {out}{err}\n{}", a.log());
+    assert!(ask_tcp(&client.ns.name, "10.62.0.5:9000".parse().unwrap()).unwrap().starts_with("b "));
+    let (ok, out, _) = fleet_as(&ep, &tls("root"), &["status", &h1, "--json"]);
+    let st: Value = serde_json::from_str(&out).unwrap();
+    assert!(ok && st[&h1]["result"] == "applied" && st[&h1]["alive"] == true, "{out}");
+
+    // The host's identity: its own document yes, another host's no, and no
+    // desired-state writes at all (its own included).
+    let (ok, _, err) = fleet_as(&ep, &tls(&user1), &["get", &h1]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = fleet_as(&ep, &tls(&user1), &["get", &h2]);
+    assert!(!ok && err.contains("permission denied"), "reading another host's document: {err}");
+    let (ok, _, err) = fleet_as(&ep, &tls(&user1), &["put", &h1, file.to_str().unwrap()]);
+    assert!(!ok && err.contains("permission denied"), "writing its own desired state: {err}");
+    let (ok, _, err) = fleet_as(&ep, &tls(&user1), &["drain", &h2]);
+    assert!(!ok && err.contains("permission denied"), "draining another host: {err}");
+    // No client certificate: no access.
+    let ca_only = tls(&user1)[..2].to_vec();
+    let (ok, _, err) = fleet_as(&ep, &ca_only, &["get", &h1]);
+    assert!(!ok, "without a client certificate: {err}");
 }

@@ -39,6 +39,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("etcd", "etcd-server"),
     ("etcdctl", "etcd-client"),
     ("protoc", "protobuf-compiler"),
+    // The fleet tests' certificates.
+    ("openssl", "openssl"),
 ];
 
 /// The interpreter Debian's `python3-*` packages serve (a `python3` earlier

@@ -54,32 +54,90 @@ pub fn run(action: Action, args: &EtcdArgs) -> Result<()> {
     let etcd = Etcd::new(args)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async move {
-        let mut next = 0;
-        let (mut c, _) = etcd.connect_any(&mut next).await.context("etcd unreachable")?;
+        let mut s = Session::open(etcd).await?;
         match action {
             Action::Put { host, file, if_revision, wait } => {
                 check_host(&host).map_err(|e| anyhow!(e))?;
                 let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-                put(&mut c, &host, &text, if_revision, wait).await
+                put(&mut s, &host, &text, if_revision, wait).await
             }
             Action::Drain { host, wait } => {
                 check_host(&host).map_err(|e| anyhow!(e))?;
-                put(&mut c, &host, EMPTY, None, wait).await
+                put(&mut s, &host, EMPTY, None, wait).await
             }
             Action::Get { host } => {
                 check_host(&host).map_err(|e| anyhow!(e))?;
-                let resp = c.get(naming::fleet_desired_key(&host), None).await?;
+                let resp = s.c.get(naming::fleet_desired_key(&host), None).await?;
                 let kv = resp.kvs().first().with_context(|| format!("no desired state for host {host}"))?;
                 eprintln!("revision {}", kv.mod_revision());
                 print!("{}", kv.value_str()?);
                 Ok(())
             }
-            Action::Status { host, json } => status(&mut c, host.as_deref(), json).await,
+            Action::Status { host, json } => status(&mut s.c, host.as_deref(), json).await,
         }
     })
 }
 
-async fn put(c: &mut Client, host: &str, text: &str, if_revision: Option<i64>, wait: u64) -> Result<()> {
+/// One connection, moved to the next endpoint when a request fails (a
+/// member going away, an election in progress).
+struct Session {
+    etcd: Etcd,
+    next: usize,
+    c: Client,
+}
+
+impl Session {
+    async fn open(etcd: Etcd) -> Result<Session> {
+        let mut next = 0;
+        let (c, _) = etcd.connect_any(&mut next).await.context("etcd unreachable")?;
+        Ok(Session { etcd, next, c })
+    }
+
+    async fn failover(&mut self, e: &anyhow::Error) -> Result<()> {
+        eprintln!("etcd request failed ({e:#}); trying the next endpoint");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.next += 1;
+        self.c = self.etcd.connect_any(&mut self.next).await.context("etcd unreachable")?.0;
+        Ok(())
+    }
+}
+
+/// Writes the document (the same bytes on a retry, so a write that landed
+/// before its answer was lost is harmless); its revision.
+async fn write(s: &mut Session, host: &str, text: &str, if_revision: Option<i64>) -> Result<i64> {
+    let key = naming::fleet_desired_key(host);
+    match if_revision {
+        None => Ok(s.c.put(key, text, None).await?.header().map_or(0, |h| h.revision())),
+        Some(want) => {
+            let txn = Txn::new()
+                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, want)])
+                .and_then([TxnOp::put(key.clone(), text, None)]);
+            let resp = s.c.txn(txn).await?;
+            if !resp.succeeded() {
+                let now = s.c.get(key, None).await?.kvs().first().map_or(0, |kv| kv.mod_revision());
+                return Err(Refused(format!(
+                    "host {host}'s document is at revision {now}, not {want}: nothing was written"
+                ))
+                .into());
+            }
+            Ok(resp.header().map_or(0, |h| h.revision()))
+        }
+    }
+}
+
+/// A refusal that no retry changes.
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+async fn put(s: &mut Session, host: &str, text: &str, if_revision: Option<i64>, wait: u64) -> Result<()> {
     if text.len() > MAX_DOCUMENT_BYTES {
         bail!("the document has {} bytes; etcd refuses requests over {MAX_DOCUMENT_BYTES}", text.len());
     }
@@ -89,19 +147,15 @@ async fn put(c: &mut Client, host: &str, text: &str, if_revision: Option<i64>, w
         }
         bail!("refused: {} problems (nothing was written)", problems.0.len());
     }
-    let key = naming::fleet_desired_key(host);
-    let revision = match if_revision {
-        None => c.put(key, text, None).await?.header().map_or(0, |h| h.revision()),
-        Some(want) => {
-            let txn = Txn::new()
-                .when([Compare::mod_revision(key.clone(), CompareOp::Equal, want)])
-                .and_then([TxnOp::put(key.clone(), text, None)]);
-            let resp = c.txn(txn).await?;
-            if !resp.succeeded() {
-                let now = c.get(key, None).await?.kvs().first().map_or(0, |kv| kv.mod_revision());
-                bail!("host {host}'s document is at revision {now}, not {want}: nothing was written");
+    let mut attempts = 0;
+    let revision = loop {
+        match write(s, host, text, if_revision).await {
+            Ok(r) => break r,
+            Err(e) if e.is::<Refused>() || attempts >= 3 => return Err(e),
+            Err(e) => {
+                attempts += 1;
+                s.failover(&e).await?;
             }
-            resp.header().map_or(0, |h| h.revision())
         }
     };
     println!("host {host}: revision {revision}");
@@ -110,10 +164,8 @@ async fn put(c: &mut Client, host: &str, text: &str, if_revision: Option<i64>, w
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
     loop {
-        if let Some(st) = read_status(c, host).await?
-            && st.seen_revision.is_some_and(|r| r >= revision)
-        {
-            match st.result {
+        match read_status(&mut s.c, host).await {
+            Ok(Some(st)) if st.seen_revision.is_some_and(|r| r >= revision) => match st.result {
                 Outcome::Applied if st.running_revision.is_some_and(|r| r >= revision) => {
                     println!("host {host}: applied");
                     return Ok(());
@@ -123,6 +175,13 @@ async fn put(c: &mut Client, host: &str, text: &str, if_revision: Option<i64>, w
                     bail!("host {host} applied revision {revision} with errors:\n{}", st.errors.join("\n"))
                 }
                 _ => {}
+            },
+            Ok(_) => {}
+            Err(e) => {
+                if tokio::time::Instant::now() > deadline {
+                    return Err(e);
+                }
+                s.failover(&e).await?;
             }
         }
         if tokio::time::Instant::now() > deadline {

@@ -120,7 +120,7 @@ impl Etcd {
                     return c;
                 }
                 Err(e) => {
-                    let wait = backoff.next();
+                    let wait = backoff.wait();
                     tracing::warn!("{what}: etcd unreachable ({e:#}); retrying in {wait:.1?}");
                     tokio::time::sleep(wait).await;
                 }
@@ -152,7 +152,7 @@ impl Backoff {
         self.step = Self::MIN;
     }
 
-    pub fn next(&mut self) -> Duration {
+    pub fn wait(&mut self) -> Duration {
         // xorshift64: jitter only, no security role.
         self.seed ^= self.seed << 13;
         self.seed ^= self.seed >> 7;
@@ -171,12 +171,12 @@ mod tests {
     #[test]
     fn backoff_stays_between_half_a_second_and_thirty() {
         let mut b = Backoff::default();
-        let waits: Vec<Duration> = (0..12).map(|_| b.next()).collect();
+        let waits: Vec<Duration> = (0..12).map(|_| b.wait()).collect();
         assert!(waits[0] >= Duration::from_millis(250) && waits[0] <= Backoff::MIN);
         assert!(waits.iter().all(|w| *w <= Backoff::MAX));
         assert!(waits[11] >= Backoff::MAX / 2);
         b.reset();
-        assert!(b.next() <= Backoff::MIN);
+        assert!(b.wait() <= Backoff::MIN);
     }
 
     #[test]

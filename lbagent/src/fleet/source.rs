@@ -205,7 +205,7 @@ impl EtcdSource {
                 Err(e) => {
                     // Another endpoint next: this one failed us.
                     next += 1;
-                    let wait = backoff.next();
+                    let wait = backoff.wait();
                     warn!("desired state: {e:#}; reconnecting in {wait:.1?} (resuming after revision {rev})");
                     continue_after(wait).await;
                 }
@@ -250,7 +250,7 @@ impl EtcdSource {
             let (mut c, _) = self.etcd.connect_retrying(&mut next, &mut backoff, "status").await;
             if let Err(e) = self.report(&mut c, &feedback, &mut last).await {
                 next += 1;
-                let wait = backoff.next();
+                let wait = backoff.wait();
                 warn!("status to etcd: {e:#}; again in {wait:.1?}");
                 continue_after(wait).await;
             }

@@ -47,6 +47,15 @@ pub fn all(channel: &str) -> Result<()> {
     run(cargo(channel).args(["build", "--workspace", "--exclude", "lbagent-ebpf", "--all-targets"]))
 }
 
+/// The release binary an operator installs (`target/release/lbagent`, the
+/// eBPF object embedded).
+pub fn release(channel: &str) -> Result<PathBuf> {
+    ebpf(channel)?;
+    eprintln!("xtask: building the release binary");
+    run(cargo(channel).args(["build", "--release", "-p", "lbagent", "--bin", "lbagent"]))?;
+    Ok(root().join("target/release/lbagent"))
+}
+
 /// The lint policy: rustfmt's layout, and clippy with warnings denied on the
 /// host crates (every target) and on the eBPF crate (its own target). The
 /// workspace's `[workspace.lints]` adds `undocumented_unsafe_blocks`.

@@ -4,6 +4,7 @@
 //! `git clone` to a green test run with one command.
 
 mod build;
+mod package;
 mod previous;
 mod setup;
 mod vm;
@@ -25,8 +26,21 @@ enum Cmd {
     Setup,
     /// Build the eBPF object (release, BTF) into target/bpfel-unknown-none/release/.
     BuildEbpf,
-    /// Build the eBPF object and the userspace binaries.
+    /// Build the eBPF object, the userspace binaries and tests (debug), and the release binary
+    /// an operator installs (target/release/lbagent).
     Build,
+    /// Build (release) and run the agent: `cargo xtask run -- run --state my.yaml`.
+    Run {
+        /// Arguments of `lbagent`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Build the Debian package (binary, systemd unit, defaults, docs, example) into target/package/.
+    Package {
+        /// Package the debug binary (what the test suite installs) instead of a release build.
+        #[arg(long)]
+        debug: bool,
+    },
     /// Run every test tier: unit, program (BPF_PROG_TEST_RUN), static checks, integration, then
     /// (without a filter) the traffic tests with the fast path off and the smoke tier on Linux 5.10 in a VM.
     Test {
@@ -63,20 +77,43 @@ fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Setup => setup::ensure_all().map(|_| ()),
         Cmd::BuildEbpf => build::ebpf(&setup::ensure_all()?),
-        Cmd::Build => build::all(&setup::ensure_all()?),
+        Cmd::Build => {
+            let channel = setup::ensure_all()?;
+            build::all(&channel)?;
+            let bin = build::release(&channel)?;
+            eprintln!("xtask: release binary {}", bin.display());
+            Ok(())
+        }
+        Cmd::Run { args } => {
+            let channel = setup::ensure_all()?;
+            let bin = build::release(&channel)?;
+            let status =
+                Command::new(&bin).args(&args).status().with_context(|| format!("running {}", bin.display()))?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Package { debug } => {
+            let channel = setup::ensure_all()?;
+            if debug {
+                build::all(&channel)?;
+            }
+            package::build(&channel, debug).map(|_| ())
+        }
         Cmd::Lint => build::lint(&setup::ensure_all()?),
         Cmd::Test { args } => {
             let channel = setup::ensure_all()?;
             build::all(&channel)?;
             build::lint(&channel)?;
-            // The upgrade test runs the previous release, then this one.
+            // The upgrade test runs the previous release, then this one; the
+            // package test installs the Debian package.
             let previous = previous::build(&channel)?;
+            let deb = package::build(&channel, true)?;
             let started = std::time::Instant::now();
             // Root tests share the kernel; they use unique names and run two at a time.
             let mut cmd = build::cargo(&channel);
             cmd.args(["test", "--workspace", "--exclude", "lbagent-ebpf"])
                 .args(&args)
                 .env("LBAGENT_PREVIOUS_BIN", &previous)
+                .env("LBAGENT_DEB", &deb)
                 .env("RUST_TEST_THREADS", std::env::var("RUST_TEST_THREADS").unwrap_or("2".into()));
             run(&mut cmd)?;
             // The traffic tests again with the fast path off: both paths

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod metrics;
+pub mod notify;
 pub mod source;
 pub mod status;
 
@@ -255,6 +256,14 @@ pub async fn run(opts: Options) -> Result<()> {
     let first = updates.recv().await.context("the desired-state source stopped before its first document")?;
     tokio::task::block_in_place(|| d.reload(first));
     d.apply(true);
+    // systemd (Type=notify): started once the first document is applied
+    // (or refused: the unit is up either way; the status says which).
+    let summary = match &d.status.lock().unwrap().document.last_apply {
+        Some(a) if a.ok => "applied".to_string(),
+        Some(a) => format!("applied with {} errors", a.errors.len()),
+        None => "no valid desired state yet".to_string(),
+    };
+    notify::notify(&format!("READY=1\nSTATUS={summary}"));
     let mut repair = tokio::time::interval(opts.repair_interval);
     repair.tick().await;
     info!(api = %opts.api_socket.display(), "running");
@@ -271,6 +280,7 @@ pub async fn run(opts: Options) -> Result<()> {
             _ = int.recv() => break,
         }
     }
+    notify::notify("STOPPING=1");
     source_task.abort();
     let _ = std::fs::remove_file(&opts.api_socket);
     info!("stopped; the dataplane keeps running (`lbagent teardown` removes it)");

@@ -257,6 +257,11 @@ impl Etcd {
         Ok(String::from_utf8(out.stdout)?)
     }
 
+    /// The pids of the running members.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members.iter().filter_map(|m| m.child.as_ref().map(Child::id)).collect()
+    }
+
     /// The store's current revision.
     pub fn revision(&self) -> Result<i64> {
         let out = self.ctl(&["endpoint", "status", "-w", "json"])?;

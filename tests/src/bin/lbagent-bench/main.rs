@@ -26,6 +26,7 @@
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
 //! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,sched` picks sections.
 
+mod fleet;
 mod qos;
 mod sched;
 
@@ -724,6 +725,9 @@ fn main() -> Result<()> {
     }
     if want("sched") {
         sched::sched(quick, &mut out)?;
+    }
+    if want("fleet") {
+        fleet::fleet(quick, &mut out)?;
     }
     eprintln!();
     println!("{out}");

@@ -189,6 +189,32 @@ fn hosts_follow_their_own_keys_through_etcd_outages() {
     assert_eq!(a.lbs(), 1);
     assert!(open.ping("2").unwrap().starts_with("b "), "nothing changed");
 
+    // `--if-revision`: a stale revision writes nothing; the current one
+    // writes. Documents over etcd's request limit are refused before sending.
+    let good = document(&bridge.name, &id, &[9000]);
+    let file = a.dir.join("cas.yaml");
+    std::fs::write(&file, &good).unwrap();
+    let (_, _, err) = fleet(&ep, &["get", &host_a]);
+    let current = err.trim().strip_prefix("revision ").unwrap().to_string();
+    let (ok, _, err) = fleet(&ep, &["put", &host_a, file.to_str().unwrap(), "--if-revision", "1"]);
+    assert!(!ok && err.contains("nothing was written"), "{err}");
+    let (ok, out, err) =
+        fleet(&ep, &["put", &host_a, file.to_str().unwrap(), "--if-revision", &current, "--wait", "60"]);
+    assert!(ok, "{out}{err}");
+    let huge = format!("{good}# {}\n", "x".repeat(2 << 20));
+    std::fs::write(&file, huge).unwrap();
+    let (ok, _, err) = fleet(&ep, &["put", &host_a, file.to_str().unwrap()]);
+    assert!(!ok && err.contains("etcd refuses requests over"), "{err}");
+
+    // The key deleted: nothing changes (only an empty document drains).
+    etcd.ctl(&["del", &format!("/lbagent/v1/desired/{host_a}")]).unwrap();
+    wait_for(|| a.log().contains("was deleted"), "the deletion noticed");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(a.lbs(), 1, "a deleted key drains nothing");
+    assert!(open.ping("2b").unwrap().starts_with("b "));
+    let (ok, _, err) = put(&etcd, &host_a, &a.dir, &good, true);
+    assert!(ok, "{err}");
+
     // etcd killed mid-run: traffic keeps flowing; restarted, the agent
     // resumes its watch and applies the next document.
     etcd.stop();

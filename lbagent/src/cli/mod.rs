@@ -133,16 +133,19 @@ pub fn main() -> Result<()> {
     match Cli::parse().cmd {
         Command::Run { state, host, etcd, attach, metrics, repair_interval, conntrack_max, ebpf_log, common } => {
             crate::dataplane::logs::set_level(ebpf_log);
-            let desire = match host {
-                None if etcd.endpoints.is_empty() => daemon::Desire::File(state),
+            let source: Box<dyn daemon::source::Source> = match host {
+                None if etcd.endpoints.is_empty() => Box::new(daemon::source::FileSource::new(state)),
                 None => anyhow::bail!("--etcd needs --host NAME (whose desired state to follow)"),
                 Some(host) => {
                     crate::fleet::check_host(&host).map_err(|e| anyhow::anyhow!("--host: {e}"))?;
-                    daemon::Desire::Etcd { etcd: crate::fleet::conn::Etcd::new(&etcd)?, host }
+                    Box::new(crate::fleet::source::EtcdSource {
+                        etcd: crate::fleet::conn::Etcd::new(&etcd)?,
+                        host,
+                        cache: common.state_dir.join(crate::fleet::CACHE_FILE),
+                    })
                 }
             };
             let opts = daemon::Options {
-                desire,
                 state_dir: common.state_dir,
                 bpffs: common.bpffs,
                 attach,
@@ -155,7 +158,7 @@ pub fn main() -> Result<()> {
                 .worker_threads(2)
                 .enable_all()
                 .build()?
-                .block_on(daemon::run(opts))
+                .block_on(daemon::run(opts, source))
         }
         Command::Validate { file } => match crate::state::accept_file(&file) {
             Ok(crate::state::Accepted { state: s, warnings, .. }) => {

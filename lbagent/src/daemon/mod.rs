@@ -29,18 +29,8 @@ use crate::{
 };
 use status::Status;
 
-/// Where the desired state comes from.
-#[derive(Clone)]
-pub enum Desire {
-    /// The state file.
-    File(PathBuf),
-    /// `/lbagent/v1/desired/<host>` in etcd (fleet mode).
-    Etcd { etcd: crate::fleet::conn::Etcd, host: String },
-}
-
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Options {
-    pub desire: Desire,
     pub state_dir: PathBuf,
     pub bpffs: PathBuf,
     pub attach: AttachMode,
@@ -198,7 +188,9 @@ fn prober(
     }
 }
 
-pub async fn run(opts: Options) -> Result<()> {
+/// Runs the daemon on desired state from `source` (the state file, or etcd
+/// in fleet mode: `fleet::source`).
+pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     crate::files::ensure_private_dir(&opts.state_dir).context("--state-dir")?;
     crate::dataplane::pins::ensure_bpffs(&opts.bpffs)?;
     let _locks = locks(&opts.state_dir, &opts.bpffs)?;
@@ -214,14 +206,6 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut host = Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir);
     host.engine.ct_max = opts.conntrack_max;
     let reconciler = Reconciler::open(host, &opts.state_dir)?;
-    let source: Box<dyn source::Source> = match &opts.desire {
-        Desire::File(path) => Box::new(source::FileSource::new(path.clone())),
-        Desire::Etcd { etcd, host } => Box::new(crate::fleet::source::EtcdSource {
-            etcd: etcd.clone(),
-            host: host.clone(),
-            cache: opts.state_dir.join("fleet-desired.json"),
-        }),
-    };
     let mut status = Status::default();
     status.document.state_file = source.describe();
     let status = Arc::new(Mutex::new(status));

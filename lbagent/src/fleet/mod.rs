@@ -17,6 +17,10 @@ pub mod source;
 
 use serde::{Deserialize, Serialize};
 
+/// The last accepted document, in the state dir (applied at start when
+/// etcd is unreachable).
+pub const CACHE_FILE: &str = "fleet-desired.json";
+
 /// etcd's default request size limit (1.5 MiB): a larger document is
 /// refused by `fleet put` before it reaches the server.
 pub const MAX_DOCUMENT_BYTES: usize = 1536 * 1024;

@@ -48,11 +48,11 @@ pub fn ensure_running() -> Result<()> {
             "--log-file",
         ])?;
     }
-    sh(&["ovs-vsctl", "--timeout=10", "--no-wait", "init"])?;
+    sh(&["ovs-vsctl", &ovs_timeout(), "--no-wait", "init"])?;
     // Without userspace TSO, TCP over veth ports fails with bad checksums.
     sh(&[
         "ovs-vsctl",
-        "--timeout=10",
+        &ovs_timeout(),
         "--no-wait",
         "set",
         "Open_vSwitch",
@@ -77,20 +77,20 @@ pub struct OvsBridge {
 impl OvsBridge {
     pub fn new(name: &str) -> Result<Self> {
         ensure_running()?;
-        sh(&["ovs-vsctl", "--timeout=10", "add-br", name, "--", "set", "bridge", name, "datapath_type=netdev"])?;
+        sh(&["ovs-vsctl", &ovs_timeout(), "add-br", name, "--", "set", "bridge", name, "datapath_type=netdev"])?;
         sh(&["ip", "link", "set", name, "up"])?;
         Ok(OvsBridge { name: name.into() })
     }
 
     /// Plugs a host-namespace interface in as a port.
     pub fn add_port(&self, port: &str) -> Result<()> {
-        sh(&["ovs-vsctl", "--timeout=10", "add-port", &self.name, port]).map(|_| ())
+        sh(&["ovs-vsctl", &ovs_timeout(), "add-port", &self.name, port]).map(|_| ())
     }
 }
 
 impl Drop for OvsBridge {
     fn drop(&mut self) {
-        let _ = sh(&["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", &self.name]);
+        let _ = sh(&["ovs-vsctl", &ovs_timeout(), "--if-exists", "del-br", &self.name]);
     }
 }
 
@@ -118,7 +118,7 @@ pub struct OvsPort(pub String);
 
 impl Drop for OvsPort {
     fn drop(&mut self) {
-        let _ = sh(&["ovs-vsctl", "--timeout=10", "--if-exists", "del-port", &self.0]);
+        let _ = sh(&["ovs-vsctl", &ovs_timeout(), "--if-exists", "del-port", &self.0]);
     }
 }
 
@@ -129,4 +129,10 @@ impl Drop for HostLink {
     fn drop(&mut self) {
         let _ = sh(&["ip", "link", "del", &self.0]);
     }
+}
+
+/// `--timeout=N` for ovs-vsctl: 10 s, stretched in emulated guests
+/// (`LBAGENT_TEST_SLOWDOWN`), where ovsdb answers far slower.
+fn ovs_timeout() -> String {
+    format!("--timeout={}", 10 * crate::slowdown())
 }

@@ -61,7 +61,21 @@ const FULL_EXTRA: &[(&str, &[&str])] = &[
     ("egress", &[]),
     ("address_only", &[]),
     ("acl", &[]),
-    ("qos", &[]),
+    // The QoS program tests that measure time (bucket refill, backlog,
+    // achieved rates) are host-only: under TCG the guest's clock runs
+    // against a CPU ~20 times slower, so rates mean nothing there. The
+    // logic (marking, ladder, live rate change, zones without rules) runs.
+    (
+        "qos",
+        &[
+            "a_rate_change_keeps_the_bucket_and_applies_at_once",
+            "ecn_tcp_is_marked_past_half_the_burst_other_tcp_dropped_early_and_acks_pass",
+            "the_priority_ladder_picks_the_first_matching_rule",
+            "zones_without_rules_pay_one_lookup_and_are_never_limited",
+            "traffic::the_priority_ladder_holds_with_real_traffic",
+            "traffic::two_eips_are_limited_independently",
+        ],
+    ),
     ("route", &[]),
     ("natgw", &["large_udp_datagrams", "a_floating_ip_carries_every_ip_protocol"]),
     ("sched", &[]),
@@ -371,7 +385,8 @@ fn accel(vmlinuz: &Path) -> Result<&'static str> {
 
 /// Boots the kernel and runs `script`; the console output.
 fn boot(vmlinuz: &Path, accel: &str, script: &Path) -> Result<String> {
-    boot_with_timeout(vmlinuz, accel, script, Duration::from_secs(3600))
+    // The full tier takes over an hour under TCG.
+    boot_with_timeout(vmlinuz, accel, script, Duration::from_secs(3 * 3600))
 }
 
 fn boot_with_timeout(vmlinuz: &Path, accel: &str, script: &Path, limit: Duration) -> Result<String> {

@@ -18,10 +18,11 @@ pub struct CpuThrottle {
 }
 
 impl CpuThrottle {
-    /// A new group named `name` allowed `percent` % of one CPU.
-    pub fn new(name: &str, percent: u32) -> Result<CpuThrottle> {
-        let period = 100_000u32;
-        let quota = (period / 100 * percent).max(1000);
+    /// A new group named `name` allowed `permille` ‰ of one CPU (at
+    /// least 1 ms per 1 s period).
+    pub fn new(name: &str, permille: u32) -> Result<CpuThrottle> {
+        let period = 1_000_000u32;
+        let quota = (period / 1000 * permille).max(1000);
         let v1 = Path::new("/sys/fs/cgroup/cpu");
         if v1.join("cpu.cfs_quota_us").exists() {
             let dir = v1.join(name);

@@ -43,6 +43,13 @@ const PACKAGES: &[(&str, &str)] = &[
     ("openssl", "openssl"),
 ];
 
+/// Debian packages that provide no binary (a file they install, package).
+const FILE_PACKAGES: &[(&str, &str)] = &[
+    // The well-known types etcd-client's protos import; only recommended by
+    // protobuf-compiler, and packages install without recommends here.
+    ("/usr/include/google/protobuf/descriptor.proto", "libprotobuf-dev"),
+];
+
 /// The interpreter Debian's `python3-*` packages serve (a `python3` earlier
 /// on PATH, pyenv's for one, would not see them).
 pub const DEBIAN_PYTHON: &str = "/usr/bin/python3";
@@ -174,6 +181,7 @@ fn ensure_packages() -> Result<()> {
                 .unwrap_or(false)
         })
         .map(|(_, pkg)| *pkg)
+        .chain(FILE_PACKAGES.iter().filter(|(file, _)| !Path::new(file).exists()).map(|(_, pkg)| *pkg))
         .chain(
             PYTHON_MODULES
                 .iter()

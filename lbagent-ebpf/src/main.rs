@@ -35,8 +35,12 @@ mod route;
 mod rules;
 mod sched;
 mod verdict;
+mod xdp;
 
-use aya_ebpf::{macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 
 /// The zone (namespace) this program instance serves; set by the loader.
 #[unsafe(no_mangle)]
@@ -65,6 +69,20 @@ pub fn lbagent_nat(ctx: TcContext) -> i32 {
 #[inline(always)]
 pub fn lbagent_nat_egress(ctx: TcContext) -> i32 {
     egress::process(&ctx)
+}
+
+/// Measurement probe (never attached by the agent): see `xdp.rs`.
+#[xdp]
+#[inline(always)]
+pub fn lbagent_xdp_pass(ctx: XdpContext) -> u32 {
+    xdp::pass(&ctx)
+}
+
+/// Measurement probe (never attached by the agent): see `xdp.rs`.
+#[xdp]
+#[inline(always)]
+pub fn lbagent_xdp_forward(ctx: XdpContext) -> u32 {
+    xdp::forward(&ctx)
 }
 
 #[cfg(not(test))]

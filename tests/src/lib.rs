@@ -17,6 +17,7 @@ pub mod packet;
 pub mod rate;
 pub mod topology;
 pub mod traffic;
+pub mod xdp;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 

@@ -10,7 +10,8 @@
 //!    rule after N-1 others) vs plain routing without NAT; interleaved,
 //!    repeated, medians.
 //! 3. Time to install N rules, and to change one rule among N.
-//! 4. TCP throughput (TSO on and off) and small-packet UDP rate, iperf3.
+//! 4. TCP throughput (TSO on and off), small-packet UDP rate (iperf3) and new
+//!    connections/s: fast path, slow path, iptables, plain routing.
 //! 5. Disruption: connections lost across agent restarts and a config change.
 //! 6. New UDP flows/s to one resolver through one SNAT address (a busy EIP):
 //!    eBPF vs iptables (random-fully) vs plain routing, with a short UDP
@@ -23,12 +24,17 @@
 //!    kube-ovn's tc HTB scheme at 10 and 100 Mbit/s, and the per-packet cost
 //!    of a matching rule (`qos.rs`).
 //!
+//! 9. Direct-mode schedulers (`sched.rs`); 10. fleet mode on etcd (`fleet.rs`);
+//! 11. XDP against the TC fast path (`xdp.rs`).
+//!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,sched` picks sections.
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp`
+//! picks sections.
 
 mod fleet;
 mod qos;
 mod sched;
+mod xdp;
 
 use std::{
     fmt::Write as _,
@@ -238,36 +244,76 @@ fn iperf(ns: &str, to: Ipv4Addr, extra: &[&str]) -> Result<serde_json::Value> {
     Ok(serde_json::from_str(&out)?)
 }
 
+/// TCP/UDP iperf3 rules (port 5201) for the VIP, as the throughput paths
+/// need them, after 8 non-matching rules; the fast path on or off.
+fn throughput_engine(fast: bool) -> Result<NatTopology> {
+    let t = NatTopology::new(AttachMode::Auto)?;
+    for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
+        t.tables.set_dnat(&DnatSpec {
+            zone: ZONE,
+            addr: VIP,
+            proto,
+            port: 5201,
+            rule_id: 50 + i as u32,
+            backends: vec![(SERVER, 5201)],
+            snat: None,
+            acl: None,
+            sched: None,
+        })?;
+    }
+    for spec in filler(ZONE, 8) {
+        t.tables.set_dnat(&spec)?;
+    }
+    let flags = if fast { lbagent_common::NAT_CFG_FAST_PATH } else { 0 };
+    t.tables.set_config(lbagent_common::NatConfig { flags, ..Default::default() })?;
+    Ok(t)
+}
+
+/// One path of a throughput table: its name, topology, and the address the
+/// client sends to (the VIP through a NAT, the server when routed).
+type Path<'a> = (&'a str, &'a NatTopology, Ipv4Addr);
+
+/// Medians over `reps` rounds (paths interleaved within a round) of: TCP
+/// Gbit/s with TSO on and off at the client, UDP 64-byte kpps received, and
+/// new TCP connections/s (port 80 through a NAT, 8080 when routed).
+fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 4]>> {
+    let _servers: Vec<lbagent_tests::rate::IperfServer> = paths
+        .iter()
+        .map(|(_, t, _)| lbagent_tests::rate::IperfServer::start(&t.server.name, 5201))
+        .collect::<Result<_>>()?;
+    for (_, t, _) in paths {
+        accept_forever(&t.server.name)?;
+    }
+    let mut rows = vec![[vec![], vec![], vec![], vec![]]; paths.len()];
+    for _ in 0..reps {
+        for (k, (_, t, to)) in paths.iter().enumerate() {
+            let c0 = t.client_if.clone();
+            let bps = |v: &serde_json::Value| v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
+            let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
+            rows[k][0].push(bps(&iperf(&t.client.name, *to, &[])?));
+            let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "off", "gso", "off"]);
+            rows[k][1].push(bps(&iperf(&t.client.name, *to, &[])?));
+            let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
+            let u = iperf(&t.client.name, *to, &["-u", "-b", "0", "-l", "64"])?;
+            let sum = &u["end"]["sum"];
+            let got = sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
+            rows[k][2].push(got / sum["seconds"].as_f64().unwrap_or(2.0) / 1e3);
+            let port = if *to == VIP { 80 } else { 8080 };
+            rows[k][3].push(conn_rate(&t.client.name, (*to, port).into(), Duration::from_secs(1))?.0);
+            eprint!(".");
+        }
+    }
+    Ok(rows.into_iter().map(|r| r.map(median)).collect())
+}
+
 fn throughput(reps: usize, out: &mut String) -> Result<()> {
     writeln!(out, "\n## 4. Throughput and small-packet rate (iperf3, 2 s runs, median of {reps}, 10 rules)\n")?;
     writeln!(
         out,
-        "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) |\n|---|---:|---:|---:|"
+        "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) | new TCP connections/s |\n|---|---:|---:|---:|---:|"
     )?;
-    let engine = |slow: bool| -> Result<NatTopology> {
-        let t = NatTopology::new(AttachMode::Auto)?;
-        for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
-            t.tables.set_dnat(&DnatSpec {
-                zone: ZONE,
-                addr: VIP,
-                proto,
-                port: 5201,
-                rule_id: 50 + i as u32,
-                backends: vec![(SERVER, 5201)],
-                snat: None,
-                acl: None,
-                sched: None,
-            })?;
-        }
-        for spec in filler(ZONE, 8) {
-            t.tables.set_dnat(&spec)?;
-        }
-        let flags = if slow { 0 } else { lbagent_common::NAT_CFG_FAST_PATH };
-        t.tables.set_config(lbagent_common::NatConfig { flags, ..Default::default() })?;
-        Ok(t)
-    };
-    let ebpf = engine(false)?;
-    let slow = engine(true)?;
+    let ebpf = throughput_engine(true)?;
+    let slow = throughput_engine(false)?;
     let ipt = NatTopology::plain()?;
     let mut rules = iptables_rules(&ipt.ifaces[1], 8);
     rules = rules.replace(
@@ -285,39 +331,18 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
         ("iptables (seed rules)", &ipt, VIP),
         ("plain routing, no NAT", &route, SERVER),
     ];
-    let _servers: Vec<lbagent_tests::rate::IperfServer> = paths
-        .iter()
-        .map(|(_, t, _)| lbagent_tests::rate::IperfServer::start(&t.server.name, 5201))
-        .collect::<Result<_>>()?;
-    let mut rows = vec![(vec![], vec![], vec![]); paths.len()];
-    for _ in 0..reps {
-        for (k, (_, t, to)) in paths.iter().enumerate() {
-            let c0 = t.client_if.clone();
-            let bps = |v: &serde_json::Value| v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
-            let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
-            rows[k].0.push(bps(&iperf(&t.client.name, *to, &[])?));
-            let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "off", "gso", "off"]);
-            rows[k].1.push(bps(&iperf(&t.client.name, *to, &[])?));
-            let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
-            let u = iperf(&t.client.name, *to, &["-u", "-b", "0", "-l", "64"])?;
-            let sum = &u["end"]["sum"];
-            let got = sum["packets"].as_f64().unwrap_or(0.0) - sum["lost_packets"].as_f64().unwrap_or(0.0);
-            rows[k].2.push(got / sum["seconds"].as_f64().unwrap_or(2.0) / 1e3);
-            eprint!(".");
-        }
-    }
-    let medians: Vec<(f64, f64, f64)> =
-        rows.into_iter().map(|(tso, notso, udp)| (median(tso), median(notso), median(udp))).collect();
-    for ((name, _, _), (tso, notso, udp)) in paths.iter().zip(&medians) {
-        writeln!(out, "| {name} | {tso:.2} | {notso:.2} | {udp:.0} |")?;
+    let medians = measure_paths(&paths, reps)?;
+    for ((name, _, _), [tso, notso, udp, conns]) in paths.iter().zip(&medians) {
+        writeln!(out, "| {name} | {tso:.2} | {notso:.2} | {udp:.0} | {conns:.0} |")?;
     }
     let (f, r) = (medians[0], medians[3]);
     writeln!(
         out,
-        "\nFast path ÷ plain routing, same run: TCP TSO on {:.2}, TSO off {:.2}, UDP 64 B {:.2}.",
-        f.0 / r.0,
-        f.1 / r.1,
-        f.2 / r.2
+        "\nFast path ÷ plain routing, same run: TCP TSO on {:.2}, TSO off {:.2}, UDP 64 B {:.2}, new connections {:.2}.",
+        f[0] / r[0],
+        f[1] / r[1],
+        f[2] / r[2],
+        f[3] / r[3]
     )?;
     Ok(())
 }
@@ -722,6 +747,9 @@ fn main() -> Result<()> {
         qos::qos(if quick { 1 } else { 2 }, &mut out)?;
     } else if want("qos-cost") {
         qos::cost(&mut out)?;
+    }
+    if want("xdp") {
+        xdp::xdp(reps, &mut out)?;
     }
     if want("sched") {
         sched::sched(quick, &mut out)?;

@@ -84,9 +84,13 @@ pub static QOS_DROPS: LruHashMap<QosDropKey, QosDrop, { QOS_DROPS_MAX as usize }
 #[btf_map(name = "qos_stats", pin_by_name)]
 pub static QOS_STATS: Array<QosStats, { QOS_BUCKETS_MAX as usize }> = Array::new();
 
-/// Scheduler tables: rule id → its table (`lbagent_common::sched`).
+/// Scheduler tables: rule id → its table (`lbagent_common::sched`). Each
+/// slot holds a [`Backend`]'s 8 bytes, declared as a `u64`: the agent
+/// creates the inner arrays without BTF, and Linux 5.15–6.1 insert an inner
+/// map only when its value's BTF record matches the template's (a struct
+/// value there made every insert fail with EINVAL; a scalar matches).
 #[btf_map(name = "sched_tables", pin_by_name)]
-pub static SCHED_TABLES: HashOfMaps<u32, Array<Backend, { SCHED_TABLE_LEN as usize }>, { SCHED_TABLES_MAX as usize }> =
+pub static SCHED_TABLES: HashOfMaps<u32, Array<u64, { SCHED_TABLE_LEN as usize }>, { SCHED_TABLES_MAX as usize }> =
     HashOfMaps::new();
 
 /// Round-robin positions, per CPU, by rule id (LRU: a deleted rule's

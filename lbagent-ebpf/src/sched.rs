@@ -52,7 +52,9 @@ pub fn pick(rule: &DnatRule, t: &Tuple) -> Backend {
     // SAFETY: the inner table is only replaced whole (never written in
     // place) and its values are plain data, copied out at once.
     match unsafe { SCHED_TABLES.get_value(&rule_id, &slot) } {
-        Some(b) => *b,
+        // SAFETY: the slot's 8 bytes are a `Backend` (see `SCHED_TABLES`),
+        // and a u64's alignment covers the Backend's.
+        Some(v) => unsafe { *(v as *const u64 as *const Backend) },
         None => Backend::default(),
     }
 }

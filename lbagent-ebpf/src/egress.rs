@@ -46,7 +46,9 @@ const LOOPBACK_IFINDEX: u32 = 1;
 #[inline(always)]
 pub fn process(ctx: &TcContext) -> i32 {
     // QoS first, on the packet as it leaves (an EIP after SNAT).
-    if qos::police(ctx, zone(), QOS_EGRESS) {
+    // Most of what leaves was forwarded and needs no clock: QoS reads it
+    // only for a packet a rule limits.
+    if qos::police(ctx, zone(), QOS_EGRESS, conntrack::now) {
         return TC_ACT_SHOT;
     }
     match parse(ctx, zone()) {

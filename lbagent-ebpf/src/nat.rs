@@ -24,8 +24,10 @@ const COLLISION_PORT_MIN: u16 = 1024;
 #[inline(always)]
 pub fn process(ctx: &TcContext) -> i32 {
     count(Counter::Packets);
+    // One clock read per packet, shared by QoS and conntrack.
+    let now = conntrack::now();
     // QoS first, on the packet as it arrived (an EIP before DNAT).
-    if qos::police(ctx, zone(), QOS_INGRESS) {
+    if qos::police(ctx, zone(), QOS_INGRESS, || now) {
         return TC_ACT_SHOT;
     }
     match parse(ctx, zone()) {
@@ -34,9 +36,9 @@ pub fn process(ctx: &TcContext) -> i32 {
                 return fragment::later(ctx, &p);
             }
             if p.frag == Frag::First {
-                fragment::record_first(&p, conntrack::now());
+                fragment::record_first(&p, now);
             }
-            flow(ctx, &p)
+            flow(ctx, &p, now)
         }
         Ok(Parsed::IcmpError(p, e)) => icmp_error::translate(ctx, &p, &e, Side::Ingress),
         Err(c) => verdict(c),
@@ -44,8 +46,7 @@ pub fn process(ctx: &TcContext) -> i32 {
 }
 
 #[inline(always)]
-fn flow(ctx: &TcContext, p: &Packet) -> i32 {
-    let now = conntrack::now();
+fn flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     match conntrack::lookup(p, now) {
         Lookup::Hit(e) => {
             count(if e.flags & CT_F_REPLY != 0 { Counter::XlateReply } else { Counter::XlateOrig });

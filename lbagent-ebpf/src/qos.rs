@@ -36,7 +36,7 @@
 //! packet per CPU per idle-to-busy transition. The early-drop timestamp is a
 //! plain store too (a lost update only spaces early drops differently).
 
-use aya_ebpf::{EbpfContext, bindings::__sk_buff, helpers::bpf_ktime_get_ns, programs::TcContext};
+use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
 use lbagent_common::*;
 
 use crate::{
@@ -83,8 +83,11 @@ fn header(ctx: &TcContext) -> Option<[u8; HEAD_LEN]> {
 }
 
 /// Whether the packet is dropped by its bucket (counted in `qos_stats`).
+/// `clock` gives the packet's time (`bpf_ktime_get_ns`): the ingress
+/// program reads it once per packet for QoS and conntrack alike; it is
+/// called only for a packet a rule limits.
 #[inline(always)]
-pub fn police(ctx: &TcContext, zone: u16, dir: u8) -> bool {
+pub fn police(ctx: &TcContext, zone: u16, dir: u8, clock: impl Fn() -> u64) -> bool {
     match QOS_ZONES.get(zone as u32) {
         Some(n) if *n != 0 => {}
         _ => return false,
@@ -107,7 +110,7 @@ pub fn police(ctx: &TcContext, zone: u16, dir: u8) -> bool {
     // SAFETY: a hash map value, read-only, valid for this program run.
     let Some(hook) = (unsafe { QOS_HOOKS.get(&key) }) else { return false };
     let bucket = classify(hook, &h, zone, dir);
-    bucket != 0 && limit(ctx, &h, bucket)
+    bucket != 0 && limit(ctx, &h, bucket, clock())
 }
 
 #[inline(always)]
@@ -158,15 +161,13 @@ enum Outcome {
 }
 
 #[inline(always)]
-fn limit(ctx: &TcContext, p: &Head, bucket: u32) -> bool {
+fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     let Some(c) = QOS_CONFIG.get(bucket) else { return false };
     let Some(st) = QOS_STATE.get_ptr_mut(bucket) else { return false };
     if c.rate_bps == 0 {
         return false;
     }
     let len = wire_len(ctx, p);
-    // SAFETY: a helper without arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
     let cost = len * NS_PER_S_BITS / c.rate_bps;
     // SAFETY: `st` points at this bucket's map value for the program run;
     // other CPUs update it concurrently (see the module notes).

@@ -86,9 +86,10 @@ pub static QOS_STATS: Array<QosStats, { QOS_BUCKETS_MAX as usize }> = Array::new
 
 /// Scheduler tables: rule id → its table (`lbagent_common::sched`). Each
 /// slot holds a [`Backend`]'s 8 bytes, declared as a `u64`: the agent
-/// creates the inner arrays without BTF, and Linux 5.15–6.1 insert an inner
-/// map only when its value's BTF record matches the template's (a struct
-/// value there made every insert fail with EINVAL; a scalar matches).
+/// creates the inner arrays without BTF, and Linux 6.1 refuses an inner map
+/// whose value does not match what it derives from the template's value
+/// BTF (with a struct value every insert failed with EINVAL; 5.10 and 6.18
+/// accepted it; a scalar is accepted by all three).
 #[btf_map(name = "sched_tables", pin_by_name)]
 pub static SCHED_TABLES: HashOfMaps<u32, Array<u64, { SCHED_TABLE_LEN as usize }>, { SCHED_TABLES_MAX as usize }> =
     HashOfMaps::new();

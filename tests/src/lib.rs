@@ -42,15 +42,19 @@ pub fn lbagent_bin() -> std::path::PathBuf {
 /// `LBAGENT_PREVIOUS_BIN`. `None` (skip) outside CI when it was not built;
 /// under `CI=true` a missing build fails the test instead.
 pub fn previous_lbagent_bin() -> Option<std::path::PathBuf> {
-    let bin = std::env::var_os("LBAGENT_PREVIOUS_BIN").map(std::path::PathBuf::from).filter(|p| p.exists());
-    if bin.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none_or(|v| v != "true"),
-            "LBAGENT_PREVIOUS_BIN unset or missing under CI: `cargo xtask test` builds the previous release"
-        );
-        eprintln!("skipped: LBAGENT_PREVIOUS_BIN not set (`cargo xtask test` builds the previous release)");
+    built_artifact("LBAGENT_PREVIOUS_BIN", "`cargo xtask test` builds the previous release")
+}
+
+/// A file `cargo xtask test` builds and names in environment variable
+/// `var`. `None` (skip, saying `how` to build it) outside CI when it is
+/// missing; under `CI=true` a missing one fails the test instead.
+pub fn built_artifact(var: &str, how: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os(var).map(std::path::PathBuf::from).filter(|p| p.exists());
+    if path.is_none() {
+        assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "{var} unset or missing under CI: {how}");
+        eprintln!("skipped: {var} not set ({how})");
     }
-    bin
+    path
 }
 
 /// Skips (with a message) when not root; root tests need CAP_NET_ADMIN and CAP_BPF.

@@ -42,6 +42,8 @@ pub struct NatTopology {
     pub ifaces: [String; 2],
     /// The client's interface (toward the NAT namespace).
     pub client_if: String,
+    /// The server's interface (toward the NAT namespace).
+    pub server_if: String,
     pub pins: TestPins,
 }
 
@@ -117,7 +119,18 @@ impl NatTopology {
             random: true,
             rule_id: 10,
         })?;
-        Ok(NatTopology { client, nat, server, prog, tables, mode: used, ifaces: [n0, n1], client_if: c0, pins })
+        Ok(NatTopology {
+            client,
+            nat,
+            server,
+            prog,
+            tables,
+            mode: used,
+            ifaces: [n0, n1],
+            client_if: c0,
+            server_if: s0,
+            pins,
+        })
     }
 }
 

@@ -73,22 +73,12 @@ pub fn attach(ebpf: &mut Ebpf, name: &str, ns: &str, ifname: &str) -> Result<()>
 pub fn forward_to_server(t: &crate::topology::NatTopology, pins: &TestPins) -> Result<Ebpf> {
     t.client.exec(&["ethtool", "-K", &t.client_if, "tx", "off"])?;
     let n1 = &t.ifaces[1];
-    let s0 = server_if(t)?;
+    let s0 = &t.server_if;
     let (ifindex, src_mac) =
         lbagent::netns::run_in(Some(&t.nat.name), || Ok((lbagent::netns::ifindex(n1)?, crate::engine::mac_of(n1))))?;
-    let dst_mac = lbagent::netns::run_in(Some(&t.server.name), || Ok(crate::engine::mac_of(&s0)))?;
+    let dst_mac = lbagent::netns::run_in(Some(&t.server.name), || Ok(crate::engine::mac_of(s0)))?;
     let mut ebpf = probes(pins, NextHop { ifindex, dst_mac, src_mac })?;
-    attach(&mut ebpf, PASS, &t.server.name, &s0)?;
+    attach(&mut ebpf, PASS, &t.server.name, s0)?;
     attach(&mut ebpf, FORWARD, &t.nat.name, &t.ifaces[0])?;
     Ok(ebpf)
-}
-
-/// The server namespace's interface (the only one besides `lo`).
-pub fn server_if(t: &crate::topology::NatTopology) -> Result<String> {
-    let text = t.server.exec(&["ip", "-o", "link", "show"])?;
-    text.lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_string())
-        .find(|n| n != "lo")
-        .context("no interface in the server namespace")
 }

@@ -24,15 +24,7 @@ use lbagent_tests::{
 };
 
 fn deb() -> Option<PathBuf> {
-    let deb = std::env::var_os("LBAGENT_DEB").map(PathBuf::from).filter(|p| p.exists());
-    if deb.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none_or(|v| v != "true"),
-            "LBAGENT_DEB unset or missing under CI: `cargo xtask test` builds the package"
-        );
-        eprintln!("skipped: LBAGENT_DEB not set (`cargo xtask package --debug`)");
-    }
-    deb
+    lbagent_tests::built_artifact("LBAGENT_DEB", "`cargo xtask test` builds the package; `cargo xtask package --debug`")
 }
 
 fn sh(cmd: &mut Command) -> (bool, String) {

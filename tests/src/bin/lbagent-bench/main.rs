@@ -306,12 +306,20 @@ fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 4]>> {
     Ok(rows.into_iter().map(|r| r.map(median)).collect())
 }
 
-fn throughput(reps: usize, out: &mut String) -> Result<()> {
-    writeln!(out, "\n## 4. Throughput and small-packet rate (iperf3, 2 s runs, median of {reps}, 10 rules)\n")?;
+/// Writes the table of `measure_paths` results, one row per path.
+fn write_paths(out: &mut String, paths: &[Path], medians: &[[f64; 4]]) -> Result<()> {
     writeln!(
         out,
         "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) | new TCP connections/s |\n|---|---:|---:|---:|---:|"
     )?;
+    for ((name, _, _), [tso, notso, udp, conns]) in paths.iter().zip(medians) {
+        writeln!(out, "| {name} | {tso:.2} | {notso:.2} | {udp:.0} | {conns:.0} |")?;
+    }
+    Ok(())
+}
+
+fn throughput(reps: usize, out: &mut String) -> Result<()> {
+    writeln!(out, "\n## 4. Throughput and small-packet rate (iperf3, 2 s runs, median of {reps}, 10 rules)\n")?;
     let ebpf = throughput_engine(true)?;
     let slow = throughput_engine(false)?;
     let ipt = NatTopology::plain()?;
@@ -332,9 +340,7 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
         ("plain routing, no NAT", &route, SERVER),
     ];
     let medians = measure_paths(&paths, reps)?;
-    for ((name, _, _), [tso, notso, udp, conns]) in paths.iter().zip(&medians) {
-        writeln!(out, "| {name} | {tso:.2} | {notso:.2} | {udp:.0} | {conns:.0} |")?;
-    }
+    write_paths(out, &paths, &medians)?;
     let (f, r) = (medians[0], medians[3]);
     writeln!(
         out,

@@ -22,11 +22,7 @@ use lbagent_tests::{
 };
 
 pub fn xdp(reps: usize, out: &mut String) -> Result<()> {
-    writeln!(
-        out,
-        "\n## 11. XDP against the TC fast path (iperf3, 2 s runs, median of {reps})\n\n\
-         | path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) | new TCP connections/s |\n|---|---:|---:|---:|---:|"
-    )?;
+    writeln!(out, "\n## 11. XDP against the TC fast path (iperf3, 2 s runs, median of {reps})\n")?;
     let fast = crate::throughput_engine(true)?;
     let with_pass = crate::throughput_engine(true)?;
     let pass_pins = TestPins::new();
@@ -45,9 +41,7 @@ pub fn xdp(reps: usize, out: &mut String) -> Result<()> {
         ("plain routing, no NAT", &route, SERVER),
     ];
     let m = crate::measure_paths(&paths, reps)?;
-    for ((name, _, _), [tso, notso, udp, conns]) in paths.iter().zip(&m) {
-        writeln!(out, "| {name} | {tso:.2} | {notso:.2} | {udp:.0} | {conns:.0} |")?;
-    }
+    crate::write_paths(out, &paths, &m)?;
     let r = |a: usize, b: usize, k: usize| m[a][k] / m[b][k];
     writeln!(
         out,

@@ -28,14 +28,36 @@ pub const QOS_BUCKETS_MAX: u32 = 16_384;
 /// Gateway rules one hook (interface and direction) can hold.
 pub const QOS_HOOK_RULES: usize = 8;
 
-/// `QosHookKey::dir` / `QosEipKey::dir`.
+/// `QosHookKey::dir` / `QosEipKey::dir`, and the index of
+/// `QosZoneInfo::eip_ifindex`.
 pub const QOS_INGRESS: u8 = 0;
 pub const QOS_EGRESS: u8 = 1;
 
-/// `QosHook::eip_side`: which address is looked up in `qos_eips`.
-pub const QOS_EIP_NONE: u32 = 0;
-pub const QOS_EIP_DADDR: u32 = 1;
-pub const QOS_EIP_SADDR: u32 = 2;
+/// A zone's QoS at a glance (`qos_zones[zone]`), the first thing the
+/// program reads: a zone whose entry is all zero has no rules.
+///
+/// EIP rules act on one interface per direction (the gateway's external
+/// interface): a packet there is looked up in `qos_eips` by its destination
+/// (ingress) or source (egress) before anything else.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct QosZoneInfo {
+    /// Per direction (`QOS_INGRESS`, `QOS_EGRESS`): the interface whose
+    /// packets are looked up in `qos_eips`; 0 when no EIP has a rule in
+    /// that direction.
+    pub eip_ifindex: [u32; 2],
+    /// Hooks of the zone with gateway rules (`qos_hooks` entries): 0 means
+    /// the program never looks there.
+    pub hooks: u32,
+    pub _pad0: u32,
+}
+
+impl QosZoneInfo {
+    /// Whether the zone has any rule.
+    pub fn any(&self) -> bool {
+        self.hooks != 0 || self.eip_ifindex != [0, 0]
+    }
+}
 
 /// `QosMatch::kind`.
 pub const QOS_MATCH_ALL: u8 = 0;
@@ -65,14 +87,13 @@ pub struct QosMatch {
     pub _pad0: u16,
 }
 
-/// A hook's ladder: whether EIP rules apply here (and on which address),
-/// then up to `QOS_HOOK_RULES` gateway rules sorted by priority (lower
-/// first). The program takes the first gateway rule that matches with a
-/// priority below the EIP rule's, else the EIP rule (ties go to the EIP).
+/// A hook's gateway rules: up to `QOS_HOOK_RULES`, sorted by priority
+/// (lower first). The program takes the first that matches with a priority
+/// below the packet's EIP rule (if any), else the EIP rule (ties go to the
+/// EIP).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct QosHook {
-    pub eip_side: u32,
     pub count: u32,
     pub rules: [QosMatch; QOS_HOOK_RULES],
 }
@@ -87,11 +108,18 @@ pub struct QosEipKey {
     pub _pad0: u8,
 }
 
+/// `QosEip::flags`: no gateway rule of the EIP's hook can come before
+/// this rule (none there, or none with a lower priority number): the
+/// program takes the EIP's bucket without reading the hook.
+pub const QOS_EIP_F_FIRST: u32 = 1;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct QosEip {
     pub bucket: u32,
     pub priority: u32,
+    pub flags: u32,
+    pub _pad0: u32,
 }
 
 /// A bucket's rate and thresholds, all precomputed by the agent. Times are
@@ -157,7 +185,9 @@ pub struct QosDrop {
 /// segment passes like a resend.
 pub const QOS_PROBE_GAP_NS: u64 = 1_000_000;
 
-/// Per bucket: packets and layer-2 bytes by outcome (atomic adds).
+/// Per bucket and CPU (`qos_stats` is a per-CPU array: no atomic adds, no
+/// cache line shared by the CPUs of one busy bucket): packets and layer-2
+/// bytes by outcome. Readers add the CPUs up.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
@@ -168,6 +198,18 @@ pub struct QosStats {
     pub marked_bytes: u64,
     pub dropped_packets: u64,
     pub dropped_bytes: u64,
+}
+
+impl QosStats {
+    /// Adds another CPU's counts.
+    pub fn add(&mut self, o: &QosStats) {
+        self.passed_packets += o.passed_packets;
+        self.passed_bytes += o.passed_bytes;
+        self.marked_packets += o.marked_packets;
+        self.marked_bytes += o.marked_bytes;
+        self.dropped_packets += o.dropped_packets;
+        self.dropped_bytes += o.dropped_bytes;
+    }
 }
 
 /// Packets up to this many layer-2 bytes are "small" (ACKs, SYNs): they get
@@ -202,16 +244,29 @@ pub fn qos_config(rate_bps: u64, burst_bytes: u64) -> QosConfig {
 mod user {
     use super::*;
 
-    pod!(QosHookKey, QosMatch, QosHook, QosEipKey, QosEip, QosConfig, QosBucket, QosDropKey, QosDrop, QosStats);
+    pod!(
+        QosZoneInfo,
+        QosHookKey,
+        QosMatch,
+        QosHook,
+        QosEipKey,
+        QosEip,
+        QosConfig,
+        QosBucket,
+        QosDropKey,
+        QosDrop,
+        QosStats
+    );
 }
 
 /// No implicit padding: each size is the sum of its fields.
 const _: () = {
+    assert!(core::mem::size_of::<QosZoneInfo>() == 16);
     assert!(core::mem::size_of::<QosHookKey>() == 8);
     assert!(core::mem::size_of::<QosMatch>() == 4 + 4 + 4 + 1 + 1 + 2);
-    assert!(core::mem::size_of::<QosHook>() == 8 + 16 * QOS_HOOK_RULES);
+    assert!(core::mem::size_of::<QosHook>() == 4 + 16 * QOS_HOOK_RULES);
     assert!(core::mem::size_of::<QosEipKey>() == 8);
-    assert!(core::mem::size_of::<QosEip>() == 8);
+    assert!(core::mem::size_of::<QosEip>() == 16);
     assert!(core::mem::size_of::<QosConfig>() == 40);
     assert!(core::mem::size_of::<QosBucket>() == 16);
     assert!(core::mem::size_of::<QosDropKey>() == 16);

@@ -54,11 +54,12 @@ pub static RULE_STATS: LruPerCpuHashMap<u32, RuleStats, { RULE_STATS_MAX as usiz
 #[btf_map(name = "meta", pin_by_name)]
 pub static META: Array<Meta, 1> = Array::new();
 
-/// QoS: zones with any rules (index = zone; 0 = none).
+/// QoS: each zone's rules at a glance (index = zone; all zero = none):
+/// where EIP rules act and whether any hook has gateway rules.
 #[btf_map(name = "qos_zones", pin_by_name)]
-pub static QOS_ZONES: Array<u32, { QOS_ZONES_MAX as usize }> = Array::new();
+pub static QOS_ZONES: Array<QosZoneInfo, { QOS_ZONES_MAX as usize }> = Array::new();
 
-/// QoS: each hook's ladder of gateway rules, and whether EIP rules apply.
+/// QoS: each hook's ladder of gateway rules.
 #[btf_map(name = "qos_hooks", pin_by_name)]
 pub static QOS_HOOKS: HashMap<QosHookKey, QosHook, { QOS_HOOKS_MAX as usize }> = HashMap::new();
 
@@ -80,9 +81,9 @@ pub static QOS_STATE: Array<QosBucket, { QOS_BUCKETS_MAX as usize }> = Array::ne
 #[btf_map(name = "qos_drops", pin_by_name)]
 pub static QOS_DROPS: LruHashMap<QosDropKey, QosDrop, { QOS_DROPS_MAX as usize }> = LruHashMap::new();
 
-/// QoS: per bucket, packets and bytes passed, marked and dropped.
+/// QoS: per bucket and CPU, packets and bytes passed, marked and dropped.
 #[btf_map(name = "qos_stats", pin_by_name)]
-pub static QOS_STATS: Array<QosStats, { QOS_BUCKETS_MAX as usize }> = Array::new();
+pub static QOS_STATS: PerCpuArray<QosStats, { QOS_BUCKETS_MAX as usize }> = PerCpuArray::new();
 
 /// Scheduler tables: rule id → its table (`lbagent_common::sched`). Each
 /// slot holds a [`Backend`]'s 8 bytes, declared as a `u64`: the agent

@@ -9,10 +9,12 @@
 //! a zone's programs).
 //!
 //! Classification: `qos_zones[zone]` says whether the zone has any rules (an
-//! array lookup: traffic of zones without QoS pays that only); `qos_hooks`
-//! holds the hook's gateway rules sorted by priority and whether EIP rules
-//! apply (`qos_eips`, exact address). The first gateway rule that matches
-//! with a lower priority number than the EIP's rule wins, else the EIP's.
+//! array lookup: traffic of zones without QoS pays that only) and on which
+//! interface EIP rules act; there the packet's EIP is looked up first
+//! (`qos_eips`, exact address), and its rule says whether a gateway rule
+//! could come before it. `qos_hooks` holds a hook's gateway rules sorted by
+//! priority: the first that matches with a lower priority number than the
+//! EIP's rule wins, else the EIP's.
 //!
 //! Bytes are counted as tc counts them: layer-2 length, a GSO packet whole
 //! with the headers of each of its segments.
@@ -26,7 +28,8 @@
 //! TCP backs off before a tail-drop burst; small packets (ACKs, SYNs) get
 //! extra headroom and are never dropped early.
 //!
-//! Concurrency (both CPUs on one bucket): kernel 5.10 has atomic add but no
+//! Counters are per CPU (`qos_stats`): plain adds. Concurrency of the
+//! bucket itself (both CPUs on one bucket): kernel 5.10 has atomic add but no
 //! fetch-add or compare-exchange, and aya-ebpf has no spin lock, so the
 //! charge is an atomic add (never lost) and the decision reads the clock
 //! without a lock. Two CPUs may both admit a packet against the same
@@ -88,9 +91,10 @@ fn header(ctx: &TcContext) -> Option<[u8; HEAD_LEN]> {
 /// called only for a packet a rule limits.
 #[inline(always)]
 pub fn police(ctx: &TcContext, zone: u16, dir: u8, clock: impl Fn() -> u64) -> bool {
-    match QOS_ZONES.get(zone as u32) {
-        Some(n) if *n != 0 => {}
-        _ => return false,
+    let Some(z) = QOS_ZONES.get(zone as u32) else { return false };
+    let eip_if = if dir == QOS_INGRESS { z.eip_ifindex[0] } else { z.eip_ifindex[1] };
+    if eip_if == 0 && z.hooks == 0 {
+        return false;
     }
     let Some(head) = header(ctx) else { return false };
     if head[ETH_TYPE] != 0x08 || head[ETH_TYPE + 1] != 0x00 {
@@ -106,10 +110,7 @@ pub fn police(ctx: &TcContext, zone: u16, dir: u8, clock: impl Fn() -> u64) -> b
         later_fragment: (ip[IP_FRAG] & 0x1f) != 0 || ip[IP_FRAG + 1] != 0,
         l4: ETH_LEN + ((ip[0] & 0x0f) as usize) * 4,
     };
-    let key = QosHookKey { ifindex, zone, dir, _pad0: 0 };
-    // SAFETY: a hash map value, read-only, valid for this program run.
-    let Some(hook) = (unsafe { QOS_HOOKS.get(&key) }) else { return false };
-    let bucket = classify(hook, &h, zone, dir);
+    let bucket = classify(&h, ifindex, eip_if, z.hooks, zone, dir);
     bucket != 0 && limit(ctx, &h, bucket, clock())
 }
 
@@ -119,17 +120,31 @@ fn mask(len: u8) -> u32 {
 }
 
 /// The bucket of the first matching rule on the ladder (0 = unlimited).
+///
+/// On the EIP interface the EIP's rule comes first (one hash lookup); when
+/// no gateway rule of the hook can come before it (`QOS_EIP_F_FIRST`, the
+/// common case) that is all. Otherwise the hook's gateway rules are walked
+/// up to the EIP rule's priority.
 #[inline(always)]
-fn classify(hook: &QosHook, p: &Head, zone: u16, dir: u8) -> u32 {
-    let mut eip = QosEip { bucket: 0, priority: u32::MAX };
-    if hook.eip_side != QOS_EIP_NONE {
-        let addr = if hook.eip_side == QOS_EIP_DADDR { p.daddr } else { p.saddr };
+fn classify(p: &Head, ifindex: u32, eip_if: u32, hooks: u32, zone: u16, dir: u8) -> u32 {
+    let mut eip = QosEip { bucket: 0, priority: u32::MAX, flags: 0, _pad0: 0 };
+    if ifindex == eip_if {
+        let addr = if dir == QOS_INGRESS { p.daddr } else { p.saddr };
         let key = QosEipKey { addr, zone, dir, _pad0: 0 };
         // SAFETY: a hash map value, copied out at once.
         if let Some(e) = unsafe { QOS_EIPS.get(&key) } {
             eip = *e;
+            if eip.flags & QOS_EIP_F_FIRST != 0 {
+                return eip.bucket;
+            }
         }
     }
+    if hooks == 0 {
+        return eip.bucket;
+    }
+    let key = QosHookKey { ifindex, zone, dir, _pad0: 0 };
+    // SAFETY: a hash map value, read-only, valid for this program run.
+    let Some(hook) = (unsafe { QOS_HOOKS.get(&key) }) else { return eip.bucket };
     let (saddr, daddr) = (u32::from_be_bytes(p.saddr), u32::from_be_bytes(p.daddr));
     let count = hook.count;
     for (i, r) in hook.rules.iter().enumerate() {
@@ -308,39 +323,28 @@ fn mark_ce(ctx: &TcContext, _p: &Head) -> bool {
     ctx.l3_csum_replace(ETH_LEN + IP_CSUM, u16::from_ne_bytes(word) as u64, u16::from_ne_bytes(new) as u64, 2).is_ok()
 }
 
-/// Counts the packet in the bucket's stats (shared by all CPUs: atomic adds).
+/// Counts the packet in the bucket's stats: this CPU's slot of a per-CPU
+/// array, so plain adds (no other CPU writes it).
 #[inline(always)]
 fn count(bucket: u32, outcome: Outcome, bytes: u64) {
     let Some(s) = QOS_STATS.get_ptr_mut(bucket) else { return };
-    // SAFETY: the map value's fields, valid for the program run.
-    let (pp, pb, mp, mb, dp, db) = unsafe {
-        (
-            &raw mut (*s).passed_packets,
-            &raw mut (*s).passed_bytes,
-            &raw mut (*s).marked_packets,
-            &raw mut (*s).marked_bytes,
-            &raw mut (*s).dropped_packets,
-            &raw mut (*s).dropped_bytes,
-        )
-    };
-    use crate::atomic::add;
-    // SAFETY: the six pointers are aligned u64 fields of the live stats
-    // value; every CPU adds to them, hence the atomic adds.
+    // SAFETY: this CPU's value of a per-CPU array entry, valid for the
+    // program run; no other CPU touches it.
     unsafe {
         match outcome {
             Outcome::Dropped => {
-                add(dp, 1);
-                add(db, bytes);
+                (*s).dropped_packets += 1;
+                (*s).dropped_bytes += bytes;
             }
             Outcome::Marked => {
-                add(mp, 1);
-                add(mb, bytes);
-                add(pp, 1);
-                add(pb, bytes);
+                (*s).marked_packets += 1;
+                (*s).marked_bytes += bytes;
+                (*s).passed_packets += 1;
+                (*s).passed_bytes += bytes;
             }
             Outcome::Passed => {
-                add(pp, 1);
-                add(pb, bytes);
+                (*s).passed_packets += 1;
+                (*s).passed_bytes += bytes;
             }
         }
     }

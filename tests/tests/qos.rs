@@ -53,9 +53,9 @@ fn with_tos(mut f: Vec<u8>, tos: u8) -> Vec<u8> {
 
 fn eip_rule(priority: u32) -> QosZone {
     let mut z = QosZone::default();
-    z.hooks.insert((LO, QOS_INGRESS), QosHook { eip_side: QOS_EIP_DADDR, count: 0, ..Default::default() });
-    z.eips.insert((EIP, QOS_INGRESS), QosEip { bucket: BUCKET_EIP, priority });
+    z.eips.insert((EIP, QOS_INGRESS), QosEip { bucket: BUCKET_EIP, priority, flags: 0, _pad0: 0 });
     z.buckets.insert(BUCKET_EIP, qos_config(RATE, 0));
+    z.finish(LO);
     z
 }
 
@@ -199,34 +199,43 @@ fn the_priority_ladder_picks_the_first_matching_rule() {
     };
     let ladder = |eip_priority: u32| {
         let mut z = eip_rule(eip_priority);
-        let h = z.hooks.get_mut(&(LO, QOS_INGRESS)).unwrap();
+        let h = z.hooks.entry((LO, QOS_INGRESS)).or_default();
         h.count = 2;
         h.rules[0] = rule(BUCKET_GW, 2, QOS_MATCH_SRC, [203, 0, 113, 0], 24);
         h.rules[1] = rule(BUCKET_ALL, 3, QOS_MATCH_ALL, [0; 4], 0);
         z.buckets.insert(BUCKET_GW, qos_config(10_000_000, 0));
         z.buckets.insert(BUCKET_ALL, qos_config(50_000_000, 0));
+        z.finish(LO);
         z
     };
+    // Whether the program takes the EIP's rule without reading the hook.
+    let first = |z: &QosZone| z.eips[&(EIP, QOS_INGRESS)].flags & QOS_EIP_F_FIRST != 0;
+    assert!(first(&ladder(1)) && first(&ladder(2)) && !first(&ladder(5)));
     let counted = |e: &Engine| [BUCKET_EIP, BUCKET_GW, BUCKET_ALL].map(|b| stats(e, b).passed_packets);
     // EIP rule priority 1 beats the gateway's src rule (2) and catch-all (3).
     e.tables.sync_qos(ZONE, &ladder(1)).unwrap();
     passed(&mut e, &big_udp(PEER), 1);
     assert_eq!(counted(&e), [1, 0, 0]);
+    // A tie goes to the EIP rule.
+    e.tables.sync_qos(ZONE, &ladder(2)).unwrap();
+    passed(&mut e, &big_udp(PEER), 1);
+    assert_eq!(counted(&e), [2, 0, 0]);
     // EIP rule at priority 5: the src rule matches first.
     e.tables.sync_qos(ZONE, &ladder(5)).unwrap();
     passed(&mut e, &big_udp(PEER), 1);
-    assert_eq!(counted(&e), [1, 1, 0]);
+    assert_eq!(counted(&e), [2, 1, 0]);
     // A source outside the src rule falls to the catch-all (3 < 5).
     passed(&mut e, &big_udp([192, 0, 2, 1]), 1);
-    assert_eq!(counted(&e), [1, 1, 1]);
+    assert_eq!(counted(&e), [2, 1, 1]);
     // Not to the EIP: only gateway rules apply.
     passed(&mut e, &frame(&Ip::new(PEER, VPC), &udp(1, 2, &[0u8; 100])), 1);
-    assert_eq!(counted(&e), [1, 2, 1]);
+    assert_eq!(counted(&e), [2, 2, 1]);
     // Unbinding the EIP's policy removes its bucket, config, state and stats.
     let mut z = ladder(5);
     z.eips.clear();
     z.buckets.remove(&BUCKET_EIP);
-    z.hooks.get_mut(&(LO, QOS_INGRESS)).unwrap().eip_side = QOS_EIP_NONE;
+    z.finish(LO);
+    assert_eq!(z.info, QosZoneInfo { eip_ifindex: [0, 0], hooks: 1, _pad0: 0 });
     e.tables.sync_qos(ZONE, &z).unwrap();
     let d = e.tables.qos_dump().unwrap();
     assert!(d.config.iter().all(|(b, _)| *b != BUCKET_EIP) && d.state.iter().all(|(b, _)| *b != BUCKET_EIP));
@@ -284,7 +293,7 @@ mod traffic {
     use std::time::Duration;
 
     use super::serial;
-    use lbagent_common::{MAP_QOS_EIPS, MAP_QOS_HOOKS, MAP_QOS_STATS};
+    use lbagent_common::{MAP_QOS_EIPS, MAP_QOS_HOOKS, MAP_QOS_STATS, MAP_QOS_ZONES};
     use lbagent_tests::{
         gateway::{GwBed, INTERNET_IP},
         rate::{IperfClient, IperfServer, rx_rate},
@@ -484,9 +493,11 @@ mod traffic {
         assert!(dropped.rsplit(' ').next().unwrap().parse::<u64>().unwrap() > 0, "{dropped}");
         let t = b.bed.reconciler.realizer.engine.tables().unwrap();
         let (hooks, _) = lbagent::cli::maps::render(&t, MAP_QOS_HOOKS).unwrap();
-        assert!(hooks.contains("src 198.51.100.0/24") && hooks.contains("EIP rules by destination"), "{hooks}");
+        assert!(hooks.contains("src 198.51.100.0/24"), "{hooks}");
+        let (zones, _) = lbagent::cli::maps::render(&t, MAP_QOS_ZONES).unwrap();
+        assert!(zones.contains("EIP rules: ingress ifindex") && zones.contains("gateway rules 1"), "{zones}");
         let (eips, _) = lbagent::cli::maps::render(&t, MAP_QOS_EIPS).unwrap();
-        assert!(eips.contains(FIP1), "{eips}");
+        assert!(eips.contains(FIP1) && eips.contains("(before every gateway rule)"), "{eips}");
         let (stats, _) = lbagent::cli::maps::render(&t, MAP_QOS_STATS).unwrap();
         assert!(stats.contains("dropped"), "{stats}");
         // Unbinding the EIP's policy: the gateway's src rule (priority 2).

@@ -1,11 +1,12 @@
 //! Upgrading across a map-layout change with real traffic: the previous
-//! release (the last build of layout 1, built from git history by `cargo
-//! xtask test`) runs a load balancer (direct and proxy) and a NAT gateway
-//! (FIP, DNAT, SNAT) with 20 open TCP connections and two UDP flows; it is
-//! stopped and this build started on the same pins and state dir. No open
-//! connection may be lost, no UDP flow may move to another port, new
-//! connections must work; then the previous release must refuse to start
-//! (a downgrade) and change nothing.
+//! release (the last build of the previous layout, built from git history
+//! by `cargo xtask test`) runs a load balancer (direct and proxy) and a NAT
+//! gateway (FIP, DNAT, SNAT, an EIP's and a gateway's QoS rules) with 20
+//! open TCP connections and two UDP flows; it is stopped and this build
+//! started on the same pins and state dir. No open connection may be lost,
+//! no UDP flow may move to another port, no QoS bucket may lose its counts,
+//! new connections must work; then the previous release must refuse to
+//! start (a downgrade) and change nothing.
 //!
 //! ```text
 //!  vpc0 .21 (FIP)  vpc1 .22 (DNAT, LB backend)  vpc2 .23 (SNAT)  vpc3 .200 (LB client)
@@ -24,6 +25,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use lbagent::dataplane::migrate::FROM_VERSION;
+use lbagent_common::LAYOUT_VERSION;
 use lbagent_tests::{
     bed::{HostLock, lb_id},
     hosts::TestHost,
@@ -61,7 +64,12 @@ impl Agent {
         let a = Agent { child, bin: bin.to_path_buf() };
         let t = Instant::now();
         while !a.applied(env) {
-            assert!(t.elapsed() < Duration::from_secs(60), "{} did not apply; see {log}", bin.display());
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "{} did not apply; its log:\n{}",
+                bin.display(),
+                std::fs::read_to_string(env.dir.join(log)).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         a
@@ -185,13 +193,25 @@ nat_gateways:
   - name: {gw}
     lan: {{ip: {LAN_GW}, prefix_len: 24, mac: \"02:00:0a:0a:00:fe\", gateway: 10.10.0.1}}
     external: {{bridge: {ext}, prefix_len: 24, gateway: {INTERNET}}}
+    qos_policy: wide
     eips:
-      - {{name: eip1, ip: 198.51.100.10}}
+      - {{name: eip1, ip: 198.51.100.10, qos_policy: fast}}
       - {{name: eip2, ip: 198.51.100.11}}
     fips: [{{eip: eip1, internal_ip: 10.10.0.21}}]
     dnats:
       - {{eip: eip2, protocol: tcp, external_port: 2222, internal_ip: 10.10.0.22, internal_port: 8022}}
     snats: [{{eip: eip2, internal_cidr: 10.10.0.0/25}}]
+qos_policies:
+  - name: fast
+    binding: eip
+    rules:
+      - {{name: in, direction: ingress, rate_mbps: 1000, burst_mb: 0, priority: 1}}
+      - {{name: out, direction: egress, rate_mbps: 1000, burst_mb: 0, priority: 1}}
+  - name: wide
+    binding: natgw
+    shared: true
+    rules:
+      - {{name: lan, direction: ingress, rate_mbps: 1000, burst_mb: 0, priority: 2, match: \"src 10.10.0.0/24\"}}
 ",
             lan = self.lan.name,
             ext = self.ext.name,
@@ -227,6 +247,30 @@ fn check(p: &Route, answer: &str) {
     if !p.seen_as.is_empty() {
         assert_eq!(peer.rsplit_once(':').unwrap().0, p.seen_as, "{}: server saw {peer}", p.name);
     }
+}
+
+/// Each bound QoS rule's bucket and passed packets, by rule key, from
+/// `lbagent status --json`.
+fn qos_counts(status: &Value) -> std::collections::BTreeMap<String, (u64, u64)> {
+    let gws = status["nat_gateways"].as_array().cloned().unwrap_or_default();
+    gws.iter()
+        .flat_map(|g| g["qos"].as_array().cloned().unwrap_or_default())
+        .map(|q| {
+            let key = q["key"].as_str().unwrap_or_default().to_string();
+            (key, (q["bucket"].as_u64().unwrap_or(0), q["stats"]["passed_packets"].as_u64().unwrap_or(0)))
+        })
+        .collect()
+}
+
+/// A status section without its live QoS counters (traffic moves them).
+fn without_counts(v: &Value) -> Value {
+    let mut v = v.clone();
+    for g in v.as_array_mut().into_iter().flatten() {
+        for q in g["qos"].as_array_mut().into_iter().flatten() {
+            q.as_object_mut().map(|o| o.remove("stats"));
+        }
+    }
+    v
 }
 
 /// What the prober saw while the agents were swapped.
@@ -272,6 +316,11 @@ fn upgrade(attach: &'static str) {
     for (p, c) in &conns {
         check(&paths[*p], &c.ping("before").unwrap());
     }
+    let counted_before = qos_counts(&old.status(&env).unwrap());
+    assert!(
+        counted_before.len() == 3 && counted_before.values().all(|(_, passed)| *passed > 0),
+        "every QoS rule counts traffic before the upgrade: {counted_before:?}"
+    );
     // UDP: the same collision through SNAT, and one flow through the load balancer.
     let udp = [
         UdpFlow::open(&topo.vpc[1].ns.name, 42000, at("198.51.100.1:9001")).unwrap(),
@@ -340,25 +389,34 @@ fn upgrade(attach: &'static str) {
         seen.new_failed,
         seen.new_tried
     );
-    assert!(log.contains("migrating it to layout 2"), "{log}");
-    assert!(log.contains("migration from layout 1 done"), "{log}");
+    assert!(log.contains(&format!("migrating it to layout {LAYOUT_VERSION}")), "{log}");
+    assert!(log.contains(&format!("migration from layout {FROM_VERSION} done")), "{log}");
+    // Each QoS rule kept its bucket and its counts (they only grew).
+    let counted_after = qos_counts(&new.status(&env).unwrap());
+    for (rule, (bucket, passed)) in &counted_before {
+        let (b, p) = counted_after.get(rule).unwrap_or_else(|| panic!("QoS rule {rule} gone: {counted_after:?}"));
+        assert!(b == bucket && p >= passed, "QoS rule {rule}: bucket {bucket} passed {passed} before, {b} {p} after");
+    }
 
-    // What is left of layout 1 is the marker: its meta, nothing else.
-    let v1: Vec<String> = std::fs::read_dir(env.bpffs.join("v1"))
+    // What is left of the previous layout is the marker: its meta, nothing else.
+    let marker: Vec<String> = std::fs::read_dir(env.bpffs.join(format!("v{FROM_VERSION}")))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(v1, ["meta"], "layout 1's pins after the migration");
+    assert_eq!(marker, ["meta"], "the previous layout's pins after the migration");
     // The open connections' flows are in the new tables, rules kept their ids.
     let ct: Value = serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--port", "2222"])).unwrap();
     assert!(!ct.as_array().unwrap().is_empty(), "DNAT flows in the new conntrack");
 
-    // Downgrade: the previous release refuses, and nothing changes.
+    // Downgrade: with this build stopped (its dataplane stays), the
+    // previous release refuses to start, and nothing changes. (While an
+    // agent runs, its lock on the state dir refuses any second agent first.)
     let before = new.status(&env).unwrap();
+    new.stop();
     let out = Command::new(&previous).arg("run").args(env.run_args()).args(env.common()).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the previous release started on an upgraded dataplane: {err}");
-    assert!(err.contains("layout version 2"), "{err}");
+    assert!(err.contains(&format!("layout version {LAYOUT_VERSION}")), "{err}");
     eprintln!("downgrade refused ({attach}): {}", err.trim());
     for (p, c) in &conns {
         check(&paths[*p], &c.ping("after the downgrade attempt").unwrap());
@@ -366,10 +424,14 @@ fn upgrade(attach: &'static str) {
     for p in &paths {
         check(p, &ask_tcp(&p.from, p.to).unwrap_or_else(|e| panic!("new connection via {}: {e:#}", p.name)));
     }
+    let new = Agent::start(&lbagent_bin(), &env, "restarted.log");
     let after = new.status(&env).unwrap();
     assert_eq!(after["last_apply"]["ok"], true);
     assert_eq!(before["load_balancers"], after["load_balancers"]);
-    assert_eq!(before["nat_gateways"], after["nat_gateways"]);
+    assert_eq!(without_counts(&before["nat_gateways"]), without_counts(&after["nat_gateways"]));
+    for (p, c) in &conns {
+        check(&paths[*p], &c.ping("after the restart").unwrap());
+    }
     drop(new);
     // Teardown removes the new pins and the marker: nothing is left.
     env.cli(&["teardown"]);

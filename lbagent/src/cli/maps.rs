@@ -156,22 +156,23 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
         }
         MAP_QOS_ZONES => {
             let d = t.qos_dump()?;
-            for (z, n) in &d.zones {
-                text += &format!("zone {z:<4} hooks with rules {n}\n");
+            let mut arr = Vec::new();
+            for (z, info) in &d.zones {
+                let [ingress, egress] = info.eip_ifindex;
+                text += &format!(
+                    "zone {z:<4} EIP rules: ingress ifindex {ingress}, egress ifindex {egress}; hooks with gateway rules {}\n",
+                    info.hooks
+                );
+                arr.push(json!({"zone": z, "eip_ingress_ifindex": ingress, "eip_egress_ifindex": egress, "hooks": info.hooks}));
             }
-            Value::Array(d.zones.iter().map(|(z, n)| json!({"zone": z, "hooks": n})).collect())
+            Value::Array(arr)
         }
         MAP_QOS_HOOKS => {
             let d = t.qos_dump()?;
             let mut arr = Vec::new();
             for (k, h) in &d.hooks {
                 let dir = if k.dir == QOS_INGRESS { "ingress" } else { "egress" };
-                let eip = match h.eip_side {
-                    QOS_EIP_DADDR => "EIP rules by destination",
-                    QOS_EIP_SADDR => "EIP rules by source",
-                    _ => "no EIP rules",
-                };
-                text += &format!("zone {:<4} ifindex {:<3} {dir:<7} {eip}\n", k.zone, k.ifindex);
+                text += &format!("zone {:<4} ifindex {:<3} {dir:<7}\n", k.zone, k.ifindex);
                 let mut rules = Vec::new();
                 for r in h.rules.iter().take((h.count as usize).min(QOS_HOOK_RULES)) {
                     let what = match r.kind {
@@ -182,9 +183,7 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
                     text += &format!("  priority {:<5} {what:<22} bucket {}\n", r.priority, r.bucket);
                     rules.push(json!({"priority": r.priority, "match": what, "bucket": r.bucket}));
                 }
-                arr.push(
-                    json!({"zone": k.zone, "ifindex": k.ifindex, "direction": dir, "eip_rules": eip, "rules": rules}),
-                );
+                arr.push(json!({"zone": k.zone, "ifindex": k.ifindex, "direction": dir, "rules": rules}));
             }
             Value::Array(arr)
         }
@@ -193,14 +192,19 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             let mut arr = Vec::new();
             for (k, e) in &d.eips {
                 let dir = if k.dir == QOS_INGRESS { "ingress" } else { "egress" };
+                let first = e.flags & QOS_EIP_F_FIRST != 0;
                 text += &format!(
-                    "zone {:<4} {dir:<7} {:<15} priority {:<5} bucket {}\n",
+                    "zone {:<4} {dir:<7} {:<15} priority {:<5} bucket {}{}\n",
                     k.zone,
                     ip(k.addr),
                     e.priority,
-                    e.bucket
+                    e.bucket,
+                    if first { " (before every gateway rule)" } else { "" }
                 );
-                arr.push(json!({"zone": k.zone, "direction": dir, "eip": ip(k.addr).to_string(), "priority": e.priority, "bucket": e.bucket}));
+                arr.push(
+                    json!({"zone": k.zone, "direction": dir, "eip": ip(k.addr).to_string(), "priority": e.priority,
+                                "bucket": e.bucket, "before_gateway_rules": first}),
+                );
             }
             Value::Array(arr)
         }

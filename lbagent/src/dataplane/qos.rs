@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use aya::maps::{Array, Map, MapData};
+use aya::maps::{Array, Map, MapData, PerCpuArray, PerCpuValues};
 use lbagent_common::*;
 
 use super::tables::Tables;
@@ -21,7 +21,9 @@ use super::tables::Tables;
 /// One zone's QoS entries as the program reads them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QosZone {
-    /// (ifindex, direction) → the hook's ladder.
+    /// Where EIP rules act, and how many hooks have gateway rules.
+    pub info: QosZoneInfo,
+    /// (ifindex, direction) → the hook's gateway rules.
     pub hooks: BTreeMap<(u32, u8), QosHook>,
     /// (EIP, direction) → its rule.
     pub eips: BTreeMap<([u8; 4], u8), QosEip>,
@@ -29,11 +31,30 @@ pub struct QosZone {
     pub buckets: BTreeMap<u32, QosConfig>,
 }
 
+impl QosZone {
+    /// Derives what the program reads before the rules from the rules
+    /// themselves: where EIP rules act (`eip_if`, the interface whose
+    /// packets are looked up by EIP, for each direction with an EIP rule),
+    /// how many hooks have gateway rules, and which EIP rules no gateway
+    /// rule of their hook can precede (`QOS_EIP_F_FIRST`: the program then
+    /// skips the hook). Call after the last change to `hooks` or `eips`.
+    pub fn finish(&mut self, eip_if: u32) {
+        self.info = QosZoneInfo { hooks: self.hooks.len() as u32, ..Default::default() };
+        for ((_, dir), e) in self.eips.iter_mut() {
+            self.info.eip_ifindex[(*dir as usize).min(1)] = eip_if;
+            let hook = self.hooks.get(&(eip_if, *dir));
+            let count = hook.map_or(0, |h| (h.count as usize).min(QOS_HOOK_RULES));
+            let before = hook.is_some_and(|h| h.rules[..count].iter().any(|r| r.priority < e.priority));
+            e.flags = if before { 0 } else { QOS_EIP_F_FIRST };
+        }
+    }
+}
+
 /// Every entry of the QoS maps.
 #[derive(Debug, Default)]
 pub struct QosDump {
-    /// (zone, hooks with rules).
-    pub zones: Vec<(u32, u32)>,
+    /// Zones with rules.
+    pub zones: Vec<(u32, QosZoneInfo)>,
     pub hooks: Vec<(QosHookKey, QosHook)>,
     pub eips: Vec<(QosEipKey, QosEip)>,
     /// Buckets in use (rate > 0): config and state.
@@ -48,9 +69,14 @@ impl Tables {
         Ok(Array::try_from(Map::Array(self.data(name)?))?)
     }
 
+    fn stats_array(&self) -> Result<PerCpuArray<MapData, QosStats>> {
+        Ok(PerCpuArray::try_from(Map::PerCpuArray(self.data(MAP_QOS_STATS)?))?)
+    }
+
     /// The zone's QoS entries as the maps hold them.
     pub fn qos_zone(&self, zone: u16) -> Result<QosZone> {
-        let mut out = QosZone::default();
+        let mut out =
+            QosZone { info: self.array::<QosZoneInfo>(MAP_QOS_ZONES)?.get(&(zone as u32), 0)?, ..Default::default() };
         let hooks = self.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?;
         for item in hooks.iter() {
             let (k, v) = item?;
@@ -90,7 +116,11 @@ impl Tables {
         let mut changes = Vec::new();
         let mut config = self.array::<QosConfig>(MAP_QOS_CONFIG)?;
         let mut state = self.array::<QosBucket>(MAP_QOS_STATE)?;
-        let mut stats = self.array::<QosStats>(MAP_QOS_STATS)?;
+        let mut stats = self.stats_array()?;
+        let zeroed = || -> Result<PerCpuValues<QosStats>> {
+            let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+            Ok(PerCpuValues::try_from(vec![QosStats::default(); cpus.get() as usize])?)
+        };
         let mut hooks = self.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?;
         let mut eips = self.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?;
         let fresh: BTreeSet<u32> = want
@@ -105,7 +135,7 @@ impl Tables {
             if !have.buckets.contains_key(b) {
                 // A new bucket: full, with no counts.
                 state.set(*b, &QosBucket::default(), 0)?;
-                stats.set(*b, &QosStats::default(), 0)?;
+                stats.set(*b, zeroed()?, 0)?;
             }
             if have.buckets.get(b) != Some(c) {
                 config.set(*b, c, 0)?;
@@ -122,7 +152,9 @@ impl Tables {
                 hooks.insert(&QosHookKey { ifindex: *ifindex, zone, dir: *dir, _pad0: 0 }, h, 0)?;
             }
         }
-        self.array::<u32>(MAP_QOS_ZONES)?.set(zone as u32, &(want.hooks.len() as u32), 0)?;
+        if have.info != want.info {
+            self.array::<QosZoneInfo>(MAP_QOS_ZONES)?.set(zone as u32, &want.info, 0)?;
+        }
         for (addr, dir) in have.eips.keys().filter(|k| !want.eips.contains_key(k)) {
             let _ = eips.remove(&QosEipKey { addr: *addr, zone, dir: *dir, _pad0: 0 });
         }
@@ -132,7 +164,7 @@ impl Tables {
         for b in have.buckets.keys().filter(|b| !want.buckets.contains_key(b)) {
             config.set(*b, &QosConfig::default(), 0)?;
             state.set(*b, &QosBucket::default(), 0)?;
-            stats.set(*b, &QosStats::default(), 0)?;
+            stats.set(*b, zeroed()?, 0)?;
             changes.push(format!("QoS bucket {b} removed"));
         }
         Ok(changes)
@@ -153,13 +185,17 @@ impl Tables {
         Ok(())
     }
 
-    /// The counters of `buckets`.
+    /// The counters of `buckets` (all CPUs added up).
     pub fn qos_stats_of(&self, buckets: impl IntoIterator<Item = u32>) -> Result<BTreeMap<u32, QosStats>> {
-        let stats = self.array::<QosStats>(MAP_QOS_STATS)?;
+        let stats = self.stats_array()?;
         let mut out = BTreeMap::new();
         for b in buckets {
             if b != 0 && b < QOS_BUCKETS_MAX {
-                out.insert(b, stats.get(&b, 0)?);
+                let mut sum = QosStats::default();
+                for cpu in stats.get(&b, 0)?.iter() {
+                    sum.add(cpu);
+                }
+                out.insert(b, sum);
             }
         }
         Ok(out)
@@ -174,11 +210,11 @@ impl Tables {
     /// Every QoS map's entries (for `lbagent maps`).
     pub fn qos_dump(&self) -> Result<QosDump> {
         let mut d = QosDump::default();
-        let zones = self.array::<u32>(MAP_QOS_ZONES)?;
+        let zones = self.array::<QosZoneInfo>(MAP_QOS_ZONES)?;
         for item in zones.iter().enumerate() {
-            let (z, n) = (item.0 as u32, item.1?);
-            if n != 0 {
-                d.zones.push((z, n));
+            let (z, info) = (item.0 as u32, item.1?);
+            if info.any() {
+                d.zones.push((z, info));
             }
         }
         for item in self.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?.iter() {

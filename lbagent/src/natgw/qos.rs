@@ -104,7 +104,7 @@ fn build(gw: &Gw, ifs: Ifaces, id: &mut dyn FnMut(&str) -> u32) -> Result<GwQos>
             };
             let k = naming::gw_qos_key(&gw.name, QosTarget::Eip(&e.name), &p.name, &r.name);
             let bucket = id(&k);
-            out.zone.eips.insert((ip.octets(), dir(d)), QosEip { bucket, priority: r.priority });
+            out.zone.eips.insert((ip.octets(), dir(d)), QosEip { bucket, priority: r.priority, flags: 0, _pad0: 0 });
             out.zone.buckets.insert(bucket, config(r));
             out.bound.push(Bound {
                 key: k.clone(),
@@ -154,26 +154,16 @@ fn build(gw: &Gw, ifs: Ifaces, id: &mut dyn FnMut(&str) -> u32) -> Result<GwQos>
             out.keys.insert(k);
         }
     }
-    let eip_dirs: BTreeSet<u8> = out.zone.eips.keys().map(|(_, d)| *d).collect();
-    for d in &eip_dirs {
-        gw_rules.entry((ifs.ext, *d)).or_default();
-    }
     for ((ifindex, d), mut rules) in gw_rules {
         rules.sort_by_key(|r| (r.priority, r.bucket));
         if rules.len() > QOS_HOOK_RULES {
             bail!("more than {QOS_HOOK_RULES} gateway QoS rules on one interface and direction");
         }
-        let mut hook = QosHook {
-            eip_side: match (ifindex == ifs.ext && eip_dirs.contains(&d), d) {
-                (false, _) => QOS_EIP_NONE,
-                (true, QOS_INGRESS) => QOS_EIP_DADDR,
-                (true, _) => QOS_EIP_SADDR,
-            },
-            count: rules.len() as u32,
-            ..Default::default()
-        };
+        let mut hook = QosHook { count: rules.len() as u32, ..Default::default() };
         hook.rules[..rules.len()].copy_from_slice(&rules);
         out.zone.hooks.insert((ifindex, d), hook);
     }
+    // EIP rules act on the external interface.
+    out.zone.finish(ifs.ext);
     Ok(out)
 }

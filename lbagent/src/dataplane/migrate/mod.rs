@@ -6,9 +6,13 @@
 //! Sequence (the daemon drives it; each step is idempotent, so a crash at
 //! any point is repaired by the next start, which finds the same pins):
 //! 1. [`Migration::begin`], before the first apply: this layout's maps are
-//!    created and filled from the old ones: both halves of every flow
-//!    (converted, into the table their state belongs in), DNAT rules and
-//!    backends, per-rule statistics and counters. The old programs keep
+//!    created and filled with the old ones' *state*, what the agent cannot
+//!    recompute: both halves of every flow, per-rule statistics, counters,
+//!    and every QoS bucket (rate, clock, counts, and the hook and EIP
+//!    entries that use it, so the first apply keeps the bucket). Rules
+//!    (DNAT, backends, ACLs, SNAT, scheduler tables) are not carried: the
+//!    first apply writes them from the desired state, whole (a rule copied
+//!    without its ACL entries would deny everything). The old programs keep
 //!    running on the old maps meanwhile; nothing old is changed yet except
 //!    that pinned tcx links move to this layout's link directory (the same
 //!    links, so the next attach replaces their program in place).
@@ -23,15 +27,19 @@
 //!    set to this layout, which makes an agent of the old layout refuse to
 //!    start (a downgrade would lose every flow).
 //!
-//! Only the previous layout is migrated; pins of older ones are refused as
-//! before (`pins::check_meta` and the daemon's warning about stale pins).
+//! Only the previous layout is migrated (its types and conversions are in
+//! `v<FROM_VERSION>.rs`; an older release's module went with it); pins of
+//! older ones are refused as before (`pins::check_meta` and the daemon's
+//! warning about stale pins).
 
-mod v1;
+mod v2;
+
+use v2 as previous;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use aya::maps::{HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use lbagent_common::*;
 use tracing::info;
 
@@ -53,9 +61,9 @@ pub struct Carried {
     pub ct_present: usize,
     /// Halves the new tables had no room for.
     pub ct_full: usize,
-    pub dnat_rules: usize,
-    pub backends: usize,
     pub rule_stats: usize,
+    /// QoS buckets in use (rate, clock and counts).
+    pub qos_buckets: usize,
     pub links: usize,
 }
 
@@ -102,18 +110,18 @@ impl Migration {
         super::loader::ZoneProgram::load_sized(root, 0, ct_max).context("creating the new layout's maps")?;
         let tables = Tables::open(root)?;
         let mut carried = copy_conntrack(&old, &tables)?;
-        copy_rules(&old, &tables, &mut carried)?;
+        carried.rule_stats = copy_rule_stats(&old, &tables)?;
         copy_counters(&old, &tables)?;
+        carried.qos_buckets = copy_qos(&old, &tables)?;
         carried.links = move_links(&old, &pins::links_dir(root))?;
         info!(
-            "carried {} conntrack halves ({} already present, {} did not fit), {} DNAT rules, {} backends, \
-             statistics of {} rules, {} tcx links",
+            "carried {} conntrack halves ({} already present, {} did not fit), statistics of {} rules, \
+             {} QoS buckets, {} tcx links",
             carried.ct_halves,
             carried.ct_present,
             carried.ct_full,
-            carried.dnat_rules,
-            carried.backends,
             carried.rule_stats,
+            carried.qos_buckets,
             carried.links
         );
         Ok(Some(Migration { root: root.to_path_buf(), from: FROM_VERSION, carried }))
@@ -144,66 +152,96 @@ fn old_map(dir: &Path, name: &str) -> Result<MapData> {
     MapData::from_pin(&path).with_context(|| format!("opening {} of layout {FROM_VERSION}", path.display()))
 }
 
-/// Both halves of every old flow into `ct` / `ct_new`, never over a half
-/// the new tables already hold.
+/// Both halves of every old flow into the same table (`ct`: established,
+/// `ct_new`: the others; unchanged since layout 2), never over a half the
+/// new tables already hold.
 fn copy_conntrack(old: &Path, t: &Tables) -> Result<Carried> {
-    let ct: HashMap<_, Tuple, v1::CtEntryV1> = HashMap::try_from(Map::LruHashMap(old_map(old, MAP_CT)?))?;
     let mut established = t.hash::<Tuple, CtEntry>(MAP_CT)?;
     let mut new = t.hash::<Tuple, CtEntry>(MAP_CT_NEW)?;
     let mut c = Carried::default();
-    // Iterating an LRU hash that the old programs still write can skip or
-    // repeat keys (a key deleted under the cursor restarts the walk); both
-    // are harmless here: a repeat is "present", a skip is caught up by
-    // `finish`, or repaired by the program from the other half.
-    for item in ct.iter() {
-        let Ok((key, e)) = item else { continue };
-        if established.get(&key, 0).is_ok() || new.get(&key, 0).is_ok() {
-            c.ct_present += 1;
-            continue;
-        }
-        let (entry, table) = v1::ct_entry(&key, &e);
-        let map = if table == v1::CtTable::Established { &mut established } else { &mut new };
-        match map.insert(&key, &entry, NOEXIST) {
-            Ok(()) => c.ct_halves += 1,
-            Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
-                c.ct_present += 1
+    for (name, lru) in [(MAP_CT, false), (MAP_CT_NEW, true)] {
+        let data = old_map(old, name)?;
+        let table: HashMap<_, Tuple, CtEntry> =
+            HashMap::try_from(if lru { Map::LruHashMap(data) } else { Map::HashMap(data) })?;
+        // Iterating a table that the old programs still write can skip or
+        // repeat keys (a key deleted under the cursor restarts the walk);
+        // both are harmless here: a repeat is "present", a skip is caught
+        // up by `finish`, or repaired by the program from the other half.
+        // A flow promoted from `ct_new` to `ct` meanwhile may be seen in
+        // both: the first copy stays (the program moves it on its next
+        // packet).
+        for item in table.iter() {
+            let Ok((key, entry)) = item else { continue };
+            if established.get(&key, 0).is_ok() || new.get(&key, 0).is_ok() {
+                c.ct_present += 1;
+                continue;
             }
-            Err(_) => c.ct_full += 1,
+            let map = if lru { &mut new } else { &mut established };
+            match map.insert(&key, &entry, NOEXIST) {
+                Ok(()) => c.ct_halves += 1,
+                Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
+                    c.ct_present += 1
+                }
+                Err(_) => c.ct_full += 1,
+            }
         }
     }
     Ok(c)
 }
 
-/// DNAT rules and their backends (ids are the agent's, kept in its state
-/// dir, so they stay valid), and per-rule statistics. Entries the new
-/// tables already hold win.
-fn copy_rules(old: &Path, t: &Tables, c: &mut Carried) -> Result<()> {
-    let rules: HashMap<_, DnatKey, v1::DnatRuleV1> = HashMap::try_from(Map::HashMap(old_map(old, MAP_DNAT_RULES)?))?;
-    let mut new_rules = t.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
-    for (k, r) in rules.iter().flatten() {
-        if new_rules.insert(&k, &v1::dnat_rule(&r), NOEXIST).is_ok() {
-            c.dnat_rules += 1;
-        }
-    }
-    let backends: HashMap<_, BackendKey, Backend> = HashMap::try_from(Map::HashMap(old_map(old, MAP_DNAT_BACKENDS)?))?;
-    let mut new_backends = t.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
-    for (k, b) in backends.iter().flatten() {
-        if new_backends.insert(&k, &b, NOEXIST).is_ok() {
-            c.backends += 1;
-        }
-    }
-    let stats: PerCpuHashMap<_, u32, v1::RuleStatsV1> =
+/// Per-rule statistics (rule ids are the agent's, kept in its state dir, so
+/// they stay valid); entries the new table already holds win.
+fn copy_rule_stats(old: &Path, t: &Tables) -> Result<usize> {
+    let stats: PerCpuHashMap<_, u32, RuleStats> =
         PerCpuHashMap::try_from(Map::PerCpuLruHashMap(old_map(old, MAP_RULE_STATS)?))?;
     let mut new_stats: PerCpuHashMap<_, u32, RuleStats> =
         PerCpuHashMap::try_from(Map::PerCpuLruHashMap(t.data(MAP_RULE_STATS)?))?;
+    let mut n = 0;
     for (id, per_cpu) in stats.iter().flatten() {
-        let values: Vec<RuleStats> = per_cpu.iter().map(v1::rule_stats).collect();
-        let values = PerCpuValues::try_from(values)?;
-        if new_stats.insert(&id, values, NOEXIST).is_ok() {
-            c.rule_stats += 1;
+        if new_stats.insert(&id, per_cpu, NOEXIST).is_ok() {
+            n += 1;
         }
     }
-    Ok(())
+    Ok(n)
+}
+
+/// Every QoS bucket in use (rate > 0): its config, clock and counts, and
+/// the hook and EIP entries that point at it (converted), so that the first
+/// apply finds the bucket in use and changes only what differs. Returns the
+/// number of buckets.
+fn copy_qos(old: &Path, t: &Tables) -> Result<usize> {
+    let config: Array<_, QosConfig> = Array::try_from(Map::Array(old_map(old, MAP_QOS_CONFIG)?))?;
+    let state: Array<_, QosBucket> = Array::try_from(Map::Array(old_map(old, MAP_QOS_STATE)?))?;
+    let stats: Array<_, QosStats> = Array::try_from(Map::Array(old_map(old, MAP_QOS_STATS)?))?;
+    let mut new_config: Array<_, QosConfig> = Array::try_from(Map::Array(t.data(MAP_QOS_CONFIG)?))?;
+    let mut new_state: Array<_, QosBucket> = Array::try_from(Map::Array(t.data(MAP_QOS_STATE)?))?;
+    let mut new_stats: PerCpuArray<_, QosStats> = PerCpuArray::try_from(Map::PerCpuArray(t.data(MAP_QOS_STATS)?))?;
+    let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?.get() as usize;
+    let mut n = 0;
+    for b in 1..QOS_BUCKETS_MAX {
+        let c = config.get(&b, 0)?;
+        if c.rate_bps == 0 || new_config.get(&b, 0)?.rate_bps != 0 {
+            continue;
+        }
+        // Clock and counts before the config: the bucket is complete before
+        // anything in this layout could use it.
+        new_state.set(b, &state.get(&b, 0)?, 0)?;
+        new_stats.set(b, PerCpuValues::try_from(previous::qos_stats(&stats.get(&b, 0)?, cpus))?, 0)?;
+        new_config.set(b, &c, 0)?;
+        n += 1;
+    }
+    let hooks: HashMap<_, QosHookKey, previous::QosHookV2> =
+        HashMap::try_from(Map::HashMap(old_map(old, MAP_QOS_HOOKS)?))?;
+    let mut new_hooks = t.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?;
+    for (k, h) in hooks.iter().flatten() {
+        let _ = new_hooks.insert(&k, &previous::qos_hook(&h), NOEXIST);
+    }
+    let eips: HashMap<_, QosEipKey, previous::QosEipV2> = HashMap::try_from(Map::HashMap(old_map(old, MAP_QOS_EIPS)?))?;
+    let mut new_eips = t.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?;
+    for (k, e) in eips.iter().flatten() {
+        let _ = new_eips.insert(&k, &previous::qos_eip(&e), NOEXIST);
+    }
+    Ok(n)
 }
 
 /// Counters: the old values added to the new ones (per CPU), so totals
@@ -211,7 +249,9 @@ fn copy_rules(old: &Path, t: &Tables, c: &mut Carried) -> Result<()> {
 fn copy_counters(old: &Path, t: &Tables) -> Result<()> {
     let counters: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(old_map(old, MAP_COUNTERS)?))?;
     let mut new: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(t.data(MAP_COUNTERS)?))?;
-    for i in 0..v1::COUNTER_COUNT_V1 {
+    // Counters keep their index across layouts (new ones are appended).
+    let shared = counters.len().min(COUNTER_COUNT);
+    for i in 0..shared {
         let was = counters.get(&i, 0)?;
         let now = new.get(&i, 0)?;
         let sum: Vec<u64> = now.iter().zip(was.iter()).map(|(a, b)| a + b).collect();
@@ -220,7 +260,7 @@ fn copy_counters(old: &Path, t: &Tables) -> Result<()> {
     // Zeroed so a repeated `begin` (a crash before `finish`) adds nothing twice.
     let mut counters = counters;
     let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-    for i in 0..v1::COUNTER_COUNT_V1 {
+    for i in 0..shared {
         counters.set(i, PerCpuValues::try_from(vec![0u64; cpus.get() as usize])?, 0)?;
     }
     Ok(())

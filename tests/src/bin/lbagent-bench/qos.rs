@@ -178,9 +178,9 @@ pub fn cost(out: &mut String) -> Result<()> {
         &L4::Udp { sport: 4000, dport: 5000, payload: vec![0; 1400], zero_csum: false },
     );
     let mut hit = lbagent::dataplane::qos::QosZone::default();
-    hit.hooks.insert((1, QOS_INGRESS), QosHook { eip_side: QOS_EIP_DADDR, count: 0, ..Default::default() });
-    hit.eips.insert(([198, 51, 100, 10], QOS_INGRESS), QosEip { bucket: 77, priority: 1 });
+    hit.eips.insert(([198, 51, 100, 10], QOS_INGRESS), QosEip { bucket: 77, priority: 1, flags: 0, _pad0: 0 });
     hit.buckets.insert(77, qos_config(100_000_000_000, 0));
+    hit.finish(1);
     let none = lbagent::dataplane::qos::QosZone::default();
     let pairs = 15;
     let (mut a, mut b, mut d) = (vec![], vec![], vec![]);

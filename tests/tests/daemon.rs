@@ -232,7 +232,19 @@ fn invalid_state_changes_nothing_and_reloads_work() {
         1,
     );
     std::fs::write(env.state(), &changed).unwrap();
-    wait(|| env.status().is_some_and(|s| port_of(&s, "b9").is_some()), "reload on change");
+    // The new revision is reported running only once its apply is done
+    // (fleet `put --wait` trusts it): never beside the old state.
+    wait(
+        || {
+            let Some(s) = env.status() else { return false };
+            if s["revision_running"] == before["revision_running"] {
+                return false;
+            }
+            assert!(port_of(&s, "b9").is_some(), "a revision reported running before its apply finished: {s}");
+            true
+        },
+        "reload on change",
+    );
     let s = env.status().unwrap();
     assert!(s["rejected_state"].is_null());
     assert!(s["revision_running"].is_string() && s["revision_running"] == s["revision_seen"], "{s}");

@@ -81,13 +81,9 @@ impl Daemon {
                 for w in &s.warnings {
                     warn!("  {w}");
                 }
-                {
-                    let mut st = self.status.lock().unwrap();
-                    st.set_rejected(None);
-                    st.document.revision_running = Some(update.revision);
-                }
+                self.status.lock().unwrap().set_rejected(None);
                 self.last_good = Some(s.desired);
-                self.apply(false);
+                self.apply(false, Some(update.revision));
             }
             Err(problems) => {
                 error!(
@@ -124,7 +120,11 @@ impl Daemon {
         }
     }
 
-    fn apply(&mut self, repair: bool) {
+    /// Applies the last good document; `revision`: a newly accepted
+    /// document's, reported running together with this apply's result (not
+    /// before: `fleet put --wait` and `lbagent status` readers must never
+    /// see a revision running beside the previous apply's outcome).
+    fn apply(&mut self, repair: bool, revision: Option<String>) {
         let Some(good) = &self.last_good else { return };
         let report = self.reconciler.apply(good, repair);
         if !report.ok() {
@@ -141,6 +141,9 @@ impl Daemon {
             let mut st = self.status.lock().unwrap();
             st.document.applies += 1;
             st.document.last_apply = Some(status::LastApply::of(&report));
+            if let Some(r) = revision {
+                st.document.revision_running = Some(r);
+            }
         }
         self.publish();
     }
@@ -239,7 +242,7 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     let source_task = source.run(updates_tx, refresh.clone(), feedback);
     let first = updates.recv().await.context("the desired-state source stopped before its first document")?;
     tokio::task::block_in_place(|| d.reload(first));
-    d.apply(true);
+    d.apply(true, None);
     // systemd (Type=notify): started once the first document is applied
     // (or refused: the unit is up either way; the status says which).
     let summary = match &d.status.lock().unwrap().document.last_apply {
@@ -255,9 +258,9 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
         tokio::select! {
             Some(update) = updates.recv() => tokio::task::block_in_place(|| d.reload(update)),
             _ = hup.recv() => refresh.notify_one(),
-            Some(()) = health_changed.recv() => tokio::task::block_in_place(|| d.apply(true)),
+            Some(()) = health_changed.recv() => tokio::task::block_in_place(|| d.apply(true, None)),
             _ = repair.tick() => tokio::task::block_in_place(|| {
-                d.apply(true);
+                d.apply(true, None);
                 d.collect_garbage();
             }),
             _ = term.recv() => break,

@@ -41,7 +41,12 @@ pub fn parse(text: &str, format: Format) -> Result<StateFile, Problems> {
             serde_path_to_error::deserialize(&mut de).map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
         }
     };
-    res.map_err(|(path, msg)| one(if path == "." { String::new() } else { path }, msg))
+    res.map_err(|(path, msg)| {
+        let path = if path == "." { String::new() } else { path };
+        // serde_yaml names the path in its message too: say it once.
+        let msg = msg.strip_prefix(&format!("{path}: ")).map(str::to_string).unwrap_or(msg);
+        one(path, msg)
+    })
 }
 
 /// Parses and validates text.
@@ -138,6 +143,18 @@ mod tests {
         let err = load_str(&bomb(), Format::Yaml).unwrap_err().to_string();
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "took {:?}", started.elapsed());
         assert!(err.contains("qos_policies[0].shared"), "{err}");
+    }
+
+    #[test]
+    fn a_parse_error_names_its_path_once() {
+        let doc = "version: 1\nqos_policies:\n  - name: p\n    binding: eip\n    rules:\n      - {name: r, direction: ingress, rate_mbps: 1, priority: 1}\n";
+        let p = &parse(doc, Format::Yaml).unwrap_err().0[0];
+        assert_eq!(p.path, "qos_policies[0].rules[0]");
+        assert!(p.message.starts_with("missing field `burst_mb`"), "{}", p.message);
+        let json = r#"{"version": 1, "qos_policies": [{"name": "p", "binding": "eip", "rules": [{"name": "r"}]}]}"#;
+        let p = &parse(json, Format::Json).unwrap_err().0[0];
+        assert_eq!(p.path, "qos_policies[0].rules[0]");
+        assert!(!p.message.contains("qos_policies[0]"), "{}", p.message);
     }
 
     #[test]

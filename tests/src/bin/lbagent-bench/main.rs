@@ -29,9 +29,10 @@
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
 //! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp`
-//! picks sections.
+//! picks sections; `profile` (only when named) records where one TCP stream's time goes.
 
 mod fleet;
+mod profile;
 mod qos;
 mod sched;
 mod xdp;
@@ -762,6 +763,10 @@ fn main() -> Result<()> {
     }
     if want("fleet") {
         fleet::fleet(quick, &mut out)?;
+    }
+    // Opt-in only: it needs `perf` and prints profiles, not figures.
+    if only.split(',').any(|s| s == "profile") {
+        profile::profile(&mut out)?;
     }
     eprintln!();
     println!("{out}");

@@ -3,6 +3,7 @@
 //! independently computed checksums, and an engine harness for
 //! `BPF_PROG_TEST_RUN`.
 
+pub mod agent;
 pub mod bed;
 pub mod cgroup;
 pub mod engine;

@@ -5,15 +5,17 @@
 
 use std::{
     path::PathBuf,
-    process::{Child, Command},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use std::collections::HashSet;
 
+use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use lbagent_tests::{
+    agent::{AgentDirs, AgentProcess},
     bed::{HostLock, lb_id},
     hosts::TestHost,
     lbagent_bin,
@@ -35,49 +37,39 @@ fn example(bridge: &str, id: &str) -> String {
         .replace(EXAMPLE_LB, id)
 }
 
+/// The test's agent directories and its metrics port.
 struct Env {
-    dir: PathBuf,
-    bpffs: PathBuf,
+    dirs: AgentDirs,
     metrics_port: u16,
+}
+
+impl std::ops::Deref for Env {
+    type Target = AgentDirs;
+    fn deref(&self) -> &AgentDirs {
+        &self.dirs
+    }
 }
 
 impl Env {
     fn new() -> Env {
-        let tag = unique("lbad");
-        let dir = std::env::temp_dir().join(&tag);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         let metrics_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Env { dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag), metrics_port }
+        Env { dirs: AgentDirs::new("lbad"), metrics_port }
     }
     fn state(&self) -> PathBuf {
-        self.dir.join("state.yaml")
-    }
-    fn common(&self) -> Vec<String> {
-        vec![
-            "--state-dir".into(),
-            self.dir.join("sd").display().to_string(),
-            "--bpffs".into(),
-            self.bpffs.display().to_string(),
-            "--api-socket".into(),
-            self.dir.join("api.sock").display().to_string(),
-        ]
+        self.path("state.yaml")
     }
     fn start(&self) -> Daemon {
-        let d = self.spawn();
+        let d = self.spawn_daemon();
         self.wait_applied(|| {});
         d
     }
-    fn spawn(&self) -> Daemon {
-        let child = Command::new(lbagent_bin())
-            .arg("run")
-            .args(["--state", self.state().to_str().unwrap(), "--repair-interval", "2"])
-            .args(["--metrics", &format!("127.0.0.1:{}", self.metrics_port)])
-            .args(self.common())
-            .stderr(std::fs::File::create(self.dir.join("daemon.log")).unwrap())
-            .spawn()
-            .unwrap();
-        Daemon(child)
+    fn spawn_daemon(&self) -> Daemon {
+        let args = ["--state", self.state().to_str().unwrap(), "--repair-interval", "2"]
+            .into_iter()
+            .chain(["--metrics", &format!("127.0.0.1:{}", self.metrics_port)])
+            .map(String::from)
+            .collect::<Vec<_>>();
+        self.spawn(&lbagent_bin(), &args, "daemon.log")
     }
     /// Waits for the first apply, calling `tick` while waiting.
     fn wait_applied(&self, mut tick: impl FnMut()) {
@@ -101,13 +93,6 @@ impl Env {
             );
         }
     }
-    /// Runs a client command with this environment's flags; its stdout.
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(lbagent_bin()).args(args).args(self.common()).output().unwrap();
-        assert!(out.status.success(), "lbagent {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    }
-
     fn metrics(&self) -> String {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
@@ -116,45 +101,10 @@ impl Env {
         s.read_to_string(&mut out).unwrap();
         out
     }
-
-    fn status(&self) -> Option<Value> {
-        let out = Command::new(lbagent_bin()).args(["status", "--json"]).args(self.common()).output().ok()?;
-        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
-    }
 }
 
 /// A running `lbagent run`; killed on drop if a failed test left it running.
-struct Daemon(Child);
-
-impl Daemon {
-    fn signal(&self, sig: i32) {
-        let sig = nix::sys::signal::Signal::try_from(sig).expect("a signal number");
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), sig);
-    }
-
-    /// SIGTERM and wait: true when it exited cleanly.
-    fn stop(&mut self) -> bool {
-        self.signal(libc::SIGTERM);
-        self.0.wait().map(|s| s.success()).unwrap_or(false)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = Command::new(lbagent_bin()).arg("teardown").args(self.common()).output();
-        let _ = std::fs::remove_dir_all(&self.bpffs);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+type Daemon = AgentProcess;
 
 fn wait(f: impl FnMut() -> bool, what: &str) {
     lbagent_tests::wait_for(f, what)
@@ -207,7 +157,7 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     let invalid = example.replacen("port: 5000", "port: 80", 1).replacen(&id, "x;rm -rf /", 1);
     std::fs::write(env.state(), &invalid).unwrap();
     wait(|| env.status().is_some_and(|s| s["rejected_state"].is_array()), "refusal");
-    daemon.signal(libc::SIGHUP);
+    daemon.signal(Signal::SIGHUP);
     // A repair pass runs too (every 2 s; waited for, not slept on: a busy
     // machine makes a pass take longer).
     wait(
@@ -269,14 +219,14 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     assert_eq!(again["load_balancers"][0]["zone"], s["load_balancers"][0]["zone"]);
 
     // Teardown is refused while running, then removes everything.
-    let out = Command::new(lbagent_bin()).arg("teardown").args(env.common()).output().unwrap();
+    let out = Command::new(lbagent_bin()).arg("teardown").args(env.flags()).output().unwrap();
     assert!(!out.status.success());
     assert!(
         daemon.stop(),
         "clean exit on SIGTERM: {}",
         std::fs::read_to_string(env.dir.join("daemon.log")).unwrap_or_default()
     );
-    let out = Command::new(lbagent_bin()).arg("teardown").args(env.common()).output().unwrap();
+    let out = Command::new(lbagent_bin()).arg("teardown").args(env.flags()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!env.bpffs.exists());
     assert!(!env.dir.join("sd/allocations.json").exists());
@@ -347,7 +297,7 @@ load_balancers:
     assert!(proxied.ping("1").unwrap().starts_with("b 10.60.0.5:"));
 
     // kill -9: the dataplane (maps, programs, haproxy) is not the daemon's.
-    daemon.signal(libc::SIGKILL);
+    daemon.signal(Signal::SIGKILL);
     drop(daemon);
     assert!(direct.ping("2").unwrap().starts_with("b "));
     assert!(proxied.ping("2").unwrap().starts_with("b "));
@@ -355,7 +305,7 @@ load_balancers:
     // Restart: pins reused, programs replaced in place, flows untouched.
     // (Under TCG the restart takes minutes: the proxied connection is kept
     // from idling into haproxy's 60 s client timeout.)
-    let _daemon = env.spawn();
+    let _daemon = env.spawn_daemon();
     let mut last = Instant::now();
     env.wait_applied(|| {
         if last.elapsed() > Duration::from_secs(20) {
@@ -624,7 +574,7 @@ load_balancers:
             .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
             .arg(lbagent_bin())
             .args(["status", "--json"])
-            .args(env.common())
+            .args(env.flags())
             .output()
             .unwrap()
     };
@@ -672,7 +622,7 @@ load_balancers:
 
     // No descriptors left: checks cannot run, which marks nothing down, and
     // a pending API client does not make the accept loop spin.
-    let pid = daemon.0.id();
+    let pid = daemon.pid().as_raw() as u32;
     let log_before = std::fs::read_to_string(env.dir.join("daemon.log")).unwrap().len();
     let limit = |soft: &str| {
         let out =
@@ -695,14 +645,8 @@ load_balancers:
     assert!(daemon.stop());
 
     // --metrics off: nothing listens.
-    let child = Command::new(lbagent_bin())
-        .arg("run")
-        .args(["--state", env.state().to_str().unwrap(), "--metrics", "off"])
-        .args(env.common())
-        .stderr(std::fs::File::create(env.dir.join("daemon2.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut off = Daemon(child);
+    let args = ["--state", env.state().to_str().unwrap(), "--metrics", "off"].map(String::from);
+    let mut off = env.spawn(&lbagent_bin(), &args, "daemon2.log");
     wait(|| env.status().is_some_and(|s| !s["last_apply"].is_null()), "daemon up");
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", env.metrics_port)).is_err(),

@@ -8,13 +8,14 @@
 
 use std::{
     path::PathBuf,
-    process::{Child, Command},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 
 use lbagent_tests::{
+    agent::{AgentDirs, AgentProcess},
     bed::{HostLock, lb_id},
     etcd::{self, Etcd},
     hosts::TestHost,
@@ -24,80 +25,48 @@ use lbagent_tests::{
     unique, wait_for,
 };
 
-/// One agent in fleet mode: its own state dir, bpffs dir and API socket.
+/// One agent in fleet mode: its own state dir, bpffs dir and API socket
+/// (`dirs`), and its process while it runs (dropped first).
 struct Agent {
     host: String,
-    dir: PathBuf,
-    bpffs: PathBuf,
-    child: Option<Child>,
+    process: Option<AgentProcess>,
+    dirs: AgentDirs,
+}
+
+impl std::ops::Deref for Agent {
+    type Target = AgentDirs;
+    fn deref(&self) -> &AgentDirs {
+        &self.dirs
+    }
 }
 
 impl Agent {
     fn new(host: &str) -> Agent {
-        let tag = unique("lbaf");
-        let dir = std::env::temp_dir().join(&tag);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Agent { host: host.into(), dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag), child: None }
-    }
-    fn common(&self) -> Vec<String> {
-        let p = |p: PathBuf| p.display().to_string();
-        vec![
-            "--state-dir".into(),
-            p(self.dir.join("sd")),
-            "--bpffs".into(),
-            p(self.bpffs.clone()),
-            "--api-socket".into(),
-            p(self.dir.join("api.sock")),
-        ]
+        Agent { host: host.into(), process: None, dirs: AgentDirs::new("lbaf") }
     }
     fn start(&mut self, etcd: &str) {
         self.start_with(etcd, &[]);
     }
     /// With extra flags (TLS).
     fn start_with(&mut self, etcd: &str, extra: &[String]) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).unwrap();
-        let child = Command::new(lbagent_bin())
-            .args(["run", "--etcd", etcd, "--host", &self.host, "--repair-interval", "2", "--metrics", "off"])
-            .args(extra)
-            .args(self.common())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
+        let args: Vec<String> = ["--etcd", etcd, "--host", &self.host, "--repair-interval", "2", "--metrics", "off"]
+            .into_iter()
+            .map(String::from)
+            .chain(extra.iter().cloned())
+            .collect();
+        self.process = Some(self.dirs.spawn(&lbagent_bin(), &args, "agent.log"));
     }
     fn signal(&self, sig: nix::sys::signal::Signal) {
-        let pid = self.child.as_ref().expect("running").id();
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
+        self.process.as_ref().expect("running").signal(sig);
     }
     fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-    fn log_path(&self) -> PathBuf {
-        self.dir.join("agent.log")
+        self.process = None;
     }
     fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
-    }
-    /// The daemon's own status (its API).
-    fn status(&self) -> Option<Value> {
-        let out = Command::new(lbagent_bin()).args(["status", "--json"]).args(self.common()).output().ok()?;
-        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+        std::fs::read_to_string(self.path("agent.log")).unwrap_or_default()
     }
     fn lbs(&self) -> usize {
         self.status().and_then(|s| s["load_balancers"].as_array().map(Vec::len)).unwrap_or(usize::MAX)
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = Command::new(lbagent_bin()).arg("teardown").args(self.common()).output();
-        let _ = std::fs::remove_dir_all(&self.bpffs);
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

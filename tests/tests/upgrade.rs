@@ -16,8 +16,8 @@
 
 use std::{
     net::SocketAddr,
-    path::{Path, PathBuf},
-    process::{Child, Command},
+    path::Path,
+    process::Command,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -28,6 +28,7 @@ use std::{
 use lbagent::dataplane::migrate::FROM_VERSION;
 use lbagent_common::LAYOUT_VERSION;
 use lbagent_tests::{
+    agent::{AgentDirs, AgentProcess, applied},
     bed::{HostLock, lb_id},
     hosts::TestHost,
     lbagent_bin,
@@ -47,100 +48,58 @@ fn at(s: &str) -> SocketAddr {
 }
 
 /// One agent process (either build) on the test's pins and state dir.
-struct Agent {
-    child: Child,
-    bin: PathBuf,
-}
+struct Agent(AgentProcess);
 
 impl Agent {
     fn start(bin: &Path, env: &Env, log: &str) -> Agent {
-        let child = Command::new(bin)
-            .arg("run")
-            .args(env.run_args())
-            .args(env.common())
-            .stderr(std::fs::File::create(env.dir.join(log)).unwrap())
-            .spawn()
-            .unwrap();
-        let a = Agent { child, bin: bin.to_path_buf() };
+        let a = Agent(env.spawn(bin, &env.run_args(), log));
         let t = Instant::now();
         while !a.applied(env) {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "{} did not apply; its log:\n{}",
-                bin.display(),
-                std::fs::read_to_string(env.dir.join(log)).unwrap_or_default()
-            );
+            assert!(t.elapsed() < Duration::from_secs(60), "{} did not apply; its log:\n{}", bin.display(), a.0.log());
             std::thread::sleep(Duration::from_millis(100));
         }
         a
     }
 
+    /// The status, asked with the agent's own build.
     fn status(&self, env: &Env) -> Option<Value> {
-        let out = Command::new(&self.bin).args(["status", "--json"]).args(env.common()).output().ok()?;
-        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+        env.status_by(&self.0.bin)
     }
 
     fn applied(&self, env: &Env) -> bool {
-        self.status(env).is_some_and(|s| s["last_apply"]["ok"] == true)
+        self.status(env).is_some_and(|s| applied(&s))
     }
 
     /// SIGTERM (the dataplane stays) and wait for the exit.
     fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        assert!(self.child.wait().unwrap().success(), "{} did not stop cleanly", self.bin.display());
+        assert!(self.0.stop(), "{} did not stop cleanly", self.0.bin.display());
     }
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The test's directories and pins; torn down (by this build) on drop.
+/// The test's directories and pins (torn down by this build on drop) and
+/// the attach mode both builds use.
 struct Env {
-    dir: PathBuf,
-    bpffs: PathBuf,
+    dirs: AgentDirs,
     attach: &'static str,
+}
+
+impl std::ops::Deref for Env {
+    type Target = AgentDirs;
+    fn deref(&self) -> &AgentDirs {
+        &self.dirs
+    }
 }
 
 impl Env {
     fn new(attach: &'static str) -> Env {
-        let tag = unique("lbup");
-        let dir = std::env::temp_dir().join(&tag);
-        std::fs::create_dir_all(&dir).unwrap();
-        Env { dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag), attach }
-    }
-
-    fn common(&self) -> Vec<String> {
-        let d = |p: &str| self.dir.join(p).display().to_string();
-        vec!["--state-dir".into(), d("sd"), "--bpffs".into(), self.bpffs.display().to_string()]
-            .into_iter()
-            .chain(["--api-socket".into(), d("api.sock")])
-            .collect()
+        Env { dirs: AgentDirs::new("lbup"), attach }
     }
 
     fn run_args(&self) -> Vec<String> {
-        let state = self.dir.join("state.yaml").display().to_string();
+        let state = self.path("state.yaml").display().to_string();
         ["--state", &state, "--metrics", "127.0.0.1:0", "--attach", self.attach, "--repair-interval", "3"]
             .map(String::from)
             .to_vec()
-    }
-
-    fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(lbagent_bin()).args(args).args(self.common()).output().unwrap();
-        assert!(out.status.success(), "lbagent {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = Command::new(lbagent_bin()).arg("teardown").args(self.common()).output();
-        let _ = std::fs::remove_dir_all(&self.bpffs);
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -413,7 +372,7 @@ fn upgrade(attach: &'static str) {
     // agent runs, its lock on the state dir refuses any second agent first.)
     let before = new.status(&env).unwrap();
     new.stop();
-    let out = Command::new(&previous).arg("run").args(env.run_args()).args(env.common()).output().unwrap();
+    let out = Command::new(&previous).arg("run").args(env.run_args()).args(env.flags()).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the previous release started on an upgraded dataplane: {err}");
     assert!(err.contains(&format!("layout version {LAYOUT_VERSION}")), "{err}");

@@ -51,6 +51,7 @@ use lbagent::dataplane::{
 };
 use lbagent_common::{PROTO_TCP, PROTO_UDP};
 use lbagent_tests::{
+    agent::{AgentDirs, AgentProcess},
     engine::Engine,
     packet::{Ip, L4, frame},
     require_root,
@@ -354,58 +355,38 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
     Ok(())
 }
 
-/// `lbagent run` for the disruption measurement, killed on drop.
-struct Agent {
-    child: std::process::Child,
+/// `lbagent run` for the disruption measurement on `dirs`, restarted with
+/// the same arguments; killed on drop (the directories are torn down when
+/// `dirs` goes).
+struct Agent<'a> {
+    dirs: &'a AgentDirs,
     args: Vec<String>,
-    common: Vec<String>,
+    process: AgentProcess,
 }
 
-impl Agent {
-    fn start(args: Vec<String>, common: Vec<String>) -> Result<Agent> {
-        let child = std::process::Command::new(lbagent_tests::lbagent_bin())
-            .arg("run")
-            .args(&args)
-            .args(&common)
-            .stderr(std::process::Stdio::null())
-            .spawn()?;
-        let a = Agent { child, args, common };
+impl<'a> Agent<'a> {
+    fn start(dirs: &'a AgentDirs, args: Vec<String>) -> Result<Agent<'a>> {
+        let process = dirs.spawn(&lbagent_tests::lbagent_bin(), &args, "agent.log");
+        let a = Agent { dirs, args, process };
         a.wait_applied()?;
         Ok(a)
     }
 
     fn wait_applied(&self) -> Result<()> {
         let t = Instant::now();
-        loop {
-            let out = std::process::Command::new(lbagent_tests::lbagent_bin())
-                .args(["status", "--json"])
-                .args(&self.common)
-                .output()?;
-            let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-            if out.status.success() && doc["last_apply"]["ok"] == true {
-                return Ok(());
-            }
+        while !self.dirs.status().is_some_and(|s| lbagent_tests::agent::applied(&s)) {
             if t.elapsed() > Duration::from_secs(30) {
-                bail!("agent did not apply");
+                bail!("agent did not apply:\n{}", self.process.log());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    fn restart(&mut self, sig: i32) -> Result<()> {
-        let sig = nix::sys::signal::Signal::try_from(sig)?;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig)?;
-        self.child.wait()?;
-        *self = Agent::start(self.args.clone(), self.common.clone())?;
         Ok(())
     }
-}
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::process::Command::new(lbagent_tests::lbagent_bin()).arg("teardown").args(&self.common).output();
+    fn restart(&mut self, sig: nix::sys::signal::Signal) -> Result<()> {
+        self.process.end_with(sig);
+        self.process = self.dirs.spawn(&lbagent_tests::lbagent_bin(), &self.args, "agent.log");
+        self.wait_applied()
     }
 }
 
@@ -424,8 +405,8 @@ fn disruption(out: &mut String) -> Result<()> {
     let client = TestHost::on(|p| bridge.add_port(p), "10.80.0.10", 24, "")?;
     let backend = TestHost::on(|p| bridge.add_port(p), "10.80.0.21", 24, "")?;
     line_echo_server(&backend.ns.name, 9000, "b")?;
-    let tmp = TempDir::new(std::env::temp_dir().join(unique("lbbench")))?;
-    let dir = tmp.0.clone();
+    let dirs = AgentDirs::new("lbbench");
+    let dir = dirs.dir.clone();
     let state = |weight: u32| {
         format!(
             "version: 1\nagent: {{integration_bridge: {}}}\nload_balancers:\n  - id: {}\n    network: {{ip: 10.80.0.5, mac: \"02:00:0a:50:00:05\", prefix_len: 24, gateway: 10.80.0.1}}\n    listeners:\n      - {{id: d, type: tcp, port: 9000, backend_group: g}}\n      - {{id: p, type: tcp, port: 7000, backend_group: g, mode: proxy}}\n    backend_groups: [{{id: g, backends: [{{id: b, address: 10.80.0.21, port: 9000, weight: {weight}}}]}}]\n",
@@ -435,23 +416,11 @@ fn disruption(out: &mut String) -> Result<()> {
     let id = lb_id();
     let write = |w: u32| std::fs::write(dir.join("state.yaml"), state(w).replace("LBID", &id));
     write(1)?;
-    let bpffs = format!("/sys/fs/bpf/{}", unique("lbbench"));
-    let common: Vec<String> = [
-        "--bpffs",
-        &bpffs,
-        "--state-dir",
-        &dir.join("sd").display().to_string(),
-        "--api-socket",
-        &dir.join("api.sock").display().to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
     let args: Vec<String> = ["--state", &dir.join("state.yaml").display().to_string(), "--metrics", "127.0.0.1:0"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let mut agent = Agent::start(args, common)?;
+    let mut agent = Agent::start(&dirs, args)?;
     let vip = |port: u16| SocketAddr::from(([10, 80, 0, 5], port));
     let conns: Vec<OpenConn> = (0..40)
         .map(|i| OpenConn::open(&client.ns.name, vip(if i % 2 == 0 { 9000 } else { 7000 })))
@@ -477,8 +446,8 @@ fn disruption(out: &mut String) -> Result<()> {
         };
         std::thread::sleep(Duration::from_millis(300));
         match event {
-            e if e.contains("-9") => agent.restart(libc::SIGKILL)?,
-            e if e.contains("SIGTERM") => agent.restart(libc::SIGTERM)?,
+            e if e.contains("-9") => agent.restart(nix::sys::signal::Signal::SIGKILL)?,
+            e if e.contains("SIGTERM") => agent.restart(nix::sys::signal::Signal::SIGTERM)?,
             _ => {
                 write(2)?;
                 std::thread::sleep(Duration::from_millis(1500));
@@ -495,22 +464,6 @@ fn disruption(out: &mut String) -> Result<()> {
     drop(conns);
     drop(agent);
     Ok(())
-}
-
-/// A directory removed on drop (also when a measurement fails).
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(path: std::path::PathBuf) -> Result<Self> {
-        std::fs::create_dir_all(&path)?;
-        Ok(TempDir(path))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn iptables_restore(ns: &str, rules: &str) -> Result<()> {

@@ -11,7 +11,7 @@ use lbagent_tests::topology::{NatTopology, SERVER, VIP};
 use super::{iperf, throughput_engine};
 
 /// Symbols below this share of the samples are left out.
-const PERCENT_LIMIT: &str = "1.5";
+const PERCENT_LIMIT: &str = "0.7";
 
 pub fn profile(out: &mut String) -> Result<()> {
     writeln!(out, "\n## 12. Profile: one TCP stream, TSO and GSO off at the client (`perf record -a`, 3 s)\n")?;

@@ -79,6 +79,7 @@ const FULL_EXTRA: &[(&str, &[&str])] = &[
     ("route", &[]),
     ("natgw", &["large_udp_datagrams", "a_floating_ip_carries_every_ip_protocol"]),
     ("sched", &[]),
+    ("xdp", &[]),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -82,3 +82,27 @@ impl HostLock {
 pub fn lb_id() -> String {
     format!("{:0>13}-test", unique(""))
 }
+
+/// A desired-state document with one load balancer `id` on a /24 of its
+/// own, `10.<net>.0.0/24` (VIP `.5` with MAC `02:00:0a:<net>:00:05`,
+/// gateway `.1`), plugged into `bridge`: each of `listeners` is one YAML
+/// flow mapping, `backends` the flow list of backend group `g`.
+pub fn lb_state<S: AsRef<str>>(
+    bridge: &str,
+    id: &str,
+    net: u8,
+    listeners: impl IntoIterator<Item = S>,
+    backends: &str,
+) -> String {
+    let listeners: String = listeners.into_iter().map(|l| format!("      - {}\n", l.as_ref())).collect();
+    format!(
+        "version: 1
+agent: {{integration_bridge: {bridge}}}
+load_balancers:
+  - id: {id}
+    network: {{ip: 10.{net}.0.5, mac: \"02:00:0a:{net:02x}:00:05\", prefix_len: 24, gateway: 10.{net}.0.1}}
+    listeners:
+{listeners}    backend_groups: [{{id: g, backends: {backends}}}]
+"
+    )
+}

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use lbagent_tests::{
     agent::{AgentDirs, AgentProcess},
-    bed::{HostLock, lb_id},
+    bed::{HostLock, lb_id, lb_state},
     hosts::TestHost,
     lbagent_bin,
     ovs::OvsBridge,
@@ -26,6 +26,8 @@ use lbagent_tests::{
 
 const FULL_EXAMPLE: &str = include_str!("../../examples/state.yaml");
 const EXAMPLE_LB: &str = "3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60";
+/// A health check that decides within a second or two.
+const FAST_CHECK: &str = "{type: tcp, interval: 1, rise: 1, fall: 1, timeout: 1}";
 
 /// The example without its NAT gateway (gateways have their own tests),
 /// on this test's bridge, with a load balancer id of its own.
@@ -273,19 +275,15 @@ fn kill_9_and_restart_keep_established_connections() {
     let backend = TestHost::on(|p| bridge.add_port(p), "10.60.0.21", 24, "").unwrap();
     line_echo_server(&backend.ns.name, 9000, "b").unwrap();
     let env = Env::new();
-    let state = format!(
-        "version: 1
-agent: {{integration_bridge: {}}}
-load_balancers:
-  - id: {}
-    network: {{ip: 10.60.0.5, mac: \"02:00:0a:3c:00:05\", prefix_len: 24, gateway: 10.60.0.1}}
-    listeners:
-      - {{id: direct, type: tcp, port: 9000, backend_group: g}}
-      - {{id: proxied, type: tcp, port: 7000, backend_group: g, mode: proxy}}
-    backend_groups: [{{id: g, backends: [{{id: b, address: 10.60.0.21, port: 9000}}]}}]
-",
-        bridge.name,
-        lb_id()
+    let state = lb_state(
+        &bridge.name,
+        &lb_id(),
+        60,
+        [
+            "{id: direct, type: tcp, port: 9000, backend_group: g}",
+            "{id: proxied, type: tcp, port: 7000, backend_group: g, mode: proxy}",
+        ],
+        "[{id: b, address: 10.60.0.21, port: 9000}]",
     );
     std::fs::write(env.state(), &state).unwrap();
     let daemon = env.start();
@@ -362,21 +360,9 @@ fn a_slow_haproxy_reload_is_left_to_finish() {
     let env = Env::new();
     let id = lb_id();
     let with = |ports: &[u16]| {
-        let listeners: String = ports
-            .iter()
-            .map(|p| format!("      - {{id: p{p}, type: tcp, port: {p}, backend_group: g, mode: proxy}}\n"))
-            .collect();
-        format!(
-            "version: 1
-agent: {{integration_bridge: {}}}
-load_balancers:
-  - id: {}
-    network: {{ip: 10.61.0.5, mac: \"02:00:0a:3d:00:05\", prefix_len: 24, gateway: 10.61.0.1}}
-    listeners:
-{listeners}    backend_groups: [{{id: g, backends: [{{id: b, address: 10.61.0.21, port: 9000}}]}}]
-",
-            bridge.name, id
-        )
+        let listeners =
+            ports.iter().map(|p| format!("{{id: p{p}, type: tcp, port: {p}, backend_group: g, mode: proxy}}"));
+        lb_state(&bridge.name, &id, 61, listeners, "[{id: b, address: 10.61.0.21, port: 9000}]")
     };
     std::fs::write(env.state(), with(&[7000])).unwrap();
     let _daemon = env.start();
@@ -448,27 +434,17 @@ fn direct_health_checks_steer_new_flows() {
     let id = lb_id();
     std::fs::write(
         env.state(),
-        format!(
-            "version: 1
-agent: {{integration_bridge: {}}}
-load_balancers:
-  - id: {id}
-    network: {{ip: 10.70.0.5, mac: \"02:00:0a:46:00:05\", prefix_len: 24, gateway: 10.70.0.1}}
-    listeners:
-      - id: l
-        type: tcp
-        port: 9000
-        backend_group: g
-        health_check: {{type: tcp, interval: 1, rise: 1, fall: 1, timeout: 1}}
-      - id: r
-        type: tcp
-        port: 9001
-        backend_group: g
-        scheduler: rr
-        health_check: {{type: tcp, interval: 1, rise: 1, fall: 1, timeout: 1}}
-    backend_groups: [{{id: g, backends: [{{id: b1, address: 10.70.0.21, port: 9000}}, {{id: b2, address: 10.70.0.22, port: 9000}}]}}]
-",
-            bridge.name
+        lb_state(
+            &bridge.name,
+            &id,
+            70,
+            [
+                format!("{{id: l, type: tcp, port: 9000, backend_group: g, health_check: {FAST_CHECK}}}"),
+                format!(
+                    "{{id: r, type: tcp, port: 9001, backend_group: g, scheduler: rr, health_check: {FAST_CHECK}}}"
+                ),
+            ],
+            "[{id: b1, address: 10.70.0.21, port: 9000}, {id: b2, address: 10.70.0.22, port: 9000}]",
         ),
     )
     .unwrap();
@@ -535,17 +511,12 @@ fn local_endpoints_fail_closed() {
     let id = lb_id();
     std::fs::write(
         env.state(),
-        format!(
-            "version: 1
-agent: {{integration_bridge: {}}}
-load_balancers:
-  - id: {id}
-    network: {{ip: 10.71.0.5, mac: \"02:00:0a:47:00:05\", prefix_len: 24, gateway: 10.71.0.1}}
-    listeners:
-      - {{id: l, type: tcp, port: 9000, backend_group: g, health_check: {{type: tcp, interval: 1, rise: 1, fall: 1, timeout: 1}}}}
-    backend_groups: [{{id: g, backends: [{{id: b1, address: 10.71.0.21, port: 9000}}]}}]
-",
-            bridge.name
+        lb_state(
+            &bridge.name,
+            &id,
+            71,
+            [format!("{{id: l, type: tcp, port: 9000, backend_group: g, health_check: {FAST_CHECK}}}")],
+            "[{id: b1, address: 10.71.0.21, port: 9000}]",
         ),
     )
     .unwrap();

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use lbagent_tests::{
     agent::{AgentDirs, AgentProcess},
-    bed::{HostLock, lb_id},
+    bed::{HostLock, lb_id, lb_state},
     etcd::{self, Etcd},
     hosts::TestHost,
     lbagent_bin,
@@ -88,18 +88,8 @@ fn host_status(etcd: &Etcd, host: &str) -> Option<Value> {
 
 /// A load balancer with direct TCP listeners on `ports` in front of one backend.
 fn document(bridge: &str, id: &str, ports: &[u16]) -> String {
-    let listeners: String =
-        ports.iter().map(|p| format!("      - {{id: l{p}, type: tcp, port: {p}, backend_group: g}}\n")).collect();
-    format!(
-        "version: 1
-agent: {{integration_bridge: {bridge}}}
-load_balancers:
-  - id: {id}
-    network: {{ip: 10.62.0.5, mac: \"02:00:0a:3e:00:05\", prefix_len: 24, gateway: 10.62.0.1}}
-    listeners:
-{listeners}    backend_groups: [{{id: g, backends: [{{id: b, address: 10.62.0.21, port: 9000}}]}}]
-"
-    )
+    let listeners = ports.iter().map(|p| format!("{{id: l{p}, type: tcp, port: {p}, backend_group: g}}"));
+    lb_state(bridge, id, 62, listeners, "[{id: b, address: 10.62.0.21, port: 9000}]")
 }
 
 fn put(etcd: &Etcd, host: &str, dir: &std::path::Path, doc: &str, wait: bool) -> (bool, String, String) {

@@ -16,7 +16,7 @@ use std::{
 };
 
 use lbagent_tests::{
-    bed::{HostLock, lb_id},
+    bed::{HostLock, lb_id, lb_state},
     hosts::TestHost,
     ovs::OvsBridge,
     traffic::{OpenConn, ask_tcp, line_echo_server},
@@ -92,17 +92,12 @@ fn the_package_installs_and_the_agent_starts_as_systemd_would() {
     std::fs::create_dir_all("/etc/lbagent").unwrap();
     std::fs::write(
         "/etc/lbagent/state.yaml",
-        format!(
-            "version: 1
-agent: {{integration_bridge: {}}}
-load_balancers:
-  - id: {}
-    network: {{ip: 10.63.0.5, mac: \"02:00:0a:3f:00:05\", prefix_len: 24, gateway: 10.63.0.1}}
-    listeners: [{{id: d, type: tcp, port: 9000, backend_group: g}}]
-    backend_groups: [{{id: g, backends: [{{id: b, address: 10.63.0.21, port: 9000}}]}}]
-",
-            bridge.name,
-            lb_id()
+        lb_state(
+            &bridge.name,
+            &lb_id(),
+            63,
+            ["{id: d, type: tcp, port: 9000, backend_group: g}"],
+            "[{id: b, address: 10.63.0.21, port: 9000}]",
         ),
     )
     .unwrap();

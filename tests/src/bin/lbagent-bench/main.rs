@@ -407,14 +407,20 @@ fn disruption(out: &mut String) -> Result<()> {
     line_echo_server(&backend.ns.name, 9000, "b")?;
     let dirs = AgentDirs::new("lbbench");
     let dir = dirs.dir.clone();
+    let id = lb_id();
     let state = |weight: u32| {
-        format!(
-            "version: 1\nagent: {{integration_bridge: {}}}\nload_balancers:\n  - id: {}\n    network: {{ip: 10.80.0.5, mac: \"02:00:0a:50:00:05\", prefix_len: 24, gateway: 10.80.0.1}}\n    listeners:\n      - {{id: d, type: tcp, port: 9000, backend_group: g}}\n      - {{id: p, type: tcp, port: 7000, backend_group: g, mode: proxy}}\n    backend_groups: [{{id: g, backends: [{{id: b, address: 10.80.0.21, port: 9000, weight: {weight}}}]}}]\n",
-            bridge.name, "LBID"
+        lbagent_tests::bed::lb_state(
+            &bridge.name,
+            &id,
+            80,
+            [
+                "{id: d, type: tcp, port: 9000, backend_group: g}",
+                "{id: p, type: tcp, port: 7000, backend_group: g, mode: proxy}",
+            ],
+            &format!("[{{id: b, address: 10.80.0.21, port: 9000, weight: {weight}}}]"),
         )
     };
-    let id = lb_id();
-    let write = |w: u32| std::fs::write(dir.join("state.yaml"), state(w).replace("LBID", &id));
+    let write = |w: u32| std::fs::write(dir.join("state.yaml"), state(w));
     write(1)?;
     let args: Vec<String> = ["--state", &dir.join("state.yaml").display().to_string(), "--metrics", "127.0.0.1:0"]
         .iter()

@@ -13,7 +13,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
-use aya::maps::{Array, Map, MapData, PerCpuArray, PerCpuValues};
 use lbagent_common::*;
 
 use super::tables::Tables;
@@ -65,14 +64,6 @@ pub struct QosDump {
 }
 
 impl Tables {
-    fn array<V: aya::Pod>(&self, name: &str) -> Result<Array<MapData, V>> {
-        Ok(Array::try_from(Map::Array(self.data(name)?))?)
-    }
-
-    fn stats_array(&self) -> Result<PerCpuArray<MapData, QosStats>> {
-        Ok(PerCpuArray::try_from(Map::PerCpuArray(self.data(MAP_QOS_STATS)?))?)
-    }
-
     /// The zone's QoS entries as the maps hold them.
     pub fn qos_zone(&self, zone: u16) -> Result<QosZone> {
         let mut out =
@@ -116,11 +107,9 @@ impl Tables {
         let mut changes = Vec::new();
         let mut config = self.array::<QosConfig>(MAP_QOS_CONFIG)?;
         let mut state = self.array::<QosBucket>(MAP_QOS_STATE)?;
-        let mut stats = self.stats_array()?;
-        let zeroed = || -> Result<PerCpuValues<QosStats>> {
-            let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-            Ok(PerCpuValues::try_from(vec![QosStats::default(); cpus.get() as usize])?)
-        };
+        let mut stats = self.per_cpu_array::<QosStats>(MAP_QOS_STATS)?;
+        let cpus = super::tables::possible_cpus()?;
+        let zeroed = || super::tables::per_cpu(vec![QosStats::default(); cpus]);
         let mut hooks = self.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?;
         let mut eips = self.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?;
         let fresh: BTreeSet<u32> = want
@@ -187,7 +176,7 @@ impl Tables {
 
     /// The counters of `buckets` (all CPUs added up).
     pub fn qos_stats_of(&self, buckets: impl IntoIterator<Item = u32>) -> Result<BTreeMap<u32, QosStats>> {
-        let stats = self.stats_array()?;
+        let stats = self.per_cpu_array::<QosStats>(MAP_QOS_STATS)?;
         let mut out = BTreeMap::new();
         for b in buckets {
             if b != 0 && b < QOS_BUCKETS_MAX {

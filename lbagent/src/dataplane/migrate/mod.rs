@@ -39,11 +39,14 @@ use v2 as previous;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap};
 use lbagent_common::*;
 use tracing::info;
 
-use super::{pins, tables::Tables};
+use super::{
+    pins,
+    tables::{Tables, per_cpu, possible_cpus},
+};
 
 /// `BPF_NOEXIST`: insert only when the key is absent.
 const NOEXIST: u64 = 1;
@@ -213,10 +216,10 @@ fn copy_qos(old: &Path, t: &Tables) -> Result<usize> {
     let config: Array<_, QosConfig> = Array::try_from(Map::Array(old_map(old, MAP_QOS_CONFIG)?))?;
     let state: Array<_, QosBucket> = Array::try_from(Map::Array(old_map(old, MAP_QOS_STATE)?))?;
     let stats: Array<_, QosStats> = Array::try_from(Map::Array(old_map(old, MAP_QOS_STATS)?))?;
-    let mut new_config: Array<_, QosConfig> = Array::try_from(Map::Array(t.data(MAP_QOS_CONFIG)?))?;
-    let mut new_state: Array<_, QosBucket> = Array::try_from(Map::Array(t.data(MAP_QOS_STATE)?))?;
-    let mut new_stats: PerCpuArray<_, QosStats> = PerCpuArray::try_from(Map::PerCpuArray(t.data(MAP_QOS_STATS)?))?;
-    let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?.get() as usize;
+    let mut new_config = t.array::<QosConfig>(MAP_QOS_CONFIG)?;
+    let mut new_state = t.array::<QosBucket>(MAP_QOS_STATE)?;
+    let mut new_stats = t.per_cpu_array::<QosStats>(MAP_QOS_STATS)?;
+    let cpus = possible_cpus()?;
     let mut n = 0;
     for b in 1..QOS_BUCKETS_MAX {
         let c = config.get(&b, 0)?;
@@ -226,7 +229,7 @@ fn copy_qos(old: &Path, t: &Tables) -> Result<usize> {
         // Clock and counts before the config: the bucket is complete before
         // anything in this layout could use it.
         new_state.set(b, &state.get(&b, 0)?, 0)?;
-        new_stats.set(b, PerCpuValues::try_from(previous::qos_stats(&stats.get(&b, 0)?, cpus))?, 0)?;
+        new_stats.set(b, per_cpu(previous::qos_stats(&stats.get(&b, 0)?, cpus))?, 0)?;
         new_config.set(b, &c, 0)?;
         n += 1;
     }
@@ -248,20 +251,20 @@ fn copy_qos(old: &Path, t: &Tables) -> Result<usize> {
 /// continue across the upgrade. Only on the first pass (`begin`).
 fn copy_counters(old: &Path, t: &Tables) -> Result<()> {
     let counters: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(old_map(old, MAP_COUNTERS)?))?;
-    let mut new: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(t.data(MAP_COUNTERS)?))?;
+    let mut new = t.per_cpu_array::<u64>(MAP_COUNTERS)?;
     // Counters keep their index across layouts (new ones are appended).
     let shared = counters.len().min(COUNTER_COUNT);
     for i in 0..shared {
         let was = counters.get(&i, 0)?;
         let now = new.get(&i, 0)?;
         let sum: Vec<u64> = now.iter().zip(was.iter()).map(|(a, b)| a + b).collect();
-        new.set(i, PerCpuValues::try_from(sum)?, 0)?;
+        new.set(i, per_cpu(sum)?, 0)?;
     }
     // Zeroed so a repeated `begin` (a crash before `finish`) adds nothing twice.
     let mut counters = counters;
-    let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
+    let cpus = possible_cpus()?;
     for i in 0..shared {
-        counters.set(i, PerCpuValues::try_from(vec![0u64; cpus.get() as usize])?, 0)?;
+        counters.set(i, per_cpu(vec![0u64; cpus])?, 0)?;
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ mod sched;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use aya::maps::{Array, HashMap, Map, MapData};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues};
 use lbagent_common::*;
 pub use rules::{AclSpec, DnatSpec, RuleSnat, SchedKind, SchedSpec, SnatSpec};
 pub use sched::table_digest;
@@ -26,6 +26,17 @@ pub fn monotonic_ns() -> u64 {
     let ts =
         nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
     ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+}
+
+/// How many values a per-CPU map entry holds (the possible CPUs).
+pub fn possible_cpus() -> Result<usize> {
+    Ok(aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?.get() as usize)
+}
+
+/// A whole per-CPU map value from one value per CPU (`values` has
+/// [`possible_cpus`] entries).
+pub fn per_cpu<V: aya::Pod>(values: Vec<V>) -> Result<PerCpuValues<V>> {
+    Ok(PerCpuValues::try_from(values)?)
 }
 
 pub struct Tables {
@@ -54,14 +65,20 @@ impl Tables {
         Ok(HashMap::try_from(map)?)
     }
 
+    pub(in crate::dataplane) fn array<V: aya::Pod>(&self, name: &str) -> Result<Array<MapData, V>> {
+        Ok(Array::try_from(Map::Array(self.data(name)?))?)
+    }
+
+    pub(in crate::dataplane) fn per_cpu_array<V: aya::Pod>(&self, name: &str) -> Result<PerCpuArray<MapData, V>> {
+        Ok(PerCpuArray::try_from(Map::PerCpuArray(self.data(name)?))?)
+    }
+
     pub fn set_config(&self, cfg: NatConfig) -> Result<()> {
-        let mut arr: Array<_, NatConfig> = Array::try_from(Map::Array(self.data(MAP_NAT_CONFIG)?))?;
-        arr.set(0, &cfg, 0)?;
+        self.array::<NatConfig>(MAP_NAT_CONFIG)?.set(0, &cfg, 0)?;
         Ok(())
     }
 
     pub fn config(&self) -> Result<NatConfig> {
-        let arr: Array<_, NatConfig> = Array::try_from(Map::Array(self.data(MAP_NAT_CONFIG)?))?;
-        Ok(arr.get(&0, 0)?)
+        Ok(self.array::<NatConfig>(MAP_NAT_CONFIG)?.get(&0, 0)?)
     }
 }

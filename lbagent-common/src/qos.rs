@@ -167,23 +167,43 @@ pub struct QosDropKey {
     pub dport: [u8; 2],
 }
 
-/// The latest TCP segment of a flow its bucket dropped, so that its
-/// retransmission is not dropped again (a lost retransmission costs the
-/// sender a retransmission timeout, ≥ 200 ms of silence): where the
-/// dropped data ends (sequence number + payload) and when it was dropped
-/// (`bpf_ktime_get_ns`).
+/// The latest TCP segment of a flow its bucket dropped, so that the flow
+/// can recover from that loss without a second one (a lost retransmission,
+/// or the loss of the last segment in flight, costs the sender a
+/// retransmission timeout, ≥ 200 ms of silence): where the dropped data
+/// ends (sequence number + payload), when it was dropped
+/// (`bpf_ktime_get_ns`), and when the flow last met the bucket's tail
+/// (`seen_us`: the clock >> 10, about µs, wrapping every ~73 minutes; every
+/// segment of the flow that arrives past the tail updates it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QosDrop {
     pub end_seq: u32,
-    pub _pad0: u32,
+    pub seen_us: u32,
     pub at_ns: u64,
 }
 
-/// A flow whose latest drop is this old is probing (a tail loss probe or a
-/// timeout's retransmission follows ≥ 10 ms of silence on Linux): its next
-/// segment passes like a resend.
+/// `QosDrop::seen_us` of a clock reading.
+pub const fn qos_seen_us(now_ns: u64) -> u32 {
+    (now_ns >> 10) as u32
+}
+
+/// A flow not seen at the tail for this long is probing (a tail loss probe
+/// or a timeout's retransmission follows ≥ 10 ms of silence on Linux), or
+/// its backlog fell below the tail in between: its next segment passes
+/// like a resend.
 pub const QOS_PROBE_GAP_NS: u64 = 1_000_000;
+
+/// After a flow loses a segment, its further segments arriving past the
+/// tail within this time pass (charged, within the resend allowance): TCP
+/// halves its window once per round trip whatever the number of losses in
+/// it, so a second loss in the round is no further signal, only a risk that
+/// the last segment in flight is lost and the sender waits for a timeout.
+/// Measured against longer spacings (an open loss held until its resend,
+/// up to 100 ms; four frame times at the rate): those let a flow that does
+/// not slow down run into the allowance's hard edge, where losses come in
+/// runs (docs/qos.md, *TCP*).
+pub const QOS_DROP_SPACING_NS: u64 = 1_000_000;
 
 /// Per bucket and CPU (`qos_stats` is a per-CPU array: no atomic adds, no
 /// cache line shared by the CPUs of one busy bucket): packets and layer-2

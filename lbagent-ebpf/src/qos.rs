@@ -250,36 +250,44 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
 /// number and the data offset.
 const TCP_HEAD: usize = TCP_DOFF + 1;
 
-/// Whether a TCP segment about to be dropped resends data this bucket
-/// already dropped: its flow's entry in `qos_drops` ends (sequence number
-/// plus payload of the latest drop) after this segment starts; a resend
-/// may cut the dropped data differently (one GSO packet dropped, resent as
-/// several). Otherwise the segment is recorded as its flow's latest drop,
-/// unless the flow has had no drop for `QOS_PROBE_GAP_NS` (a loss probe
-/// after a silence: it passes too). Only packets about to be dropped come
-/// here. Two CPUs updating one flow's entry: the last write wins, which at
-/// worst forgets one drop.
+/// Whether a TCP segment about to be dropped passes instead (charged; the
+/// caller bounds how far past the tail): `qos_drops` keeps, per bucket and
+/// TCP flow, the latest drop (where its data ends, when) and when the flow
+/// last met the tail. A segment passes when it
+/// - resends data the bucket dropped (starts before the recorded end; a
+///   resend may cut the data differently: one GSO packet dropped, resent as
+///   several);
+/// - comes within `QOS_DROP_SPACING_NS` of the flow's latest drop: one loss
+///   per round trip is all the signal TCP takes, a second risks losing the
+///   last segment in flight and a retransmission timeout;
+/// - comes after the flow was not seen at the tail for `QOS_PROBE_GAP_NS`
+///   (a loss probe after a silence, or the backlog fell below the tail in
+///   between).
+///
+/// Otherwise it is recorded as the flow's latest drop. Only packets about
+/// to be dropped come here: while a flow stays past the tail all its
+/// segments do, so `seen_us` sees the silences that matter. Two CPUs
+/// updating one flow's entry: the last write wins, which at worst forgets
+/// one drop.
 #[inline(always)]
 fn resent(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     let Ok(t) = ctx.load::<[u8; TCP_HEAD]>(p.l4) else { return false };
     let key = QosDropKey { bucket, saddr: p.saddr, daddr: p.daddr, sport: [t[0], t[1]], dport: [t[2], t[3]] };
     let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
-    let payload = (ctx.len() as usize).saturating_sub(p.l4 + ((t[TCP_DOFF] >> 4) as usize) * 4);
-    let mut end = seq.wrapping_add(payload as u32);
+    let seen_us = qos_seen_us(now);
     // SAFETY: a hash map value, copied out at once.
     if let Some(last) = unsafe { QOS_DROPS.get(&key) }.copied() {
-        if (seq.wrapping_sub(last.end_seq) as i32) < 0 {
-            return true;
-        }
-        if now.saturating_sub(last.at_ns) >= QOS_PROBE_GAP_NS {
-            // The flow's first segment after a silence: a probe. The entry
-            // keeps its end; only the time moves.
-            end = last.end_seq;
-            let _ = QOS_DROPS.insert(&key, &QosDrop { end_seq: end, _pad0: 0, at_ns: now }, 0);
+        let passes = (seq.wrapping_sub(last.end_seq) as i32) < 0
+            || now.saturating_sub(last.at_ns) < QOS_DROP_SPACING_NS
+            || (seen_us.wrapping_sub(last.seen_us) as u64) >= qos_seen_us(QOS_PROBE_GAP_NS) as u64;
+        if passes {
+            let _ = QOS_DROPS.insert(&key, &QosDrop { seen_us, ..last }, 0);
             return true;
         }
     }
-    let _ = QOS_DROPS.insert(&key, &QosDrop { end_seq: end, _pad0: 0, at_ns: now }, 0);
+    let payload = (ctx.len() as usize).saturating_sub(p.l4 + ((t[TCP_DOFF] >> 4) as usize) * 4);
+    let end_seq = seq.wrapping_add(payload as u32);
+    let _ = QOS_DROPS.insert(&key, &QosDrop { end_seq, seen_us, at_ns: now }, 0);
     false
 }
 

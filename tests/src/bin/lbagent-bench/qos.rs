@@ -88,11 +88,39 @@ fn run_once(b: &GwBed, mbps: f64, extra: &[&str]) -> Result<(f64, f64)> {
     let burst_s = BURST_MB * 8.388608 / mbps;
     let skip = burst_s + 1.5;
     let window = 3.0 + 4.0 * burst_s;
+    let caps = capture(b)?;
     let c = IperfClient::start(&inet, FIP, PORT, (skip + window + 1.0).ceil() as u32, extra)?;
     std::thread::sleep(Duration::from_secs_f64(skip));
     let r = rx_rate(&vpc, "eth0", Duration::from_secs_f64(window))?;
     let g = c.goodput()?;
+    for mut c in caps {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     Ok((r / (mbps * 1e6), g / (mbps * 1e6)))
+}
+
+/// Development aid (`LBAGENT_BENCH_QOS_PCAP=<dir>`): the gateway's `net1`
+/// (every packet offered, before the limiter) and `eth0` (what passed,
+/// translated), TCP headers only, one pair of files per run.
+fn capture(b: &GwBed) -> Result<Vec<std::process::Child>> {
+    let Ok(dir) = std::env::var("LBAGENT_BENCH_QOS_PCAP") else { return Ok(vec![]) };
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let ns = b.netns();
+    let mut caps = vec![];
+    for dev in ["net1", "eth0"] {
+        let f = format!("{dir}/run{n}-{dev}.pcap");
+        caps.push(
+            std::process::Command::new("ip")
+                .args(["netns", "exec", &ns, "tcpdump", "-Q", if dev == "net1" { "inout" } else { "out" }])
+                .args(["-i", dev, "-s", "80", "-B", "65536", "-w", &f, "tcp"])
+                .stderr(std::process::Stdio::null())
+                .spawn()?,
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(caps)
 }
 
 pub fn qos(reps: usize, out: &mut String) -> Result<()> {

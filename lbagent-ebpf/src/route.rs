@@ -75,12 +75,25 @@ pub fn forward(ctx: &TcContext, proto: u8, saddr: [u8; 4], daddr: [u8; 4], ingre
     if rc != BPF_FIB_LKUP_RET_SUCCESS {
         return None;
     }
-    // SAFETY: the helper filled the MAC union on success.
-    let macs = unsafe { params.__bindgen_anon_6.__bindgen_anon_2 };
-    ctx.store(0, &macs.dmac, 0).ok()?;
-    ctx.store(6, &macs.smac, 0).ok()?;
+    set_macs(ctx, params).ok()?;
     // SAFETY: bpf_redirect takes plain integers.
     Some(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
+}
+
+/// Ethernet destination and source address: the first twelve bytes.
+const ETH_ADDRS: usize = 12;
+
+/// Writes the next hop's MAC addresses the FIB answered into the Ethernet
+/// header, in one store (destination first, as on the wire; the FIB's
+/// answer holds the source first).
+#[inline(always)]
+fn set_macs(ctx: &TcContext, params: &FibParams) -> Result<(), i64> {
+    // SAFETY: the helper filled the MAC union on success (callers check).
+    let macs = unsafe { params.__bindgen_anon_6.__bindgen_anon_2 };
+    let mut addrs = [0u8; ETH_ADDRS];
+    addrs[..6].copy_from_slice(&macs.dmac);
+    addrs[6..].copy_from_slice(&macs.smac);
+    ctx.store(0, &addrs, 0)
 }
 
 /// Offset of the TTL in the IPv4 header (the protocol follows it: the
@@ -103,8 +116,6 @@ pub fn fast_forward(ctx: &TcContext, l3: usize, to: &Tuple, ingress: u32) -> Opt
     if rc != BPF_FIB_LKUP_RET_SUCCESS {
         return None;
     }
-    // SAFETY: the helper filled the MAC union on success.
-    let macs = unsafe { params.__bindgen_anon_6.__bindgen_anon_2 };
     let ifindex = params.ifindex;
     let old = [ttl, to.proto];
     let new = [ttl - 1, to.proto];
@@ -116,8 +127,7 @@ pub fn fast_forward(ctx: &TcContext, l3: usize, to: &Tuple, ingress: u32) -> Opt
         2,
     )
     .ok()?;
-    ctx.store(0, &macs.dmac, 0).ok()?;
-    ctx.store(6, &macs.smac, 0).ok()?;
+    set_macs(ctx, params).ok()?;
     // SAFETY: bpf_redirect takes plain integers.
     Some(unsafe { bpf_redirect(ifindex, 0) } as i32)
 }

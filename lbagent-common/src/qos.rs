@@ -205,6 +205,9 @@ pub const QOS_PROBE_GAP_NS: u64 = 1_000_000;
 /// runs (docs/qos.md, *TCP*).
 pub const QOS_DROP_SPACING_NS: u64 = 1_000_000;
 
+/// A full-size Ethernet frame: the largest segment spared after a loss.
+pub const QOS_FULL_FRAME: u64 = 1514;
+
 /// Per bucket and CPU (`qos_stats` is a per-CPU array: no atomic adds, no
 /// cache line shared by the CPUs of one busy bucket): packets and layer-2
 /// bytes by outcome. Readers add the CPUs up.

@@ -223,7 +223,7 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     } else {
         Outcome::Passed
     };
-    if outcome == Outcome::Dropped && p.proto == PROTO_TCP && !p.later_fragment && resent(ctx, p, bucket, now) {
+    if outcome == Outcome::Dropped && p.proto == PROTO_TCP && !p.later_fragment && resent(ctx, p, bucket, len, now) {
         // A segment this bucket dropped before, sent again (or a loss
         // probe): dropping it would cost the sender a retransmission
         // timeout. It passes, charged, while the backlog is within one more
@@ -270,7 +270,7 @@ const TCP_HEAD: usize = TCP_DOFF + 1;
 /// updating one flow's entry: the last write wins, which at worst forgets
 /// one drop.
 #[inline(always)]
-fn resent(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
+fn resent(ctx: &TcContext, p: &Head, bucket: u32, len: u64, now: u64) -> bool {
     let Ok(t) = ctx.load::<[u8; TCP_HEAD]>(p.l4) else { return false };
     let key = QosDropKey { bucket, saddr: p.saddr, daddr: p.daddr, sport: [t[0], t[1]], dport: [t[2], t[3]] };
     let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
@@ -278,7 +278,7 @@ fn resent(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     // SAFETY: a hash map value, copied out at once.
     if let Some(last) = unsafe { QOS_DROPS.get(&key) }.copied() {
         let passes = (seq.wrapping_sub(last.end_seq) as i32) < 0
-            || now.saturating_sub(last.at_ns) < QOS_DROP_SPACING_NS
+            || (len <= QOS_FULL_FRAME && now.saturating_sub(last.at_ns) < QOS_DROP_SPACING_NS)
             || (seen_us.wrapping_sub(last.seen_us) as u64) >= qos_seen_us(QOS_PROBE_GAP_NS) as u64;
         if passes {
             let _ = QOS_DROPS.insert(&key, &QosDrop { seen_us, ..last }, 0);

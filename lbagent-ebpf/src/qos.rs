@@ -223,11 +223,12 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     } else {
         Outcome::Passed
     };
-    if outcome == Outcome::Dropped && p.proto == PROTO_TCP && !p.later_fragment && resent(ctx, p, bucket, len, now) {
-        // A segment this bucket dropped before, sent again (or a loss
-        // probe): dropping it would cost the sender a retransmission
+    if outcome == Outcome::Dropped && p.proto == PROTO_TCP && !p.later_fragment && spared(ctx, p, bucket, len, now) {
+        // A resend, a loss probe, or a small segment right after the flow's
+        // latest loss (`spared`): dropping it would risk a retransmission
         // timeout. It passes, charged, while the backlog is within one more
-        // burst beyond the tail: resends cannot carry a flow past its rate.
+        // burst beyond the tail: what is spared cannot carry a flow past its
+        // rate.
         if backlog <= room + c.burst_ns {
             outcome = Outcome::Passed;
         }
@@ -246,7 +247,7 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     outcome == Outcome::Dropped
 }
 
-/// TCP header bytes `resent` reads: ports, sequence number, acknowledgment
+/// TCP header bytes `spared` reads: ports, sequence number, acknowledgment
 /// number and the data offset.
 const TCP_HEAD: usize = TCP_DOFF + 1;
 
@@ -257,8 +258,9 @@ const TCP_HEAD: usize = TCP_DOFF + 1;
 /// - resends data the bucket dropped (starts before the recorded end; a
 ///   resend may cut the data differently: one GSO packet dropped, resent as
 ///   several);
-/// - comes within `QOS_DROP_SPACING_NS` of the flow's latest drop: one loss
-///   per round trip is all the signal TCP takes, a second risks losing the
+/// - comes within `QOS_DROP_SPACING_NS` of the flow's latest drop and is no
+///   larger than `QOS_FULL_FRAME` (a few GSO packets would use up the
+///   allowance the resends need): one loss per round trip is all the signal TCP takes, a second risks losing the
 ///   last segment in flight and a retransmission timeout;
 /// - comes after the flow was not seen at the tail for `QOS_PROBE_GAP_NS`
 ///   (a loss probe after a silence, or the backlog fell below the tail in
@@ -270,7 +272,7 @@ const TCP_HEAD: usize = TCP_DOFF + 1;
 /// updating one flow's entry: the last write wins, which at worst forgets
 /// one drop.
 #[inline(always)]
-fn resent(ctx: &TcContext, p: &Head, bucket: u32, len: u64, now: u64) -> bool {
+fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, now: u64) -> bool {
     let Ok(t) = ctx.load::<[u8; TCP_HEAD]>(p.l4) else { return false };
     let key = QosDropKey { bucket, saddr: p.saddr, daddr: p.daddr, sport: [t[0], t[1]], dport: [t[2], t[3]] };
     let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);

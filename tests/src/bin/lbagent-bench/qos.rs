@@ -93,25 +93,23 @@ fn run_once(b: &GwBed, mbps: f64, extra: &[&str]) -> Result<(f64, f64)> {
     std::thread::sleep(Duration::from_secs_f64(skip));
     let r = rx_rate(&vpc, "eth0", Duration::from_secs_f64(window))?;
     let g = c.goodput()?;
-    for mut c in caps {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    drop(caps);
     Ok((r / (mbps * 1e6), g / (mbps * 1e6)))
 }
 
 /// Development aid (`LBAGENT_BENCH_QOS_PCAP=<dir>`): the gateway's `net1`
 /// (every packet offered, before the limiter) and `eth0` (what passed,
-/// translated), TCP headers only, one pair of files per run.
-fn capture(b: &GwBed) -> Result<Vec<std::process::Child>> {
-    let Ok(dir) = std::env::var("LBAGENT_BENCH_QOS_PCAP") else { return Ok(vec![]) };
+/// translated), TCP headers only, one pair of files per run; the captures
+/// stop when the result is dropped (also when the run fails).
+fn capture(b: &GwBed) -> Result<Captures> {
+    let Ok(dir) = std::env::var("LBAGENT_BENCH_QOS_PCAP") else { return Ok(Captures(vec![])) };
     static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let ns = b.netns();
-    let mut caps = vec![];
+    let mut caps = Captures(Vec::new());
     for dev in ["net1", "eth0"] {
         let f = format!("{dir}/run{n}-{dev}.pcap");
-        caps.push(
+        caps.0.push(
             std::process::Command::new("ip")
                 .args(["netns", "exec", &ns, "tcpdump", "-Q", if dev == "net1" { "inout" } else { "out" }])
                 .args(["-i", dev, "-s", "80", "-B", "65536", "-w", &f, "tcp"])
@@ -121,6 +119,18 @@ fn capture(b: &GwBed) -> Result<Vec<std::process::Child>> {
     }
     std::thread::sleep(Duration::from_millis(500));
     Ok(caps)
+}
+
+/// Running `tcpdump`s, stopped on drop.
+struct Captures(Vec<std::process::Child>);
+
+impl Drop for Captures {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 pub fn qos(reps: usize, out: &mut String) -> Result<()> {

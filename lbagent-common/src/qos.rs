@@ -208,6 +208,16 @@ pub const QOS_DROP_SPACING_NS: u64 = 1_000_000;
 /// A full-size Ethernet frame: the largest segment spared after a loss.
 pub const QOS_FULL_FRAME: u64 = 1514;
 
+/// Spacing applies from this rate up (12.1 Mbit/s): where a full frame
+/// drains within `QOS_DROP_SPACING_NS`. Below it one loss/repair cycle
+/// passes more than the bucket drains, so segments spared for spacing pin
+/// the backlog at the allowance's edge and the resends behind them are
+/// lost (a timeout each); there only resends and probes are spared.
+/// Measured at 10 Mbit/s, one CUBIC flow: 99.9–100.1 % of the rate with
+/// 0–4 timeouts a run, against 93–104 % with 1–8 with spacing
+/// (docs/benchmarks.md §8).
+pub const QOS_SPACING_MIN_BPS: u64 = QOS_FULL_FRAME * 8_000_000_000 / QOS_DROP_SPACING_NS;
+
 /// Per bucket and CPU (`qos_stats` is a per-CPU array: no atomic adds, no
 /// cache line shared by the CPUs of one busy bucket): packets and layer-2
 /// bytes by outcome. Readers add the CPUs up.

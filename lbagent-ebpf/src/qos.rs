@@ -223,7 +223,11 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     } else {
         Outcome::Passed
     };
-    if outcome == Outcome::Dropped && p.proto == PROTO_TCP && !p.later_fragment && spared(ctx, p, bucket, len, now) {
+    if outcome == Outcome::Dropped
+        && p.proto == PROTO_TCP
+        && !p.later_fragment
+        && spared(ctx, p, bucket, len, c.rate_bps, now)
+    {
         // A resend, a loss probe, or a small segment right after the flow's
         // latest loss (`spared`): dropping it would risk a retransmission
         // timeout. It passes, charged, while the backlog is within one more
@@ -258,10 +262,12 @@ const TCP_HEAD: usize = TCP_DOFF + 1;
 /// - resends data the bucket dropped (starts before the recorded end; a
 ///   resend may cut the data differently: one GSO packet dropped, resent as
 ///   several);
-/// - comes within `QOS_DROP_SPACING_NS` of the flow's latest drop and is no
+/// - comes within `QOS_DROP_SPACING_NS` of the flow's latest drop, is no
 ///   larger than `QOS_FULL_FRAME` (a few GSO packets would use up the
-///   allowance the resends need): one loss per round trip is all the signal TCP takes, a second risks losing the
-///   last segment in flight and a retransmission timeout;
+///   allowance the resends need) and the rate drains a full frame within
+///   the spacing (`QOS_SPACING_MIN_BPS`): one loss per round trip is all the
+///   signal TCP takes, a second risks losing the last segment in flight and
+///   a retransmission timeout;
 /// - comes after the flow was not seen at the tail for `QOS_PROBE_GAP_NS`
 ///   (a loss probe after a silence, or the backlog fell below the tail in
 ///   between).
@@ -272,7 +278,7 @@ const TCP_HEAD: usize = TCP_DOFF + 1;
 /// updating one flow's entry: the last write wins, which at worst forgets
 /// one drop.
 #[inline(always)]
-fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, now: u64) -> bool {
+fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, rate_bps: u64, now: u64) -> bool {
     let Ok(t) = ctx.load::<[u8; TCP_HEAD]>(p.l4) else { return false };
     let key = QosDropKey { bucket, saddr: p.saddr, daddr: p.daddr, sport: [t[0], t[1]], dport: [t[2], t[3]] };
     let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
@@ -280,7 +286,9 @@ fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, now: u64) -> bool {
     // SAFETY: a hash map value, copied out at once.
     if let Some(last) = unsafe { QOS_DROPS.get(&key) }.copied() {
         let passes = (seq.wrapping_sub(last.end_seq) as i32) < 0
-            || (len <= QOS_FULL_FRAME && now.saturating_sub(last.at_ns) < QOS_DROP_SPACING_NS)
+            || (len <= QOS_FULL_FRAME
+                && rate_bps >= QOS_SPACING_MIN_BPS
+                && now.saturating_sub(last.at_ns) < QOS_DROP_SPACING_NS)
             || (seen_us.wrapping_sub(last.seen_us) as u64) >= qos_seen_us(QOS_PROBE_GAP_NS) as u64;
         if passes {
             let _ = QOS_DROPS.insert(&key, &QosDrop { seen_us, ..last }, 0);

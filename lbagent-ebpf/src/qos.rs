@@ -226,7 +226,7 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     if outcome == Outcome::Dropped
         && p.proto == PROTO_TCP
         && !p.later_fragment
-        && spared(ctx, p, bucket, len, c.rate_bps, now)
+        && spared(ctx, p, bucket, len, cost, c.rate_bps, now)
     {
         // A resend, a loss probe, or a small segment right after the flow's
         // latest loss (`spared`): dropping it would risk a retransmission
@@ -270,7 +270,12 @@ const TCP_HEAD: usize = TCP_DOFF + 1;
 ///   a retransmission timeout;
 /// - comes after the flow was not seen at the tail for `QOS_PROBE_GAP_NS`
 ///   (a loss probe after a silence, or the backlog fell below the tail in
-///   between).
+///   between) and, if larger than a full frame, for at least its own cost
+///   at the rate: Linux's loss probe may send new data as one GSO packet,
+///   but a GSO packet that follows the flow's last one sooner than the rate
+///   drains it is paced new data (BBR sends 64 KB packets 2–5 ms apart;
+///   spared as probes they carried it to the allowance's edge, where its
+///   resends were lost).
 ///
 /// Otherwise it is recorded as the flow's latest drop. Only packets about
 /// to be dropped come here: while a flow stays past the tail all its
@@ -278,18 +283,18 @@ const TCP_HEAD: usize = TCP_DOFF + 1;
 /// updating one flow's entry: the last write wins, which at worst forgets
 /// one drop.
 #[inline(always)]
-fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, rate_bps: u64, now: u64) -> bool {
+fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, cost: u64, rate_bps: u64, now: u64) -> bool {
     let Ok(t) = ctx.load::<[u8; TCP_HEAD]>(p.l4) else { return false };
     let key = QosDropKey { bucket, saddr: p.saddr, daddr: p.daddr, sport: [t[0], t[1]], dport: [t[2], t[3]] };
     let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
     let seen_us = qos_seen_us(now);
     // SAFETY: a hash map value, copied out at once.
     if let Some(last) = unsafe { QOS_DROPS.get(&key) }.copied() {
-        let passes = (seq.wrapping_sub(last.end_seq) as i32) < 0
-            || (len <= QOS_FULL_FRAME
-                && rate_bps >= QOS_SPACING_MIN_BPS
-                && now.saturating_sub(last.at_ns) < QOS_DROP_SPACING_NS)
-            || (seen_us.wrapping_sub(last.seen_us) as u64) >= qos_seen_us(QOS_PROBE_GAP_NS) as u64;
+        let resend = (seq.wrapping_sub(last.end_seq) as i32) < 0;
+        let spaced = rate_bps >= QOS_SPACING_MIN_BPS && now.saturating_sub(last.at_ns) < QOS_DROP_SPACING_NS;
+        let silent = seen_us.wrapping_sub(last.seen_us) as u64;
+        let probe = silent >= qos_seen_us(QOS_PROBE_GAP_NS) as u64 && (len <= QOS_FULL_FRAME || silent << 10 >= cost);
+        let passes = resend || probe || (len <= QOS_FULL_FRAME && spaced);
         if passes {
             let _ = QOS_DROPS.insert(&key, &QosDrop { seen_us, ..last }, 0);
             return true;

@@ -168,10 +168,19 @@ fn a_flow_loses_one_segment_per_round_and_never_a_resend_or_a_probe() {
     assert_eq!(verdict(&mut e, s + 1400), TC_ACT_SHOT, "below the spacing rate new data is dropped");
     assert_eq!(verdict(&mut e, s + 2000), TC_ACT_OK, "the resend of the second drop passes too");
     beyond += 1;
+    // A GSO packet after a silence shorter than its own cost at the rate
+    // is paced new data (BBR sends 64 KB packets milliseconds apart), not a
+    // probe.
+    std::thread::sleep(std::time::Duration::from_nanos(2 * QOS_PROBE_GAP_NS));
+    assert_eq!(
+        e.run_on(Direction::Ingress, &segment_of(s + 6200, 2000)).unwrap().0,
+        TC_ACT_SHOT,
+        "a packet over a full frame after a silence shorter than its cost is no loss probe"
+    );
     // A flow not seen at the tail for the probe gap is probing (tail loss
     // probe): its first segment passes.
     std::thread::sleep(std::time::Duration::from_nanos(2 * QOS_PROBE_GAP_NS));
-    assert_eq!(verdict(&mut e, s + 6200), TC_ACT_OK, "the first segment after a silence passes");
+    assert_eq!(verdict(&mut e, s + 8200), TC_ACT_OK, "the first segment after a silence passes");
     beyond += 1;
     // What passes beyond the tail is charged and bounded: one more burst.
     let extra = (0..2 * fit).filter(|_| verdict(&mut e, s) == TC_ACT_OK).count();
@@ -184,7 +193,7 @@ fn a_flow_loses_one_segment_per_round_and_never_a_resend_or_a_probe() {
     assert!(
         drops.contains(&format!(
             "bucket {BUCKET_EIP}    203.0.113.7:4000 -> 198.51.100.10:80 dropped up to seq {}",
-            s + 2800
+            s + 8200
         )),
         "{drops}"
     );
@@ -239,6 +248,14 @@ fn above_the_spacing_rate_new_data_right_after_a_drop_passes() {
         assert_eq!(verdict(&mut e, s), TC_ACT_OK, "resends always pass");
     }
     assert_eq!(verdict(&mut e, s + 4800), TC_ACT_SHOT, "a later round loses a segment again");
+    // After a silence longer than its own cost at the rate, a GSO packet is
+    // a loss probe too (Linux's probe may send new data as one packet).
+    std::thread::sleep(std::time::Duration::from_nanos(2 * QOS_PROBE_GAP_NS));
+    assert_eq!(
+        e.run_on(Direction::Ingress, &segment_of(s + 6200, 2000)).unwrap().0,
+        TC_ACT_OK,
+        "a packet over a full frame after a silence longer than its cost is a probe"
+    );
 }
 
 #[test]

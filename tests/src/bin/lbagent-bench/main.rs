@@ -271,14 +271,58 @@ fn throughput_engine(fast: bool) -> Result<NatTopology> {
     Ok(t)
 }
 
+/// The same namespaces programmed as a direct-mode load balancer listener
+/// (as `lb::rules` writes one): the VIP's ports (5201 TCP/UDP for iperf3,
+/// 80 for new connections) DNAT to the backend picked from a consistent
+/// scheduler table (`lb::sched`, five backends of which only the server is
+/// up), with the rule's SNAT to the namespace's address on the backend side;
+/// the fast path on or off.
+fn lb_engine(fast: bool) -> Result<NatTopology> {
+    use lbagent::{
+        dataplane::tables::{RuleSnat, SchedKind, SchedSpec},
+        lb::sched::{Member, consistent},
+    };
+    let t = throughput_engine(fast)?;
+    let n1 = lbagent::netns::run_in(Some(&t.nat.name), || lbagent::netns::ifindex(&t.ifaces[1]))?;
+    let ids = ["b0", "b1", "b2", "b3", "b4"];
+    for (i, (proto, port, to)) in
+        [(PROTO_TCP, 5201, 5201), (PROTO_UDP, 5201, 5201), (PROTO_TCP, 80, 8080)].into_iter().enumerate()
+    {
+        // Only the first backend is up (weight 0: down, as a failed health
+        // check leaves it), so every flow reaches the server.
+        let members: Vec<Member> = ids
+            .iter()
+            .enumerate()
+            .map(|(k, id)| Member { id, target: (Ipv4Addr::new(10, 0, 2, 2 + k as u8), to), weight: u32::from(k == 0) })
+            .collect();
+        t.tables.set_dnat(&DnatSpec {
+            zone: ZONE,
+            addr: VIP,
+            proto,
+            port,
+            rule_id: 60 + i as u32,
+            backends: vec![(SERVER, to)],
+            snat: Some(RuleSnat { ifindex: n1, to: Some(SNAT), random: false }),
+            acl: None,
+            sched: Some(SchedSpec {
+                kind: SchedKind::Tuple,
+                table: std::sync::Arc::new(consistent(&members)),
+                weights: vec![],
+            }),
+        })?;
+    }
+    Ok(t)
+}
+
 /// One path of a throughput table: its name, topology, and the address the
 /// client sends to (the VIP through a NAT, the server when routed).
 type Path<'a> = (&'a str, &'a NatTopology, Ipv4Addr);
 
 /// Medians over `reps` rounds (paths interleaved within a round) of: TCP
-/// Gbit/s with TSO on and off at the client, UDP 64-byte kpps received, and
-/// new TCP connections/s (port 80 through a NAT, 8080 when routed).
-fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 4]>> {
+/// Gbit/s with TSO on and off at the client, UDP 64-byte kpps received,
+/// new TCP connections/s (port 80 through a NAT, 8080 when routed), and the
+/// TCP sender's retransmissions in the TSO-on run (a loss on the path).
+fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 5]>> {
     let _servers: Vec<lbagent_tests::rate::IperfServer> = paths
         .iter()
         .map(|(_, t, _)| lbagent_tests::rate::IperfServer::start(&t.server.name, 5201))
@@ -286,13 +330,15 @@ fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 4]>> {
     for (_, t, _) in paths {
         accept_forever(&t.server.name)?;
     }
-    let mut rows = vec![[vec![], vec![], vec![], vec![]]; paths.len()];
+    let mut rows = vec![[vec![], vec![], vec![], vec![], vec![]]; paths.len()];
     for _ in 0..reps {
         for (k, (_, t, to)) in paths.iter().enumerate() {
             let c0 = t.client_if.clone();
             let bps = |v: &serde_json::Value| v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
             let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
-            rows[k][0].push(bps(&iperf(&t.client.name, *to, &[])?));
+            let on = iperf(&t.client.name, *to, &[])?;
+            rows[k][0].push(bps(&on));
+            rows[k][4].push(on["end"]["sum_sent"]["retransmits"].as_f64().unwrap_or(0.0));
             let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "off", "gso", "off"]);
             rows[k][1].push(bps(&iperf(&t.client.name, *to, &[])?));
             let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
@@ -309,13 +355,13 @@ fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 4]>> {
 }
 
 /// Writes the table of `measure_paths` results, one row per path.
-fn write_paths(out: &mut String, paths: &[Path], medians: &[[f64; 4]]) -> Result<()> {
+fn write_paths(out: &mut String, paths: &[Path], medians: &[[f64; 5]]) -> Result<()> {
     writeln!(
         out,
-        "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) | new TCP connections/s |\n|---|---:|---:|---:|---:|"
+        "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) | new TCP connections/s | TCP retransmissions, TSO on |\n|---|---:|---:|---:|---:|---:|"
     )?;
-    for ((name, _, _), [tso, notso, udp, conns]) in paths.iter().zip(medians) {
-        writeln!(out, "| {name} | {tso:.2} | {notso:.2} | {udp:.0} | {conns:.0} |")?;
+    for ((name, _, _), [tso, notso, udp, conns, retrans]) in paths.iter().zip(medians) {
+        writeln!(out, "| {name} | {tso:.2} | {notso:.2} | {udp:.0} | {conns:.0} | {retrans:.0} |")?;
     }
     Ok(())
 }
@@ -335,23 +381,35 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
     );
     iptables_restore(&ipt.nat.name, &rules)?;
     let route = NatTopology::plain()?;
+    let lb = lb_engine(true)?;
+    let lb_slow = lb_engine(false)?;
     let paths = [
         ("eBPF engine (fast path: redirect)", &ebpf, VIP),
         ("eBPF engine, slow path (the namespace's stack forwards)", &slow, VIP),
         ("iptables (seed rules)", &ipt, VIP),
         ("plain routing, no NAT", &route, SERVER),
+        ("direct-mode LB listener (scheduler table, rule SNAT), fast path", &lb, VIP),
+        ("direct-mode LB listener, slow path", &lb_slow, VIP),
     ];
     let medians = measure_paths(&paths, reps)?;
-    write_paths(out, &paths, &medians)?;
-    let (f, r) = (medians[0], medians[3]);
+    writeln!(out, "NAT gateway (DNAT to the server, SNAT by source CIDR):\n")?;
+    write_paths(out, &paths[..4], &medians[..4])?;
     writeln!(
         out,
-        "\nFast path ÷ plain routing, same run: TCP TSO on {:.2}, TSO off {:.2}, UDP 64 B {:.2}, new connections {:.2}.",
-        f[0] / r[0],
-        f[1] / r[1],
-        f[2] / r[2],
-        f[3] / r[3]
+        "\nDirect-mode load balancer listener, measured in the same rounds (iptables' DNAT + SNAT and plain routing are the rows above):\n"
     )?;
+    write_paths(out, &paths[4..], &medians[4..])?;
+    let r = medians[3];
+    for (what, f) in [("NAT fast path", medians[0]), ("LB fast path", medians[4])] {
+        writeln!(
+            out,
+            "\n{what} ÷ plain routing, same run: TCP TSO on {:.2}, TSO off {:.2}, UDP 64 B {:.2}, new connections {:.2}.",
+            f[0] / r[0],
+            f[1] / r[1],
+            f[2] / r[2],
+            f[3] / r[3]
+        )?;
+    }
     Ok(())
 }
 

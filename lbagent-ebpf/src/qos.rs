@@ -292,8 +292,9 @@ fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, cost: u64, rate_bps:
     if let Some(last) = unsafe { QOS_DROPS.get(&key) }.copied() {
         let resend = (seq.wrapping_sub(last.end_seq) as i32) < 0;
         let spaced = rate_bps >= QOS_SPACING_MIN_BPS && now.saturating_sub(last.at_ns) < QOS_DROP_SPACING_NS;
-        let silent = seen_us.wrapping_sub(last.seen_us) as u64;
-        let probe = silent >= qos_seen_us(QOS_PROBE_GAP_NS) as u64 && (len <= QOS_FULL_FRAME || silent << 10 >= cost);
+        let silent_us = seen_us.wrapping_sub(last.seen_us) as u64;
+        let probe =
+            silent_us >= qos_seen_us(QOS_PROBE_GAP_NS) as u64 && (len <= QOS_FULL_FRAME || silent_us << 10 >= cost);
         let passes = resend || probe || (len <= QOS_FULL_FRAME && spaced);
         if passes {
             let _ = QOS_DROPS.insert(&key, &QosDrop { seen_us, ..last }, 0);

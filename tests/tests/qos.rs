@@ -164,7 +164,7 @@ fn a_flow_loses_one_segment_per_round_and_never_a_resend_or_a_probe() {
     // At this rate a full frame takes longer than the drop spacing to
     // drain: new data right after a drop is not spared (it would pin the
     // backlog at the allowance's edge, where resends are lost).
-    assert!(RATE < QOS_SPACING_MIN_BPS);
+    const { assert!(RATE < QOS_SPACING_MIN_BPS) };
     assert_eq!(verdict(&mut e, s + 1400), TC_ACT_SHOT, "below the spacing rate new data is dropped");
     assert_eq!(verdict(&mut e, s + 2000), TC_ACT_OK, "the resend of the second drop passes too");
     beyond += 1;

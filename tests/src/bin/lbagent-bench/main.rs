@@ -11,7 +11,8 @@
 //!    repeated, medians.
 //! 3. Time to install N rules, and to change one rule among N.
 //! 4. TCP throughput (TSO on and off), small-packet UDP rate (iperf3) and new
-//!    connections/s: fast path, slow path, iptables, plain routing.
+//!    connections/s: fast path, slow path, iptables, plain routing; the
+//!    engine as a NAT gateway and as a direct-mode LB listener.
 //! 5. Disruption: connections lost across agent restarts and a config change.
 //! 6. New UDP flows/s to one resolver through one SNAT address (a busy EIP):
 //!    eBPF vs iptables (random-fully) vs plain routing, with a short UDP

@@ -205,6 +205,10 @@ pub const QOS_PROBE_GAP_NS: u64 = 1_000_000;
 /// runs (docs/qos.md, *TCP*).
 pub const QOS_DROP_SPACING_NS: u64 = 1_000_000;
 
+/// A byte's time on the wire at 1 bit/s, in ns: a packet of `len` bytes
+/// costs `len * QOS_BYTE_NS_AT_1BPS / rate_bps` ns of a bucket's clock.
+pub const QOS_BYTE_NS_AT_1BPS: u64 = 8_000_000_000;
+
 /// A full-size Ethernet frame: the largest segment spared after a loss.
 pub const QOS_FULL_FRAME: u64 = 1514;
 
@@ -216,7 +220,7 @@ pub const QOS_FULL_FRAME: u64 = 1514;
 /// Measured at 10 Mbit/s, one CUBIC flow: 99.9–100.1 % of the rate with
 /// 0–4 timeouts a run, against 93–104 % with 1–8 with spacing
 /// (docs/benchmarks.md §8).
-pub const QOS_SPACING_MIN_BPS: u64 = QOS_FULL_FRAME * 8_000_000_000 / QOS_DROP_SPACING_NS;
+pub const QOS_SPACING_MIN_BPS: u64 = QOS_FULL_FRAME * QOS_BYTE_NS_AT_1BPS / QOS_DROP_SPACING_NS;
 
 /// Per bucket and CPU (`qos_stats` is a per-CPU array: no atomic adds, no
 /// cache line shared by the CPUs of one busy bucket): packets and layer-2
@@ -262,7 +266,7 @@ pub fn qos_default_burst(rate_bps: u64) -> u64 {
 /// The bucket config for a rate (bit/s) and burst (bytes, 0 = default).
 pub fn qos_config(rate_bps: u64, burst_bytes: u64) -> QosConfig {
     let burst = if burst_bytes == 0 { qos_default_burst(rate_bps) } else { burst_bytes.max(QOS_BURST_FLOOR) };
-    let ns = |bytes: u64| ((bytes as u128 * 8_000_000_000u128) / rate_bps.max(1) as u128) as u64;
+    let ns = |bytes: u64| ((bytes as u128 * QOS_BYTE_NS_AT_1BPS as u128) / rate_bps.max(1) as u128) as u64;
     let burst_ns = ns(burst);
     QosConfig {
         rate_bps,

@@ -61,7 +61,6 @@ const TCP_DOFF: usize = 12;
 /// ECN codepoints (low two bits of the TOS byte).
 const ECN_MASK: u8 = 0x03;
 const ECN_CE: u8 = 0x03;
-const NS_PER_S_BITS: u64 = 8_000_000_000;
 
 /// The few header fields QoS needs, read on its own (`ctx.load`, which
 /// copes with non-linear packets) before the engine parses the packet: the
@@ -183,7 +182,7 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
         return false;
     }
     let len = wire_len(ctx, p);
-    let cost = len * NS_PER_S_BITS / c.rate_bps;
+    let cost = len * QOS_BYTE_NS_AT_1BPS / c.rate_bps;
     // SAFETY: `st` points at this bucket's map value for the program run;
     // other CPUs update it concurrently (see the module notes).
     let mut clock = unsafe { core::ptr::read_volatile(&(*st).clock_ns) };

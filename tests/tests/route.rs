@@ -30,8 +30,8 @@ fn query(ttl: u8) -> Vec<u8> {
 #[test]
 fn a_forwarded_packet_is_redirected_with_ttl_checksum_and_next_hop_macs() {
     let Some(mut e) = fast_engine() else { return };
-    // The program updates the header checksum itself: TTLs whose decrement
-    // borrows across bits (and the extremes) keep it right.
+    // The header checksum stays right after the TTL decrement, also for
+    // TTLs whose decrement borrows across bits, and at the extremes.
     for ttl in [2u8, 64, 128, 255] {
         let (rc, out) = e.run(&query(ttl)).unwrap();
         assert_eq!(rc, TC_ACT_REDIRECT, "sent to the egress interface by the program");

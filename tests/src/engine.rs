@@ -156,6 +156,11 @@ impl Engine {
     }
 
     /// Average ns per run over `repeat` runs (the kernel's own timer).
+    ///
+    /// `BPF_PROG_TEST_RUN` runs the program `repeat` times on one packet,
+    /// each run on what the run before left: time a packet the program
+    /// leaves unchanged, or one from [`Engine::looped_flow`]. A flow's
+    /// packet timed as is would be translated once and then match nothing.
     pub fn time(&mut self, frame: &[u8], repeat: u32) -> Result<f64> {
         let mut out = vec![0u8; frame.len() + 256];
         let res = self.prog.program().test_run(TestRunOptions {
@@ -165,5 +170,58 @@ impl Engine {
             ..TestRunOptions::default()
         })?;
         Ok(res.duration.as_nanos() as f64)
+    }
+
+    /// A UDP packet whose every repeated run is a conntrack hit, for
+    /// [`Engine::time`]: two DNAT rules of `zone` that undo each other
+    /// (`vip:53 → server:5353` with rule `rule_id`, `server:5353 → vip:53`
+    /// with `rule_id + 1`) make two flows from `client:4000`, each one's
+    /// translation the other one's next packet. `answered`: both flows are
+    /// answered and seen again 2 s later (established, in `ct`); otherwise
+    /// neither is answered (both in `ct_new`).
+    pub fn looped_flow(
+        &mut self,
+        zone: u16,
+        client: std::net::Ipv4Addr,
+        vip: std::net::Ipv4Addr,
+        server: std::net::Ipv4Addr,
+        rule_id: u32,
+        answered: bool,
+    ) -> Result<Vec<u8>> {
+        use lbagent::dataplane::tables::DnatSpec;
+        use lbagent_common::PROTO_UDP;
+
+        use crate::packet::{Ip, L4, frame};
+        for (i, (addr, port, to, to_port)) in [(vip, 53, server, 5353), (server, 5353, vip, 53)].into_iter().enumerate()
+        {
+            self.tables.set_dnat(&DnatSpec {
+                zone,
+                addr,
+                proto: PROTO_UDP,
+                port,
+                rule_id: rule_id + i as u32,
+                backends: vec![(to, to_port)],
+                snat: None,
+                acl: None,
+                sched: None,
+            })?;
+        }
+        let udp = |sport, dport| L4::Udp { sport, dport, payload: vec![0; 64], zero_csum: false };
+        let c = client.octets();
+        let first = frame(&Ip::new(c, vip.octets()), &udp(4000, 53));
+        let second = frame(&Ip::new(c, server.octets()), &udp(4000, 5353));
+        let answers =
+            [frame(&Ip::new(server.octets(), c), &udp(5353, 4000)), frame(&Ip::new(vip.octets(), c), &udp(53, 4000))];
+        self.run(&first)?;
+        self.run(&second)?;
+        if answered {
+            for a in &answers {
+                self.run(a)?;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2100));
+            self.run(&first)?;
+            self.run(&second)?;
+        }
+        Ok(first)
     }
 }

@@ -311,11 +311,28 @@ fn lb_engine(fast: bool) -> Result<NatTopology> {
 /// client sends to (the VIP through a NAT, the server when routed).
 type Path<'a> = (&'a str, &'a NatTopology, Ipv4Addr);
 
+/// A `TcpExt` counter of namespace `ns` (`/proc/net/netstat`).
+pub fn tcp_ext(ns: &str, key: &str) -> Result<u64> {
+    let t = lbagent_tests::net::in_ns(ns, &["cat", "/proc/net/netstat"])?;
+    let lines: Vec<&str> = t.lines().collect();
+    for pair in lines.chunks(2) {
+        if let [names, values] = pair
+            && names.starts_with("TcpExt:")
+            && let Some(i) = names.split_whitespace().position(|k| k == key)
+        {
+            return values.split_whitespace().nth(i).context(key.to_string())?.parse().context(key.to_string());
+        }
+    }
+    anyhow::bail!("no TcpExt {key} in {ns}")
+}
+
 /// Medians over `reps` rounds (paths interleaved within a round) of: TCP
 /// Gbit/s with TSO on and off at the client, UDP 64-byte kpps received,
-/// new TCP connections/s (port 80 through a NAT, 8080 when routed), and the
-/// TCP sender's retransmissions in the TSO-on run (a loss on the path).
-fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 5]>> {
+/// new TCP connections/s (port 80 through a NAT, 8080 when routed), the
+/// TCP sender's retransmissions in the TSO-on run, and how many of those
+/// were losses: a retransmitted segment the receiver reports back as a
+/// duplicate (DSACK) had arrived, late (reordering), not been lost.
+fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 6]>> {
     let _servers: Vec<lbagent_tests::rate::IperfServer> = paths
         .iter()
         .map(|(_, t, _)| lbagent_tests::rate::IperfServer::start(&t.server.name, 5201))
@@ -323,15 +340,20 @@ fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 5]>> {
     for (_, t, _) in paths {
         accept_forever(&t.server.name)?;
     }
-    let mut rows = vec![[vec![], vec![], vec![], vec![], vec![]]; paths.len()];
+    let mut rows = vec![[vec![], vec![], vec![], vec![], vec![], vec![]]; paths.len()];
     for _ in 0..reps {
         for (k, (_, t, to)) in paths.iter().enumerate() {
             let c0 = t.client_if.clone();
             let bps = |v: &serde_json::Value| v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9;
             let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
+            let dsack = || tcp_ext(&t.client.name, "TCPDSACKRecvSegs");
+            let before = dsack()?;
             let on = iperf(&t.client.name, *to, &[])?;
+            let spurious = dsack()?.saturating_sub(before) as f64;
             rows[k][0].push(bps(&on));
-            rows[k][4].push(on["end"]["sum_sent"]["retransmits"].as_f64().unwrap_or(0.0));
+            let retrans = on["end"]["sum_sent"]["retransmits"].as_f64().unwrap_or(0.0);
+            rows[k][4].push(retrans);
+            rows[k][5].push((retrans - spurious).max(0.0));
             let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "off", "gso", "off"]);
             rows[k][1].push(bps(&iperf(&t.client.name, *to, &[])?));
             let _ = t.client.exec(&["ethtool", "-K", &c0, "tso", "on", "gso", "on"]);
@@ -348,13 +370,13 @@ fn measure_paths(paths: &[Path], reps: usize) -> Result<Vec<[f64; 5]>> {
 }
 
 /// Writes the table of `measure_paths` results, one row per path.
-fn write_paths(out: &mut String, paths: &[Path], medians: &[[f64; 5]]) -> Result<()> {
+fn write_paths(out: &mut String, paths: &[Path], medians: &[[f64; 6]]) -> Result<()> {
     writeln!(
         out,
-        "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) | new TCP connections/s | TCP retransmissions, TSO on |\n|---|---:|---:|---:|---:|---:|"
+        "| path | TCP, TSO on (Gbit/s) | TCP, TSO off (Gbit/s) | UDP 64 B (kpps received) | new TCP connections/s | TCP retransmissions, TSO on | of them lost |\n|---|---:|---:|---:|---:|---:|---:|"
     )?;
-    for ((name, _, _), [tso, notso, udp, conns, retrans]) in paths.iter().zip(medians) {
-        writeln!(out, "| {name} | {tso:.2} | {notso:.2} | {udp:.0} | {conns:.0} | {retrans:.0} |")?;
+    for ((name, _, _), [tso, notso, udp, conns, retrans, lost]) in paths.iter().zip(medians) {
+        writeln!(out, "| {name} | {tso:.2} | {notso:.2} | {udp:.0} | {conns:.0} | {retrans:.0} | {lost:.0} |")?;
     }
     Ok(())
 }

@@ -11,7 +11,7 @@
 
 use std::{fmt::Write as _, time::Duration};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use lbagent_common::*;
 use lbagent_tests::{
     engine::Engine,
@@ -248,15 +248,5 @@ pub fn cost(out: &mut String) -> Result<()> {
 /// The sender's retransmission timeouts so far (`TcpExt: TCPTimeouts` in
 /// its namespace): each is ≥ 200 ms of silence, what a policer must avoid.
 fn timeouts(ns: &str) -> Result<u64> {
-    let t = in_ns(ns, &["cat", "/proc/net/netstat"])?;
-    let lines: Vec<&str> = t.lines().collect();
-    for pair in lines.chunks(2) {
-        if let [names, values] = pair
-            && names.starts_with("TcpExt:")
-            && let Some(i) = names.split_whitespace().position(|k| k == "TCPTimeouts")
-        {
-            return values.split_whitespace().nth(i).context("TCPTimeouts")?.parse().context("TCPTimeouts");
-        }
-    }
-    anyhow::bail!("no TCPTimeouts in {ns}")
+    crate::tcp_ext(ns, "TCPTimeouts")
 }

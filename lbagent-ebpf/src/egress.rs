@@ -94,7 +94,7 @@ fn looped_error(ctx: &TcContext, p: &Packet, e: &Embedded) -> i32 {
 
 /// Whether a socket of the namespace sent the packet. Forwarded packets
 /// have none once the stack took them in (`ip_rcv` orphans them); a packet
-/// the fast path redirected from an ingress hook (`route::fast_forward`)
+/// the fast path redirected from an ingress hook (`route::next_hop`)
 /// may still carry the socket of the host in another namespace that sent
 /// it, but it was received: its ingress interface is set, a local one's
 /// is 0.
@@ -144,7 +144,7 @@ fn own_connection(ctx: &TcContext, p: &Packet) -> i32 {
             }
         }
     };
-    match rewrite(ctx, p, &x) {
+    match rewrite(ctx, p, &x, None) {
         Ok(()) => TC_ACT_OK,
         Err(_) => verdict(Counter::DropRewrite),
     }

@@ -12,7 +12,7 @@ use crate::{
     parse::{Frag, Packet, Parsed, parse},
     qos,
     rewrite::rewrite,
-    route::route,
+    route::{IP_TTL, next_hop, redirect, route},
     rules,
     verdict::{unmatched, verdict},
     zone,
@@ -145,13 +145,17 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     }
 }
 
+/// Rewrites the packet to `to`; on the fast path (`route.rs`) also writes
+/// the next hop in the same pass and redirects the packet to it.
 #[inline(always)]
 fn apply(ctx: &TcContext, p: &Packet, to: &Tuple) -> i32 {
-    match rewrite(ctx, p, to) {
-        Ok(()) if conntrack::config().flags & NAT_CFG_FAST_PATH != 0 => {
-            crate::route::fast_forward(ctx, p.l3, to, p.ifindex).unwrap_or(TC_ACT_OK)
-        }
-        Ok(()) => TC_ACT_OK,
+    let hop = if conntrack::config().flags & NAT_CFG_FAST_PATH != 0 {
+        crate::parse::read::<1>(ctx, p.l3 + IP_TTL).and_then(|[ttl]| next_hop(ctx, to, ttl, p.ifindex))
+    } else {
+        None
+    };
+    match rewrite(ctx, p, to, hop.as_ref()) {
+        Ok(()) => hop.as_ref().map_or(TC_ACT_OK, redirect),
         Err(_) => {
             count(Counter::DropRewrite);
             TC_ACT_SHOT

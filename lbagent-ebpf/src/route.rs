@@ -5,7 +5,7 @@
 //! packet the namespace addressed to itself but that belongs elsewhere (an
 //! ICMP error about a SNAT'ed packet) is sent out directly (`forward`).
 //!
-//! The fast path (`fast_forward`, on when the agent sets
+//! The fast path (`next_hop`, on when the agent sets
 //! `NAT_CFG_FAST_PATH`, its default): a translated packet the namespace would
 //! forward is handed straight to its egress interface, as a router would
 //! send it (TTL decremented, IP checksum updated, the next hop's MAC
@@ -81,30 +81,44 @@ pub fn forward(ctx: &TcContext, proto: u8, saddr: [u8; 4], daddr: [u8; 4], ingre
 }
 
 /// Ethernet destination and source address: the first twelve bytes.
-const ETH_ADDRS: usize = 12;
+pub const ETH_ADDRS: usize = 12;
 
 /// Writes the next hop's MAC addresses the FIB answered into the Ethernet
-/// header, in one store (destination first, as on the wire; the FIB's
-/// answer holds the source first).
+/// header, in one store.
 #[inline(always)]
 fn set_macs(ctx: &TcContext, params: &FibParams) -> Result<(), i64> {
+    ctx.store(0, &macs(params), 0)
+}
+
+/// The FIB's MAC addresses as the Ethernet header holds them: destination
+/// first (the FIB's answer holds the source first).
+#[inline(always)]
+fn macs(params: &FibParams) -> [u8; ETH_ADDRS] {
     // SAFETY: the helper filled the MAC union on success (callers check).
     let macs = unsafe { params.__bindgen_anon_6.__bindgen_anon_2 };
     let mut addrs = [0u8; ETH_ADDRS];
     addrs[..6].copy_from_slice(&macs.dmac);
     addrs[6..].copy_from_slice(&macs.smac);
-    ctx.store(0, &addrs, 0)
+    addrs
 }
 
 /// Offset of the TTL in the IPv4 header (the protocol follows it: the
 /// 16-bit word the checksum update covers).
-const IP_TTL: usize = 8;
+pub const IP_TTL: usize = 8;
 
-/// The fast path for a packet already rewritten to `to` (see the module
-/// docs); `None`: let the stack forward or deliver it.
+/// Where the fast path sends a translated packet: the egress interface and
+/// the Ethernet addresses for it.
+pub struct Hop {
+    pub ifindex: u32,
+    pub macs: [u8; ETH_ADDRS],
+}
+
+/// The fast path's next hop for a packet with TTL `ttl` translated to `to`
+/// (see the module docs); `None`: let the stack forward or deliver it. The
+/// packet is not touched: the rewrite writes the hop with the tuple
+/// (`rewrite::rewrite`), then `redirect` sends it.
 #[inline(always)]
-pub fn fast_forward(ctx: &TcContext, l3: usize, to: &Tuple, ingress: u32) -> Option<i32> {
-    let ttl: u8 = ctx.load(l3 + IP_TTL).ok()?;
+pub fn next_hop(ctx: &TcContext, to: &Tuple, ttl: u8, ingress: u32) -> Option<Hop> {
     if ttl <= 1 {
         return None;
     }
@@ -116,20 +130,30 @@ pub fn fast_forward(ctx: &TcContext, l3: usize, to: &Tuple, ingress: u32) -> Opt
     if rc != BPF_FIB_LKUP_RET_SUCCESS {
         return None;
     }
-    let ifindex = params.ifindex;
-    let old = [ttl, to.proto];
-    let new = [ttl - 1, to.proto];
-    ctx.store(l3 + IP_TTL, &new[0], 0).ok()?;
+    Some(Hop { ifindex: params.ifindex, macs: macs(params) })
+}
+
+/// Writes a hop field by field (the shapes the rewrite's one store does not
+/// cover): TTL − 1 with the header checksum, then the MAC addresses.
+#[inline(always)]
+pub fn write_hop(ctx: &TcContext, l3: usize, ttl: u8, proto: u8, hop: &Hop) -> Result<(), i64> {
+    let old = [ttl, proto];
+    let new = [ttl - 1, proto];
+    ctx.store(l3 + IP_TTL, &new[0], 0)?;
     ctx.l3_csum_replace(
         l3 + crate::rewrite::IP_CSUM,
         u16::from_ne_bytes(old) as u64,
         u16::from_ne_bytes(new) as u64,
         2,
-    )
-    .ok()?;
-    set_macs(ctx, params).ok()?;
+    )?;
+    ctx.store(0, &hop.macs, 0)
+}
+
+/// Sends the packet (its hop written) out of the hop's interface.
+#[inline(always)]
+pub fn redirect(hop: &Hop) -> i32 {
     // SAFETY: bpf_redirect takes plain integers.
-    Some(unsafe { bpf_redirect(ifindex, 0) } as i32)
+    unsafe { bpf_redirect(hop.ifindex, 0) as i32 }
 }
 
 /// One FIB lookup (input, as if the packet arrived on `ingress`) in `words`,

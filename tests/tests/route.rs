@@ -1,4 +1,4 @@
-//! The fast path (`lbagent-ebpf/src/route.rs`, `fast_forward`): a
+//! The fast path (`lbagent-ebpf/src/route.rs`, `next_hop`): a
 //! translated packet the namespace would forward leaves the program
 //! redirected to its egress interface, as a router sends it. Program tests
 //! (BPF_PROG_TEST_RUN) on the shared fixture, with the fast path switched
@@ -61,4 +61,32 @@ fn what_the_stack_must_handle_takes_the_stack() {
     e.tables.set_config(NatConfig::default()).unwrap();
     let (rc, out) = e.run(&query(64)).unwrap();
     assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 64));
+}
+
+/// The rewrite writes the hop with the tuple in one store for TCP and UDP
+/// behind a plain IPv4 header, and field by field for every other shape
+/// (`rewrite.rs`): both must leave the same router-like packet.
+#[test]
+fn every_shape_leaves_with_the_hop_written() {
+    let Some(mut e) = fast_engine() else { return };
+    e.tables.set_dnat(&dnat(PROTO_TCP, 5353, 11, &[(CLIENT, 53)])).unwrap();
+    let opts = vec![0x94, 0x04, 0x00, 0x00]; // router alert
+    let with_options = Ip { options: opts, ..Ip::new([10, 0, 2, 7], VIP) };
+    let client_mac: Vec<u8> = CLIENT_MAC.split(':').map(|x| u8::from_str_radix(x, 16).unwrap()).collect();
+    for (what, packet, l3_len) in [
+        ("udp", frame(&Ip::new([10, 0, 2, 8], VIP), &udp(4002, 5353, b"one store")), 20),
+        ("tcp", frame(&Ip::new([10, 0, 2, 8], VIP), &tcp(lbagent_tests::packet::SYN, 4003, 5353, b"")), 20),
+        ("udp with IP options", frame(&with_options, &udp(4004, 5353, b"field by field")), 24),
+    ] {
+        let (rc, out) = e.run(&packet).unwrap();
+        assert_eq!(rc, TC_ACT_REDIRECT, "{what}");
+        verify(&out).unwrap_or_else(|err| panic!("{what}: {err}: {out:02x?}"));
+        assert_eq!(out[14 + 8], 63, "{what}: TTL decremented");
+        let s = summary(&out);
+        assert_eq!((s.dst, s.dport), (CLIENT, 53), "{what}: translated");
+        assert_eq!(&out[0..6], &client_mac[..], "{what}: next hop's MAC");
+        assert_eq!(out[6..12], mac_of("v0"), "{what}: egress interface's MAC");
+        assert_eq!(out[14] & 0x0f, (l3_len / 4) as u8, "{what}: header length kept");
+        assert_eq!(out.len(), packet.len(), "{what}: nothing added or cut");
+    }
 }

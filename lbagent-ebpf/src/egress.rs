@@ -32,7 +32,7 @@ use crate::{
     icmp_error::{self, Side, rewrite_error},
     parse::{Embedded, Frag, Kind, Packet, Parsed, TCP_SYN, parse},
     qos,
-    rewrite::rewrite,
+    rewrite::{Store, rewrite},
     route,
     verdict::verdict,
     zone,
@@ -144,7 +144,7 @@ fn own_connection(ctx: &TcContext, p: &Packet) -> i32 {
             }
         }
     };
-    match rewrite(ctx, p, &x, None) {
+    match rewrite(ctx, p, &x, None, Store::Fields) {
         Ok(()) => TC_ACT_OK,
         Err(_) => verdict(Counter::DropRewrite),
     }

@@ -11,7 +11,7 @@ use crate::{
     icmp_error::{self, Side},
     parse::{Frag, Packet, Parsed, parse},
     qos,
-    rewrite::rewrite,
+    rewrite::{Store, rewrite},
     route::{IP_TTL, next_hop, redirect, route},
     rules,
     verdict::{unmatched, verdict},
@@ -51,7 +51,7 @@ fn flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         Lookup::Hit(e) => {
             count(if e.flags & CT_F_REPLY != 0 { Counter::XlateReply } else { Counter::XlateOrig });
             count_flow(e.dnat_rule, e.snat_rule, ctx.len() as u64);
-            apply(ctx, p, &e.xlate)
+            apply(ctx, p, &e.xlate, Store::OneStore)
         }
         Lookup::Miss { expired } => {
             if expired {
@@ -136,7 +136,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
                 f.snat_rule
             );
             count_flow(f.dnat_rule, f.snat_rule, ctx.len() as u64);
-            apply(ctx, p, &x)
+            apply(ctx, p, &x, Store::Fields)
         }
         Err(c) => {
             aya_log_ebpf::warn!(ctx, "zone {} dropped a new flow: {}", t.zone, c as u32);
@@ -146,16 +146,24 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
 }
 
 /// Rewrites the packet to `to`; on the fast path (`route.rs`) also writes
-/// the next hop in the same pass and redirects the packet to it.
+/// the next hop in the same pass and redirects the packet to it. A flow's
+/// first packet is rewritten field by field (`Store::Fields`): the new-flow
+/// path's stack frame has no room left for the one-store copy under Linux
+/// 5.10's limit (512 bytes with the scheduler's global function).
 #[inline(always)]
-fn apply(ctx: &TcContext, p: &Packet, to: &Tuple) -> i32 {
+fn apply(ctx: &TcContext, p: &Packet, to: &Tuple, store: Store) -> i32 {
     let hop = if conntrack::config().flags & NAT_CFG_FAST_PATH != 0 {
         crate::parse::read::<1>(ctx, p.l3 + IP_TTL).and_then(|[ttl]| next_hop(ctx, to, ttl, p.ifindex))
     } else {
         None
     };
-    match rewrite(ctx, p, to, hop.as_ref()) {
-        Ok(()) => hop.as_ref().map_or(TC_ACT_OK, redirect),
+    // The redirect only names the interface the packet goes to once the
+    // program returns TC_ACT_REDIRECT; named first, nothing but the MAC
+    // addresses stays live across the rewrite (the stack frame is close to
+    // Linux 5.10's limit).
+    let verdict = hop.as_ref().map_or(TC_ACT_OK, redirect);
+    match rewrite(ctx, p, to, hop.as_ref().map(|h| &h.macs), store) {
+        Ok(()) => verdict,
         Err(_) => {
             count(Counter::DropRewrite);
             TC_ACT_SHOT

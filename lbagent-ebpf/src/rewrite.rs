@@ -26,7 +26,7 @@ use lbagent_common::{PROTO_TCP, PROTO_UDP, Tuple};
 
 use crate::{
     parse::{ETH_LEN, Frag, Kind, Packet},
-    route::{ETH_ADDRS, Hop, IP_TTL},
+    route::{ETH_ADDRS, IP_TTL},
 };
 
 /// L4 checksum offsets within their headers.
@@ -40,9 +40,9 @@ pub const IP_SADDR: usize = 12;
 pub const IP_DADDR: usize = 16;
 /// An IPv4 header without options.
 const IP_MIN_LEN: usize = 20;
-/// From the MAC addresses to the ports: Ethernet, IPv4 without options,
-/// both ports.
-const HEAD_LEN: usize = ETH_LEN + IP_MIN_LEN + 4;
+/// From the TTL to the ports (IPv4 without options): TTL, protocol, header
+/// checksum, both addresses, both ports.
+const HEAD_LEN: usize = IP_MIN_LEN - IP_TTL + 4;
 
 #[inline(always)]
 pub fn raw32(a: [u8; 4]) -> u64 {
@@ -80,10 +80,25 @@ pub fn set_port(ctx: &TcContext, off: usize, csum_off: usize, flags: u64, old: u
     ctx.l4_csum_replace(csum_off, raw16(old), raw16(new), flags | 2)
 }
 
+/// How `rewrite` may write the common shape (module docs).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// In one store.
+    OneStore,
+    /// Field by field (callers whose stack frame cannot hold the copy).
+    Fields,
+}
+
 /// Makes the packet's tuple equal `to`; with a `hop` (the fast path), also
 /// decrements the TTL and writes the hop's MAC addresses, as a router would.
 #[inline(always)]
-pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple, hop: Option<&Hop>) -> Result<(), i64> {
+pub fn rewrite(
+    ctx: &TcContext,
+    p: &Packet,
+    to: &Tuple,
+    hop: Option<&[u8; ETH_ADDRS]>,
+    store: Store,
+) -> Result<(), i64> {
     if p.frag == Frag::Later {
         // No L4 header in this fragment: the first one carried the checksum.
         rewrite_addresses(ctx, p, to)?;
@@ -96,6 +111,7 @@ pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple, hop: Option<&Hop>) -> Re
         _ => (None, 0u64),
     };
     if let Some(csum) = l4csum
+        && store == Store::OneStore
         && p.l3 == ETH_LEN
         && p.l4 == p.l3 + IP_MIN_LEN
     {
@@ -130,7 +146,7 @@ pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple, hop: Option<&Hop>) -> Re
 
 /// The hop written field by field, after a field-by-field rewrite.
 #[inline(always)]
-fn write_hop(ctx: &TcContext, p: &Packet, hop: Option<&Hop>) -> Result<(), i64> {
+fn write_hop(ctx: &TcContext, p: &Packet, hop: Option<&[u8; ETH_ADDRS]>) -> Result<(), i64> {
     let Some(hop) = hop else { return Ok(()) };
     let Some([ttl]) = crate::parse::read::<1>(ctx, p.l3 + IP_TTL) else { return Err(-1) };
     crate::route::write_hop(ctx, p.l3, ttl, p.tuple.proto, hop)
@@ -150,13 +166,19 @@ pub fn rewrite_addresses(ctx: &TcContext, p: &Packet, to: &Tuple) -> Result<(), 
     Ok(())
 }
 
-/// One's-complement difference (unfolded) of replacing the 16-bit word at
-/// `at` of `old` by the one of `new`, in memory order as the kernel's
-/// checksum code reads them: what the helpers take as a precomputed
-/// difference.
+/// One's-complement difference (unfolded) of replacing the 16-bit word
+/// `old` by `new` (raw, in memory order, as the kernel's checksum code reads
+/// them): what the helpers take as a precomputed difference.
 #[inline(always)]
-fn diff2<const N: usize>(old: &[u8; N], new: &[u8; N], at: usize) -> u32 {
-    !u16::from_ne_bytes([old[at], old[at + 1]]) as u32 + u16::from_ne_bytes([new[at], new[at + 1]]) as u32
+fn diff2(old: u16, new: u16) -> u32 {
+    !old as u32 + new as u32
+}
+
+/// The same for a 4-byte address (two words).
+#[inline(always)]
+fn diff4(old: [u8; 4], new: [u8; 4]) -> u32 {
+    diff2(u16::from_ne_bytes([old[0], old[1]]), u16::from_ne_bytes([new[0], new[1]]))
+        + diff2(u16::from_ne_bytes([old[2], old[3]]), u16::from_ne_bytes([new[2], new[3]]))
 }
 
 /// `acc` folded to 16 bits with end-around carry.
@@ -168,8 +190,8 @@ fn fold(acc: u32) -> u16 {
 
 /// The common shape's rewrite (module docs): the Ethernet header (no
 /// VLAN tag), an IPv4 header without options, the ports right after it;
-/// `csum_off` is the L4 checksum. Everything from the MAC addresses to the
-/// ports is written in one store.
+/// `csum_off` is the L4 checksum. Everything from the TTL to the ports is
+/// written in one store (the hop's MAC addresses in a second one).
 #[inline(always)]
 fn rewrite_head(
     ctx: &TcContext,
@@ -177,33 +199,36 @@ fn rewrite_head(
     flags: u64,
     t: &Tuple,
     to: &Tuple,
-    hop: Option<&Hop>,
+    hop: Option<&[u8; ETH_ADDRS]>,
 ) -> Result<(), i64> {
-    // A direct read (parse pulled the headers in): no helper call.
-    let Some(mut head) = crate::parse::read::<HEAD_LEN>(ctx, 0) else { return Err(-1) };
-    let l3 = ETH_LEN;
-    let old: [u8; HEAD_LEN] = head;
-    head[l3 + IP_SADDR..l3 + IP_SADDR + 4].copy_from_slice(&to.saddr);
-    head[l3 + IP_DADDR..l3 + IP_DADDR + 4].copy_from_slice(&to.daddr);
-    head[l3 + IP_MIN_LEN..l3 + IP_MIN_LEN + 2].copy_from_slice(&to.sport.to_be_bytes());
-    head[l3 + IP_MIN_LEN + 2..].copy_from_slice(&to.dport.to_be_bytes());
-    if let Some(hop) = hop {
-        head[..ETH_ADDRS].copy_from_slice(&hop.macs);
-        head[l3 + IP_TTL] -= 1;
-    }
+    // A direct read (parse pulled the headers in): no helper call. Only
+    // this copy is kept on the stack (the differences come from the
+    // tuples): the program's frame is close to Linux 5.10's limit.
+    let base = ETH_LEN + IP_TTL;
+    let Some(mut head) = crate::parse::read::<HEAD_LEN>(ctx, base) else { return Err(-1) };
+    // Offsets in `head`.
+    let (ttl_at, csum_at, saddr_at, daddr_at, ports_at) =
+        (0, IP_CSUM - IP_TTL, IP_SADDR - IP_TTL, IP_DADDR - IP_TTL, IP_MIN_LEN - IP_TTL);
     // The header checksum covers the TTL and the addresses (RFC 1624, eqn.
     // 3: HC' = ~(~HC + ~m + m')); the L4 one the addresses (pseudo header)
     // and the ports.
-    let ttl = diff2(&old, &head, l3 + IP_TTL);
-    let addrs = diff2(&old, &head, l3 + IP_SADDR)
-        + diff2(&old, &head, l3 + IP_SADDR + 2)
-        + diff2(&old, &head, l3 + IP_DADDR)
-        + diff2(&old, &head, l3 + IP_DADDR + 2);
-    let ports = diff2(&old, &head, l3 + IP_MIN_LEN) + diff2(&old, &head, l3 + IP_MIN_LEN + 2);
-    let hc = u16::from_ne_bytes([old[l3 + IP_CSUM], old[l3 + IP_CSUM + 1]]);
+    let addrs = diff4(t.saddr, to.saddr) + diff4(t.daddr, to.daddr);
+    let ports = diff2(t.sport.to_be(), to.sport.to_be()) + diff2(t.dport.to_be(), to.dport.to_be());
+    let mut ttl = 0;
+    if let Some(hop) = hop {
+        let word = u16::from_ne_bytes([head[ttl_at], head[ttl_at + 1]]);
+        head[ttl_at] -= 1;
+        ttl = diff2(word, u16::from_ne_bytes([head[ttl_at], head[ttl_at + 1]]));
+        ctx.store(0, hop, 0)?;
+    }
+    let hc = u16::from_ne_bytes([head[csum_at], head[csum_at + 1]]);
     let hc = !fold(!hc as u32 + ttl + addrs);
-    head[l3 + IP_CSUM..l3 + IP_CSUM + 2].copy_from_slice(&hc.to_ne_bytes());
-    ctx.store(0, &head, 0)?;
+    head[csum_at..csum_at + 2].copy_from_slice(&hc.to_ne_bytes());
+    head[saddr_at..saddr_at + 4].copy_from_slice(&to.saddr);
+    head[daddr_at..daddr_at + 4].copy_from_slice(&to.daddr);
+    head[ports_at..ports_at + 2].copy_from_slice(&to.sport.to_be_bytes());
+    head[ports_at + 2..].copy_from_slice(&to.dport.to_be_bytes());
+    ctx.store(base, &head, 0)?;
     if t.saddr != to.saddr || t.daddr != to.daddr {
         ctx.l4_csum_replace(csum_off, 0, addrs as u64, flags | BPF_F_PSEUDO_HDR as u64)?;
     }

@@ -115,8 +115,8 @@ pub struct Hop {
 
 /// The fast path's next hop for a packet with TTL `ttl` translated to `to`
 /// (see the module docs); `None`: let the stack forward or deliver it. The
-/// packet is not touched: the rewrite writes the hop with the tuple
-/// (`rewrite::rewrite`), then `redirect` sends it.
+/// packet is not touched: `redirect` names the interface and the rewrite
+/// writes the hop with the tuple (`rewrite::rewrite`).
 #[inline(always)]
 pub fn next_hop(ctx: &TcContext, to: &Tuple, ttl: u8, ingress: u32) -> Option<Hop> {
     if ttl <= 1 {
@@ -136,7 +136,7 @@ pub fn next_hop(ctx: &TcContext, to: &Tuple, ttl: u8, ingress: u32) -> Option<Ho
 /// Writes a hop field by field (the shapes the rewrite's one store does not
 /// cover): TTL − 1 with the header checksum, then the MAC addresses.
 #[inline(always)]
-pub fn write_hop(ctx: &TcContext, l3: usize, ttl: u8, proto: u8, hop: &Hop) -> Result<(), i64> {
+pub fn write_hop(ctx: &TcContext, l3: usize, ttl: u8, proto: u8, macs: &[u8; ETH_ADDRS]) -> Result<(), i64> {
     let old = [ttl, proto];
     let new = [ttl - 1, proto];
     ctx.store(l3 + IP_TTL, &new[0], 0)?;
@@ -146,7 +146,7 @@ pub fn write_hop(ctx: &TcContext, l3: usize, ttl: u8, proto: u8, hop: &Hop) -> R
         u16::from_ne_bytes(new) as u64,
         2,
     )?;
-    ctx.store(0, &hop.macs, 0)
+    ctx.store(0, macs, 0)
 }
 
 /// Sends the packet (its hop written) out of the hop's interface.

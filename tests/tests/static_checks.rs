@@ -110,3 +110,67 @@ fn programs_are_tc_classifiers_with_btf() {
     assert!(file.section_by_name(".BTF").is_some(), "BTF for typed map dumps");
     assert!(file.section_by_name(".maps").is_some(), "BTF-defined maps");
 }
+
+/// Bytes below the frame pointer (r10) that `insns` reach: loads and stores
+/// relative to r10, and buffers passed as `rX = r10; rX += -N`.
+fn stack_depth(insns: &[[u8; 8]]) -> i64 {
+    let mut depth = 0i64;
+    // Registers holding a copy of r10 (not yet offset).
+    let mut frame_copy = [false; 16];
+    for insn in insns {
+        let (op, dst, src) = (insn[0], (insn[1] & 0x0f) as usize, (insn[1] >> 4) as usize);
+        let off = i16::from_le_bytes([insn[2], insn[3]]) as i64;
+        let imm = i32::from_le_bytes(insn[4..8].try_into().unwrap()) as i64;
+        match op & 0x07 {
+            // BPF_LDX: *(dst) = *(src + off).
+            0x01 if src == 10 => depth = depth.max(-off),
+            // BPF_ST / BPF_STX: *(dst + off) = ….
+            0x02 | 0x03 if dst == 10 => depth = depth.max(-off),
+            _ => {}
+        }
+        match op {
+            // mov64 dst, src
+            0xbf => frame_copy[dst] = src == 10,
+            // add64 dst, imm
+            0x07 if frame_copy[dst] => {
+                depth = depth.max(-imm);
+                frame_copy[dst] = false;
+            }
+            // Anything else that writes a register (ALU, loads) ends a copy.
+            _ if matches!(op & 0x07, 0x00 | 0x01 | 0x04 | 0x07) => frame_copy[dst] = false,
+            _ => {}
+        }
+    }
+    depth
+}
+
+/// Linux 5.10 adds up the stack of every frame in a call chain, each
+/// rounded up to 32 bytes, and refuses a program above 512: the new-flow
+/// path calls the scheduler's global function, so the programs' frames and
+/// that function's together must fit. Newer kernels load a program that
+/// 5.10 refuses (seen: 456 + 48 bytes, "combined stack size of 2 calls is
+/// 544"), so only this check catches it before a 5.10 VM does.
+#[test]
+fn stack_frames_fit_linux_5_10() {
+    let file = object::File::parse(object_bytes()).unwrap();
+    let mut depths = std::collections::BTreeMap::new();
+    for sym in file.symbols().filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0) {
+        let Some(sec) = sym.section_index().and_then(|i| file.section_by_index(i).ok()) else { continue };
+        let data = sec.data().unwrap();
+        let start = (sym.address() - sec.address()) as usize;
+        let insns = data[start..start + sym.size() as usize].as_chunks::<8>().0;
+        depths.insert(sym.name().unwrap().to_string(), stack_depth(insns));
+    }
+    eprintln!("stack bytes per function: {depths:?}");
+    let round = |d: i64| (d.max(1) + 31) / 32 * 32;
+    let global: i64 = GLOBAL_FUNCTIONS.iter().map(|g| round(depths[*g])).sum();
+    for prog in ["lbagent_nat", "lbagent_nat_egress"] {
+        let d = depths[prog];
+        assert!(d > 0, "{prog}: no stack use found");
+        assert!(
+            round(d) + global <= 512,
+            "{prog}: {d} bytes of stack (rounded {}) + the global functions' {global} exceed Linux 5.10's 512",
+            round(d)
+        );
+    }
+}

@@ -6,17 +6,21 @@
 //! uses `BPF_F_MARK_MANGLED_0`: a zero ("no checksum") UDP checksum stays zero
 //! and a computed zero becomes 0xffff. Checksums are never zeroed.
 //!
-//! The common shape (TCP or UDP, IPv4 header without options, so the
-//! header checksum, both addresses and both ports are 14 contiguous bytes)
-//! takes `rewrite_ports_block`: the header checksum is updated here
-//! (RFC 1624) and written with the new tuple in one store, and the L4
-//! checksum gets each kind of change (addresses: pseudo header; ports:
-//! data) as one precomputed difference: three helper calls at most where a
-//! field at a time takes up to ten. Each call costs ~15–25 ns, and the
-//! rewrite was a third of an established flow's cost (`docs/benchmarks.md`,
-//! section 1). The two L4 updates cannot be one: a CHECKSUM_PARTIAL packet's
-//! checksum field holds only the pseudo header's sum, which the ports are
-//! not part of. Every other shape is rewritten a field at a time.
+//! The common shape (an established flow's TCP or UDP packet behind an
+//! IPv4 header without options: TTL, protocol, header checksum, addresses
+//! and ports are 16 contiguous bytes) takes `rewrite_head`: the bytes are
+//! read directly, the header checksum is updated here (RFC 1624), and all
+//! of it is written back in one store (the fast path's TTL − 1 included,
+//! its MAC addresses in a second); the L4 checksum gets each kind of change
+//! (addresses: pseudo header; ports: data) as one precomputed difference.
+//! A fast-path DNAT packet makes four helper calls instead of nine; each
+//! costs ~15–25 ns, and the rewrite was a third of an established flow's
+//! cost (`docs/benchmarks.md`, section 1). The two L4 updates cannot be
+//! one: a CHECKSUM_PARTIAL packet's checksum field holds only the pseudo
+//! header's sum, which the ports are not part of. Every other shape, and a
+//! flow's first packet (`Store::Fields`: the new-flow path's stack frame has
+//! no room left for the copy under Linux 5.10's limit, see
+//! `tests/tests/static_checks.rs`), is rewritten a field at a time.
 
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},

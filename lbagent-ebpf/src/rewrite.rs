@@ -26,7 +26,10 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use lbagent_common::{PROTO_TCP, PROTO_UDP, Tuple};
+use lbagent_common::{
+    PROTO_TCP, PROTO_UDP, Tuple,
+    csum::{apply, diff16, diff32},
+};
 
 use crate::{
     parse::{ETH_LEN, Frag, Kind, Packet},
@@ -170,28 +173,6 @@ pub fn rewrite_addresses(ctx: &TcContext, p: &Packet, to: &Tuple) -> Result<(), 
     Ok(())
 }
 
-/// One's-complement difference (unfolded) of replacing the 16-bit word
-/// `old` by `new` (raw, in memory order, as the kernel's checksum code reads
-/// them): what the helpers take as a precomputed difference.
-#[inline(always)]
-fn diff2(old: u16, new: u16) -> u32 {
-    !old as u32 + new as u32
-}
-
-/// The same for a 4-byte address (two words).
-#[inline(always)]
-fn diff4(old: [u8; 4], new: [u8; 4]) -> u32 {
-    diff2(u16::from_ne_bytes([old[0], old[1]]), u16::from_ne_bytes([new[0], new[1]]))
-        + diff2(u16::from_ne_bytes([old[2], old[3]]), u16::from_ne_bytes([new[2], new[3]]))
-}
-
-/// `acc` folded to 16 bits with end-around carry.
-#[inline(always)]
-fn fold(acc: u32) -> u16 {
-    let s = (acc & 0xffff) + (acc >> 16);
-    ((s & 0xffff) + (s >> 16)) as u16
-}
-
 /// The common shape's rewrite (module docs): the Ethernet header (no
 /// VLAN tag), an IPv4 header without options, the ports right after it;
 /// `csum_off` is the L4 checksum. Everything from the TTL to the ports is
@@ -216,17 +197,17 @@ fn rewrite_head(
     // The header checksum covers the TTL and the addresses (RFC 1624, eqn.
     // 3: HC' = ~(~HC + ~m + m')); the L4 one the addresses (pseudo header)
     // and the ports.
-    let addrs = diff4(t.saddr, to.saddr) + diff4(t.daddr, to.daddr);
-    let ports = diff2(t.sport.to_be(), to.sport.to_be()) + diff2(t.dport.to_be(), to.dport.to_be());
+    let addrs = diff32(t.saddr, to.saddr) + diff32(t.daddr, to.daddr);
+    let ports = diff16(t.sport.to_be(), to.sport.to_be()) + diff16(t.dport.to_be(), to.dport.to_be());
     let mut ttl = 0;
     if let Some(hop) = hop {
         let word = u16::from_ne_bytes([head[ttl_at], head[ttl_at + 1]]);
         head[ttl_at] -= 1;
-        ttl = diff2(word, u16::from_ne_bytes([head[ttl_at], head[ttl_at + 1]]));
+        ttl = diff16(word, u16::from_ne_bytes([head[ttl_at], head[ttl_at + 1]]));
         ctx.store(0, hop, 0)?;
     }
     let hc = u16::from_ne_bytes([head[csum_at], head[csum_at + 1]]);
-    let hc = !fold(!hc as u32 + ttl + addrs);
+    let hc = apply(hc, ttl + addrs);
     head[csum_at..csum_at + 2].copy_from_slice(&hc.to_ne_bytes());
     head[saddr_at..saddr_at + 4].copy_from_slice(&to.saddr);
     head[daddr_at..daddr_at + 4].copy_from_slice(&to.daddr);

@@ -41,8 +41,8 @@ fn a_forwarded_packet_is_redirected_with_ttl_checksum_and_next_hop_macs() {
     let (_, out) = e.run(&query(64)).unwrap();
     let s = summary(&out);
     assert_eq!((s.dst, s.dport), (CLIENT, 53), "translated");
-    let client_mac: Vec<u8> = CLIENT_MAC.split(':').map(|x| u8::from_str_radix(x, 16).unwrap()).collect();
-    assert_eq!(&out[0..6], &client_mac[..], "destination: the next hop's MAC");
+    let client_mac = lbagent::state::names::parse_mac(CLIENT_MAC).unwrap();
+    assert_eq!(&out[0..6], client_mac, "destination: the next hop's MAC");
     assert_eq!(out[6..12], mac_of("v0"), "source: the egress interface's MAC");
 }
 
@@ -72,7 +72,7 @@ fn every_shape_leaves_with_the_hop_written() {
     e.tables.set_dnat(&dnat(PROTO_TCP, 5353, 11, &[(CLIENT, 53)])).unwrap();
     let opts = vec![0x94, 0x04, 0x00, 0x00]; // router alert
     let with_options = Ip { options: opts, ..Ip::new([10, 0, 2, 7], VIP) };
-    let client_mac: Vec<u8> = CLIENT_MAC.split(':').map(|x| u8::from_str_radix(x, 16).unwrap()).collect();
+    let client_mac = lbagent::state::names::parse_mac(CLIENT_MAC).unwrap();
     for (what, packet, l3_len) in [
         ("udp", frame(&Ip::new([10, 0, 2, 8], VIP), &udp(4002, 5353, b"one store")), 20),
         ("tcp", frame(&Ip::new([10, 0, 2, 8], VIP), &tcp(lbagent_tests::packet::SYN, 4003, 5353, b"")), 20),
@@ -84,7 +84,7 @@ fn every_shape_leaves_with_the_hop_written() {
         assert_eq!(out[14 + 8], 63, "{what}: TTL decremented");
         let s = summary(&out);
         assert_eq!((s.dst, s.dport), (CLIENT, 53), "{what}: translated");
-        assert_eq!(&out[0..6], &client_mac[..], "{what}: next hop's MAC");
+        assert_eq!(&out[0..6], client_mac, "{what}: next hop's MAC");
         assert_eq!(out[6..12], mac_of("v0"), "{what}: egress interface's MAC");
         assert_eq!(out[14] & 0x0f, (l3_len / 4) as u8, "{what}: header length kept");
         assert_eq!(out.len(), packet.len(), "{what}: nothing added or cut");

@@ -31,10 +31,7 @@ use lbagent_common::{
     csum::{apply, diff16, diff32},
 };
 
-use crate::{
-    parse::{ETH_LEN, Frag, Kind, Packet},
-    route::{ETH_ADDRS, IP_TTL},
-};
+use crate::parse::{ETH_LEN, Frag, Kind, Packet};
 
 /// L4 checksum offsets within their headers.
 const TCP_CSUM: usize = 16;
@@ -42,6 +39,11 @@ const UDP_CSUM: usize = 6;
 const ICMP_CSUM: usize = 2;
 const ICMP_ECHO_ID: usize = 4;
 
+/// Ethernet destination and source address: the first twelve bytes.
+pub const ETH_ADDRS: usize = 12;
+/// Offset of the TTL in the IPv4 header (the protocol follows it: the
+/// 16-bit word the checksum update covers).
+pub const IP_TTL: usize = 8;
 pub const IP_CSUM: usize = 10;
 pub const IP_SADDR: usize = 12;
 pub const IP_DADDR: usize = 16;
@@ -151,12 +153,17 @@ pub fn rewrite(
     write_hop(ctx, p, hop)
 }
 
-/// The hop written field by field, after a field-by-field rewrite.
+/// The hop written field by field, after a field-by-field rewrite: TTL − 1
+/// with the header checksum, then the MAC addresses.
 #[inline(always)]
 fn write_hop(ctx: &TcContext, p: &Packet, hop: Option<&[u8; ETH_ADDRS]>) -> Result<(), i64> {
-    let Some(hop) = hop else { return Ok(()) };
+    let Some(macs) = hop else { return Ok(()) };
     let Some([ttl]) = crate::parse::read::<1>(ctx, p.l3 + IP_TTL) else { return Err(-1) };
-    crate::route::write_hop(ctx, p.l3, ttl, p.tuple.proto, hop)
+    let old = [ttl, p.tuple.proto];
+    let new = [ttl - 1, p.tuple.proto];
+    ctx.store(p.l3 + IP_TTL, &new[0], 0)?;
+    ctx.l3_csum_replace(p.l3 + IP_CSUM, u16::from_ne_bytes(old) as u64, u16::from_ne_bytes(new) as u64, 2)?;
+    ctx.store(0, macs, 0)
 }
 
 /// Rewrites only the IPv4 addresses (address-only protocols' later

@@ -28,6 +28,8 @@ use aya_ebpf::{
 };
 use lbagent_common::Tuple;
 
+use crate::rewrite::ETH_ADDRS;
+
 const AF_INET: u8 = 2;
 /// `struct bpf_fib_lookup` is 64 bytes: eight words.
 const FIB_WORDS: usize = 8;
@@ -80,9 +82,6 @@ pub fn forward(ctx: &TcContext, proto: u8, saddr: [u8; 4], daddr: [u8; 4], ingre
     Some(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
 }
 
-/// Ethernet destination and source address: the first twelve bytes.
-pub const ETH_ADDRS: usize = 12;
-
 /// Writes the next hop's MAC addresses the FIB answered into the Ethernet
 /// header, in one store.
 #[inline(always)]
@@ -101,10 +100,6 @@ fn macs(params: &FibParams) -> [u8; ETH_ADDRS] {
     addrs[6..].copy_from_slice(&macs.smac);
     addrs
 }
-
-/// Offset of the TTL in the IPv4 header (the protocol follows it: the
-/// 16-bit word the checksum update covers).
-pub const IP_TTL: usize = 8;
 
 /// Where the fast path sends a translated packet: the egress interface and
 /// the Ethernet addresses for it.
@@ -131,22 +126,6 @@ pub fn next_hop(ctx: &TcContext, to: &Tuple, ttl: u8, ingress: u32) -> Option<Ho
         return None;
     }
     Some(Hop { ifindex: params.ifindex, macs: macs(params) })
-}
-
-/// Writes a hop field by field (the shapes the rewrite's one store does not
-/// cover): TTL − 1 with the header checksum, then the MAC addresses.
-#[inline(always)]
-pub fn write_hop(ctx: &TcContext, l3: usize, ttl: u8, proto: u8, macs: &[u8; ETH_ADDRS]) -> Result<(), i64> {
-    let old = [ttl, proto];
-    let new = [ttl - 1, proto];
-    ctx.store(l3 + IP_TTL, &new[0], 0)?;
-    ctx.l3_csum_replace(
-        l3 + crate::rewrite::IP_CSUM,
-        u16::from_ne_bytes(old) as u64,
-        u16::from_ne_bytes(new) as u64,
-        2,
-    )?;
-    ctx.store(0, macs, 0)
 }
 
 /// Sends the packet (its hop written) out of the hop's interface.

@@ -37,6 +37,9 @@ const TCP_WINDOW: usize = 14;
 const TCP_OPT_EOL: u8 = 0;
 const TCP_OPT_NOP: u8 = 1;
 const TCP_OPT_WSCALE: u8 = 3;
+/// TCP header without options; a UDP header.
+const TCP_FIXED: u32 = 20;
+const UDP_LEN: u32 = 8;
 /// Most bytes parsing ever reads: Ethernet, IPv4 with options, ICMP, the
 /// quoted IPv4 header with options and 20 bytes of its L4 header.
 const PARSE_MAX: u32 = (ETH_LEN + 60 + 8 + 60 + 20) as u32;
@@ -182,13 +185,42 @@ fn ipv4(ctx: &TcContext, l3: usize) -> Option<Ipv4> {
     })
 }
 
-/// Pulls the headers into the linear area when the skb is non-linear.
+/// Pulls the headers into the linear area, only when parsing would read
+/// past it. A local sender's TCP segment arrives as a clone whose headers
+/// are linear and whose payload sits in page fragments; pulling it anyway
+/// would copy the shared header (`pskb_expand_head`) and move payload into
+/// it on every segment, for nothing (docs/benchmarks.md, section 12).
 #[inline(always)]
 fn pull_headers(ctx: &TcContext) {
     let len = ctx.len();
+    let linear = (ctx.data_end() - ctx.data()) as u32;
+    if linear >= len || linear >= reads(ctx) {
+        return;
+    }
     let want = if len < PARSE_MAX { len } else { PARSE_MAX };
-    if ((ctx.data_end() - ctx.data()) as u32) < want {
-        let _ = ctx.pull_data(want);
+    let _ = ctx.pull_data(want);
+}
+
+/// How many bytes from the frame's start `parse` reads directly: Ethernet,
+/// the IPv4 header with its options and the fixed part of the TCP or UDP
+/// header (a SYN's options are read with a helper). ICMP may quote a
+/// header, and a header not linear enough to say: everything, `PARSE_MAX`.
+#[inline(always)]
+fn reads(ctx: &TcContext) -> u32 {
+    let Some(h) = bytes::<{ ETH_LEN + 20 }>(ctx, 0) else { return PARSE_MAX };
+    if h[12] != 0x08 || h[13] != 0x00 {
+        return ETH_LEN as u32;
+    }
+    let l4 = (ETH_LEN + ((h[ETH_LEN] & 0x0f) as usize) * 4) as u32;
+    let frag_off = be16([h[ETH_LEN + IP_FRAG_OFF], h[ETH_LEN + IP_FRAG_OFF + 1]]);
+    if frag_off & IP_OFFSET_MASK != 0 {
+        return l4;
+    }
+    match h[ETH_LEN + IP_PROTO] {
+        PROTO_TCP => l4 + TCP_FIXED,
+        PROTO_UDP => l4 + UDP_LEN,
+        PROTO_ICMP => PARSE_MAX,
+        _ => l4,
     }
 }
 

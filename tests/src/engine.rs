@@ -56,13 +56,7 @@ pub const CLIENT_MAC: &str = "02:00:00:00:00:99";
 
 /// MAC address of interface `ifname` in the calling thread's namespace.
 pub fn mac_of(ifname: &str) -> [u8; 6] {
-    let text = crate::net::sh(&["ip", "-br", "link", "show", ifname]).expect("interface");
-    let mac = text.split_whitespace().nth(2).expect("mac column");
-    let mut out = [0u8; 6];
-    for (o, part) in out.iter_mut().zip(mac.split(':')) {
-        *o = u8::from_str_radix(part, 16).expect("hex");
-    }
-    out
+    crate::net::mac(&crate::net::sh(&["ip", "-br", "link", "show", ifname]).expect("interface")).expect("mac")
 }
 
 /// Ifindex of `v1` in the calling thread's namespace: where the test net

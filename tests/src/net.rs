@@ -61,6 +61,17 @@ pub fn veth(a: &Netns, a_if: &str, a_addr: &str, b: &Netns, b_if: &str, b_addr: 
     Ok(())
 }
 
+/// The MAC address in `ip -br link show` output (its third column).
+pub fn mac(brief: &str) -> Result<[u8; 6]> {
+    let column = brief.split_whitespace().nth(2).context("no MAC column")?;
+    lbagent::state::names::parse_mac(column).map_err(anyhow::Error::msg)
+}
+
+/// The MAC address of `ifname` in namespace `ns`.
+pub fn mac_in(ns: &str, ifname: &str) -> Result<[u8; 6]> {
+    mac(&in_ns(ns, &["ip", "-br", "link", "show", ifname])?)
+}
+
 /// The mixed-offload setting of DESIGN §7: senders transmit with checksum
 /// offload (CHECKSUM_PARTIAL packets reach the dataplane) but do not trust
 /// received checksums; the dataplane's veths have tx offload off.

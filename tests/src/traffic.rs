@@ -549,3 +549,62 @@ pub fn capture_arp(ns: &str, dur: Duration) -> std::thread::JoinHandle<Result<Ve
         Ok(frames)
     })
 }
+
+/// Sends `frame` out of `ifname` in `ns` as a *non-linear* skb: through a
+/// packet socket with a virtio-net header (`PACKET_VNET_HDR`), whose
+/// `hdr_len` is how many bytes the kernel puts in the linear area (at least
+/// the Ethernet header); the rest goes to page fragments. The kernel only
+/// splits frames longer than a page, so `frame` must be (and the link's MTU
+/// must allow it).
+pub fn send_split(ns: &str, ifname: &str, frame: Vec<u8>, linear: u16) -> Result<()> {
+    ensure!(frame.len() > 4096, "a frame of {} bytes would stay linear", frame.len());
+    let ifname = ifname.to_string();
+    spawn_in(ns, move || {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        /// `struct virtio_net_hdr` without offloads: `GSO_NONE`, no
+        /// checksum to complete; only `hdr_len` (little endian) matters.
+        const VNET_HDR_LEN: usize = 10;
+        let index = lbagent::netns::ifindex(&ifname)?;
+        // SAFETY: plain socket(2) call; the result is checked below.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        ensure!(raw >= 0, "packet socket: {}", std::io::Error::last_os_error());
+        // SAFETY: `raw` is a fresh descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt with a pointer to a live c_int and its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_VNET_HDR,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as u32,
+            )
+        };
+        ensure!(rc == 0, "PACKET_VNET_HDR: {}", std::io::Error::last_os_error());
+        let mut msg = vec![0u8; VNET_HDR_LEN];
+        msg[2..4].copy_from_slice(&linear.to_le_bytes());
+        msg.extend_from_slice(&frame);
+        // SAFETY: sockaddr_ll is plain old data; zeroed is a valid value.
+        let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        to.sll_family = libc::AF_PACKET as u16;
+        to.sll_ifindex = index as i32;
+        to.sll_halen = 6;
+        to.sll_addr[..6].copy_from_slice(&frame[..6]);
+        // SAFETY: sendto with a live buffer and a sockaddr_ll of the given size.
+        let sent = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                msg.as_ptr().cast(),
+                msg.len(),
+                0,
+                (&to as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        ensure!(sent == msg.len() as isize, "sendto: {}", std::io::Error::last_os_error());
+        Ok(())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
+}

@@ -395,6 +395,17 @@ fn embedded(ctx: &TcContext, l3: usize, zone: u16) -> Option<Embedded> {
     Some(Embedded { l3, l4, tuple: t, kind, l4_csum })
 }
 
+/// The protocol of an IPv4 frame, read without parsing it; `None` when it
+/// is not IPv4 or its header is not in the linear area yet.
+#[inline(always)]
+pub fn ip_proto(ctx: &TcContext) -> Option<u8> {
+    let h: [u8; ETH_LEN + IP_PROTO + 1] = bytes(ctx, 0)?;
+    if h[12] != 0x08 || h[13] != 0x00 {
+        return None;
+    }
+    Some(h[ETH_LEN + IP_PROTO])
+}
+
 /// Reads `N` bytes at `off` (bounds-checked direct access).
 #[inline(always)]
 pub fn read<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> {

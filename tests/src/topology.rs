@@ -1,7 +1,7 @@
 //! The first real-traffic topology, shared by the tests and the demo:
 //!
 //! ```text
-//!  client ns            nat ns (engine on ingress of both)         server ns
+//!  client ns      nat ns (engine at ingress and egress of both)     server ns
 //!  c0 10.0.1.2 ──veth── n0 10.0.1.1        n1 10.0.2.1 ──veth── s0 10.0.2.2
 //!  default via .1                                                default via .1
 //! ```
@@ -82,10 +82,14 @@ impl NatTopology {
         let pins = TestPins::new();
         let mut prog = ZoneProgram::load(&pins.root, ZONE)?;
         let mut used = mode.unwrap_or_default();
+        // Both programs on both interfaces, as the agent attaches them
+        // (`Engine::attach`): forwarded packets also pass the egress one.
         for ifn in [&n0, &n1] {
             if let Some(mode) = mode {
-                let hook = Hook { netns: Some(&nat.name), ifname: ifn, direction: attach::Direction::Ingress };
-                used = attach::attach(prog.program(), &pins.root, &hook, mode)?;
+                for direction in attach::Direction::BOTH {
+                    let hook = Hook { netns: Some(&nat.name), ifname: ifn, direction };
+                    used = attach::attach(prog.program_for(direction), &pins.root, &hook, mode)?;
+                }
             }
         }
         let tables = Tables::open(&pins.root)?;

@@ -40,7 +40,7 @@ pub fn xdp(reps: usize, out: &mut String) -> Result<()> {
         ("XDP forwarding, no NAT (upper bound for an XDP NAT)", &xdp_fwd, SERVER),
         ("plain routing, no NAT", &route, SERVER),
     ];
-    let m = crate::measure_paths(&paths, reps)?;
+    let m = crate::measure_paths(&paths, reps)?.medians();
     crate::write_paths(out, &paths, &m)?;
     let r = |a: usize, b: usize, k: usize| m[a][k] / m[b][k];
     writeln!(

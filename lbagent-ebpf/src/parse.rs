@@ -11,6 +11,8 @@ use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
 use lbagent_common::{Counter, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Tuple};
 
 pub const ETH_LEN: usize = 14;
+/// Offset of the EtherType in the Ethernet header.
+pub const ETH_TYPE: usize = 12;
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
 pub const TCP_RST: u8 = 0x04;
@@ -189,7 +191,7 @@ fn ipv4(ctx: &TcContext, l3: usize) -> Option<Ipv4> {
 /// past it. A local sender's TCP segment arrives as a clone whose headers
 /// are linear and whose payload sits in page fragments; pulling it anyway
 /// would copy the shared header (`pskb_expand_head`) and move payload into
-/// it on every segment, for nothing (docs/benchmarks.md, section 12).
+/// it on every segment, for nothing (docs/benchmarks.md, *Fast path*).
 #[inline(always)]
 fn pull_headers(ctx: &TcContext) {
     let len = ctx.len();
@@ -208,7 +210,7 @@ fn pull_headers(ctx: &TcContext) {
 #[inline(always)]
 fn reads(ctx: &TcContext) -> u32 {
     let Some(h) = bytes::<{ ETH_LEN + 20 }>(ctx, 0) else { return PARSE_MAX };
-    if h[12] != 0x08 || h[13] != 0x00 {
+    if !is_ipv4(&h) {
         return ETH_LEN as u32;
     }
     let l4 = (ETH_LEN + ((h[ETH_LEN] & 0x0f) as usize) * 4) as u32;
@@ -228,7 +230,7 @@ fn reads(ctx: &TcContext) -> u32 {
 pub fn parse(ctx: &TcContext, zone: u16) -> Result<Parsed, Counter> {
     pull_headers(ctx);
     let eth: [u8; ETH_LEN] = bytes(ctx, 0).ok_or(Counter::PassNonIpv4)?;
-    if eth[12] != 0x08 || eth[13] != 0x00 {
+    if !is_ipv4(&eth) {
         return Err(Counter::PassNonIpv4);
     }
     let l3 = ETH_LEN;
@@ -395,12 +397,19 @@ fn embedded(ctx: &TcContext, l3: usize, zone: u16) -> Option<Embedded> {
     Some(Embedded { l3, l4, tuple: t, kind, l4_csum })
 }
 
+/// Whether the frame starting with `h` (at least the Ethernet header) is
+/// IPv4 (EtherType 0x0800).
+#[inline(always)]
+pub fn is_ipv4<const N: usize>(h: &[u8; N]) -> bool {
+    h[ETH_TYPE] == 0x08 && h[ETH_TYPE + 1] == 0x00
+}
+
 /// The protocol of an IPv4 frame, read without parsing it; `None` when it
 /// is not IPv4 or its header is not in the linear area yet.
 #[inline(always)]
 pub fn ip_proto(ctx: &TcContext) -> Option<u8> {
     let h: [u8; ETH_LEN + IP_PROTO + 1] = bytes(ctx, 0)?;
-    if h[12] != 0x08 || h[13] != 0x00 {
+    if !is_ipv4(&h) {
         return None;
     }
     Some(h[ETH_LEN + IP_PROTO])

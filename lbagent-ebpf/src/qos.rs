@@ -44,11 +44,9 @@ use lbagent_common::*;
 
 use crate::{
     maps::{QOS_CONFIG, QOS_DROPS, QOS_EIPS, QOS_HOOKS, QOS_STATE, QOS_STATS, QOS_ZONES},
-    parse::ETH_LEN,
+    parse::{ETH_LEN, is_ipv4},
 };
 
-/// Ethernet type field offset.
-const ETH_TYPE: usize = 12;
 /// Ethernet header and the fixed IPv4 header.
 const HEAD_LEN: usize = ETH_LEN + 20;
 
@@ -96,7 +94,7 @@ pub fn police(ctx: &TcContext, zone: u16, dir: u8, clock: impl Fn() -> u64) -> b
         return false;
     }
     let Some(head) = header(ctx) else { return false };
-    if head[ETH_TYPE] != 0x08 || head[ETH_TYPE + 1] != 0x00 {
+    if !is_ipv4(&head) {
         return false;
     }
     let ip = &head[ETH_LEN..];

@@ -163,6 +163,24 @@ fn accept_forever(server_ns: &str) -> Result<()> {
     Ok(())
 }
 
+/// Replaces the topology's SNAT (10 000 ports) with one range as wide as
+/// the iptables baseline's (`SNAT --to-source SNAT:1024-65535`), so the
+/// connection rates compare paths, not pools: every connection the bench
+/// closes (by RST) holds its port for the closing timeout. SNAT is keyed
+/// on the egress interface (toward the server).
+fn wide_snat(t: &NatTopology) -> Result<()> {
+    let n1 = lbagent::netns::run_in(Some(&t.nat.name), || lbagent::netns::ifindex(&t.ifaces[1]))?;
+    t.tables.set_snat(&SnatSpec {
+        zone: ZONE,
+        ifindex: n1,
+        cidr: (Ipv4Addr::new(10, 0, 1, 0), 24),
+        to: SNAT,
+        ports: (1024, 65535),
+        random: true,
+        rule_id: 10,
+    })
+}
+
 /// The seeds' iptables: DNAT for the VIP after `n - 1` non-matching rules, SNAT out.
 fn iptables_rules(n1: &str, n: usize) -> String {
     let mut r = String::from(
@@ -195,18 +213,7 @@ fn conn_rates(counts: &[usize], reps: usize, dur: Duration, out: &mut String) ->
         for spec in filler(ZONE, n.saturating_sub(1)) {
             ebpf.tables.set_dnat(&spec)?;
         }
-        // One wide SNAT range, like the iptables baseline.
-        // SNAT is keyed on the egress interface (toward the server).
-        let n1 = lbagent::netns::run_in(Some(&ebpf.nat.name), || lbagent::netns::ifindex(&ebpf.ifaces[1]))?;
-        ebpf.tables.set_snat(&SnatSpec {
-            zone: ZONE,
-            ifindex: n1,
-            cidr: (Ipv4Addr::new(10, 0, 1, 0), 24),
-            to: SNAT,
-            ports: (1024, 65535),
-            random: true,
-            rule_id: 10,
-        })?;
+        wide_snat(&ebpf)?;
         let ipt = NatTopology::plain()?;
         iptables_restore(&ipt.nat.name, &iptables_rules(&ipt.ifaces[1], n))?;
         let route = NatTopology::plain()?;
@@ -243,7 +250,8 @@ fn iperf(ns: &str, to: Ipv4Addr, extra: &[&str]) -> Result<serde_json::Value> {
 }
 
 /// TCP/UDP iperf3 rules (port 5201) for the VIP, as the throughput paths
-/// need them, after 8 non-matching rules; the fast path on or off.
+/// need them, after 8 non-matching rules, with the iptables baseline's SNAT
+/// range; the fast path on or off.
 fn throughput_engine(fast: bool) -> Result<NatTopology> {
     let t = NatTopology::new(AttachMode::Auto)?;
     for (i, proto) in [PROTO_TCP, PROTO_UDP].into_iter().enumerate() {
@@ -262,6 +270,7 @@ fn throughput_engine(fast: bool) -> Result<NatTopology> {
     for spec in filler(ZONE, 8) {
         t.tables.set_dnat(&spec)?;
     }
+    wide_snat(&t)?;
     let flags = if fast { lbagent_common::NAT_CFG_FAST_PATH } else { 0 };
     t.tables.set_config(lbagent_common::NatConfig { flags, ..Default::default() })?;
     Ok(t)

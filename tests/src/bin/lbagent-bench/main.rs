@@ -393,8 +393,14 @@ impl Rounds {
     /// The median over rounds of path `a`'s first four figures ÷ path
     /// `b`'s, each pair measured in the same round (drift between rounds,
     /// which on these machines is larger than most differences, cancels).
-    fn paired(&self, a: usize, b: usize) -> [f64; 4] {
-        std::array::from_fn(|k| median(self.0[a][k].iter().zip(&self.0[b][k]).map(|(x, y)| x / y).collect()))
+    /// Also the lowest and highest of the rounds' ratios: the spread.
+    fn paired(&self, a: usize, b: usize) -> [(f64, f64, f64); 4] {
+        std::array::from_fn(|k| {
+            let r: Vec<f64> = self.0[a][k].iter().zip(&self.0[b][k]).map(|(x, y)| x / y).collect();
+            let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = r.iter().copied().fold(0.0, f64::max);
+            (median(r), lo, hi)
+        })
     }
 }
 
@@ -445,10 +451,10 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
     )?;
     write_paths(out, &paths[4..], &medians[4..])?;
     for (what, path) in [("NAT fast path", 0), ("LB fast path", 4)] {
-        let [tso, notso, udp, conns] = rounds.paired(path, 3);
+        let [tso, notso, udp, conns] = rounds.paired(path, 3).map(|(m, lo, hi)| format!("{m:.2} ({lo:.2}–{hi:.2})"));
         writeln!(
             out,
-            "\n{what} ÷ plain routing, median of the {reps} rounds' ratios: TCP TSO on {tso:.2}, TSO off {notso:.2}, UDP 64 B {udp:.2}, new connections {conns:.2}."
+            "\n{what} ÷ plain routing, median (lowest–highest) of the {reps} rounds' ratios: TCP TSO on {tso}, TSO off {notso}, UDP 64 B {udp}, new connections {conns}."
         )?;
     }
     Ok(())

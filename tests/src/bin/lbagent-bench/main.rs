@@ -654,17 +654,7 @@ fn udp_flow_rate(client_ns: &str, to: SocketAddr, dur: Duration) -> Result<(f64,
 fn udp_flow_rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
     let resolver = SocketAddr::from((SERVER, 53));
     let ebpf = NatTopology::new(AttachMode::Auto)?;
-    // SNAT is keyed on the egress interface (toward the server).
-    let n1 = lbagent::netns::run_in(Some(&ebpf.nat.name), || lbagent::netns::ifindex(&ebpf.ifaces[1]))?;
-    ebpf.tables.set_snat(&SnatSpec {
-        zone: ZONE,
-        ifindex: n1,
-        cidr: (Ipv4Addr::new(10, 0, 1, 0), 24),
-        to: SNAT,
-        ports: (1024, 65535),
-        random: true,
-        rule_id: 10,
-    })?;
+    wide_snat(&ebpf)?;
     ebpf.tables.set_config(lbagent_common::NatConfig { udp_s: UDP_BENCH_TIMEOUT_S, ..Default::default() })?;
     let ipt = NatTopology::plain()?;
     iptables_restore(

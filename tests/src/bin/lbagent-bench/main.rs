@@ -28,14 +28,16 @@
 //!    of a matching rule (`qos.rs`).
 //!
 //! 9. Direct-mode schedulers (`sched.rs`); 10. fleet mode on etcd (`fleet.rs`);
-//! 11. XDP against the TC fast path (`xdp.rs`).
+//! 11. XDP against the TC fast path (`xdp.rs`); 13. CPU per packet at equal
+//!     offered load (`load.rs`).
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp`
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load`
 //! picks sections; `profile` (only when named) records where the time of a
 //! TCP stream without TSO, 64-byte UDP and new connections goes (`profile.rs`).
 
 mod fleet;
+mod load;
 mod profile;
 mod qos;
 mod sched;
@@ -416,13 +418,11 @@ fn write_paths(out: &mut String, paths: &[Path], medians: &[[f64; 6]]) -> Result
     Ok(())
 }
 
-fn throughput(reps: usize, out: &mut String) -> Result<()> {
-    writeln!(out, "\n## 4. Throughput and small-packet rate (iperf3, 2 s runs, median of {reps}, 10 rules)\n")?;
-    let ebpf = throughput_engine(true)?;
-    let slow = throughput_engine(false)?;
+/// The NAT namespace programmed with the seeds' iptables rules for the
+/// throughput paths (the iperf3 DNAT after 8 others, SNAT by interface).
+fn iptables_path() -> Result<NatTopology> {
     let ipt = NatTopology::plain()?;
-    let mut rules = iptables_rules(&ipt.ifaces[1], 8);
-    rules = rules.replace(
+    let rules = iptables_rules(&ipt.ifaces[1], 8).replace(
         "COMMIT",
         &format!(
             "-I PREROUTING -d {VIP}/32 -p tcp --dport 5201 -j DNAT --to-destination {SERVER}:5201\n-I PREROUTING -d {VIP}/32 -p udp --dport 5201 -j DNAT --to-destination {SERVER}:5201\n-A POSTROUTING -o {} -p udp -j SNAT --to-source {SNAT}:1024-65535\nCOMMIT",
@@ -430,6 +430,14 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
         ),
     );
     iptables_restore(&ipt.nat.name, &rules)?;
+    Ok(ipt)
+}
+
+fn throughput(reps: usize, out: &mut String) -> Result<()> {
+    writeln!(out, "\n## 4. Throughput and small-packet rate (iperf3, 2 s runs, median of {reps}, 10 rules)\n")?;
+    let ebpf = throughput_engine(true)?;
+    let slow = throughput_engine(false)?;
+    let ipt = iptables_path()?;
     let route = NatTopology::plain()?;
     let lb = lb_engine(true)?;
     let lb_slow = lb_engine(false)?;
@@ -811,6 +819,9 @@ fn main() -> Result<()> {
         qos::qos(if quick { 1 } else { 2 }, &mut out)?;
     } else if want("qos-cost") {
         qos::cost(&mut out)?;
+    }
+    if want("load") {
+        load::load(throughput_reps, &mut out)?;
     }
     if want("xdp") {
         xdp::xdp(reps, &mut out)?;

@@ -29,10 +29,11 @@
 //!
 //! 9. Direct-mode schedulers (`sched.rs`); 10. fleet mode on etcd (`fleet.rs`);
 //! 11. XDP against the TC fast path (`xdp.rs`); 13. CPU per packet at equal
-//!     offered load (`load.rs`).
+//!     offered load (`load.rs`); 14. an established flow's cost with its
+//!     conntrack entries cold (50 000 flows, each timed once per sweep).
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load`
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold`
 //! picks sections; `profile` (only when named) records where the time of a
 //! TCP stream without TSO, 64-byte UDP and new connections goes (`profile.rs`).
 
@@ -88,17 +89,7 @@ fn program_cost(counts: &[usize], reps: usize, out: &mut String) -> Result<()> {
     writeln!(out, "\n## 1. Per-packet program cost (BPF_PROG_TEST_RUN, ns/packet, median of {reps})\n")?;
     writeln!(out, "| DNAT rules | established flow | unanswered flow | unmatched packet |\n|---:|---:|---:|---:|")?;
     for &n in counts {
-        let mut e = Engine::new(ZONE)?;
-        for spec in filler(ZONE, n) {
-            e.tables.set_dnat(&spec)?;
-        }
-        // The agent's default: translated packets take the fast path (the
-        // next hops resolved, so the FIB lookup answers in full).
-        for (ip, mac) in [("10.0.2.2", "02:00:00:00:00:22"), ("10.0.2.254", "02:00:00:00:00:fe")] {
-            lbagent_tests::net::sh(&["ip", "neigh", "replace", ip, "lladdr", mac, "dev", "v1", "nud", "permanent"])?;
-        }
-        e.tables
-            .set_config(lbagent_common::NatConfig { flags: lbagent_common::NAT_CFG_FAST_PATH, ..Default::default() })?;
+        let mut e = timed_engine(n)?;
         // Repeated runs rewrite their own packet: each flow is a pair of
         // flows translating into each other (`Engine::looped_flow`), so
         // every run is a conntrack hit; the unmatched packet is left as is.
@@ -114,7 +105,23 @@ fn program_cost(counts: &[usize], reps: usize, out: &mut String) -> Result<()> {
         writeln!(out, "| {n} | {:.1} | {:.1} | {:.1} |", median(hit), median(new), median(miss))?;
         eprint!(".");
     }
-    cold_cost(reps, out)
+    Ok(())
+}
+
+/// The program of one zone with `n` DNAT rules as the agent runs it: the
+/// fast path on and the next hops resolved (so the FIB lookup answers in
+/// full).
+fn timed_engine(n: usize) -> Result<Engine> {
+    let e = Engine::new(ZONE)?;
+    for spec in filler(ZONE, n) {
+        e.tables.set_dnat(&spec)?;
+    }
+    for (ip, mac) in [("10.0.2.2", "02:00:00:00:00:22"), ("10.0.2.254", "02:00:00:00:00:fe")] {
+        lbagent_tests::net::sh(&["ip", "neigh", "replace", ip, "lladdr", mac, "dev", "v1", "nud", "permanent"])?;
+    }
+    e.tables
+        .set_config(lbagent_common::NatConfig { flags: lbagent_common::NAT_CFG_FAST_PATH, ..Default::default() })?;
+    Ok(e)
 }
 
 /// Established flows in the conntrack table for [`cold_cost`].
@@ -126,12 +133,7 @@ const COLD_FLOWS: u16 = 50_000;
 /// once per sweep (`repeat` 1, so every run starts from the original
 /// packet), against one flow timed 200 000 times in a row (hot).
 fn cold_cost(reps: usize, out: &mut String) -> Result<()> {
-    let mut e = Engine::new(ZONE)?;
-    for (ip, mac) in [("10.0.2.2", "02:00:00:00:00:22"), ("10.0.2.254", "02:00:00:00:00:fe")] {
-        lbagent_tests::net::sh(&["ip", "neigh", "replace", ip, "lladdr", mac, "dev", "v1", "nud", "permanent"])?;
-    }
-    e.tables
-        .set_config(lbagent_common::NatConfig { flags: lbagent_common::NAT_CFG_FAST_PATH, ..Default::default() })?;
+    let mut e = timed_engine(10)?;
     let hot = e.looped_flow(ZONE, Ipv4Addr::new(10, 0, 1, 2), VIP, SERVER, 1, true)?;
     let udp = |sport, dport| L4::Udp { sport, dport, payload: vec![0; 64], zero_csum: false };
     let client = [10, 0, 1, 9];
@@ -173,7 +175,7 @@ fn cold_cost(reps: usize, out: &mut String) -> Result<()> {
     }
     writeln!(
         out,
-        "\nAn established flow's packet with its entries in the CPU's caches (one flow, 200 000 runs) and without ({COLD_FLOWS} established flows, one run each per sweep), 10 rules, median of {reps}:\n"
+        "\n## 14. An established flow with its conntrack entries in the CPU's caches and without (BPF_PROG_TEST_RUN, ns/packet, {COLD_FLOWS} established flows, 10 rules, median of {reps})\n"
     )?;
     writeln!(out, "| established flow | ns |\n|---|---:|")?;
     writeln!(
@@ -866,6 +868,9 @@ fn main() -> Result<()> {
     let want = |name: &str| only.is_empty() || only.split(',').any(|s| s == name);
     if want("cost") {
         program_cost(counts, 5, &mut out)?;
+    }
+    if want("cold") {
+        cold_cost(reps, &mut out)?;
     }
     if want("connections") {
         conn_rates(counts, reps, Duration::from_millis(1000), &mut out)?;

@@ -22,7 +22,7 @@ use lbagent_tests::{
     topology::{NatTopology, spawn_in},
 };
 
-use crate::{Path, iperf, median};
+use crate::{Path, iperf, median, spread};
 
 /// UDP load: datagrams per second (64-byte payloads).
 const UDP_PPS: u64 = 50_000;
@@ -181,10 +181,8 @@ pub fn load(reps: usize, out: &mut String) -> Result<()> {
         // their median and spread: above 1.0 the path costs less per packet
         // than routing, so it would carry more at saturation.
         let ratio = |m: usize| {
-            let r: Vec<f64> = rounds[ROUTE][m].iter().zip(&rounds[k][m]).map(|(r, x)| r / x).collect();
-            let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = r.iter().copied().fold(0.0, f64::max);
-            format!("{:.2} ({lo:.2}–{hi:.2})", median(r))
+            let (m, lo, hi) = spread(rounds[ROUTE][m].iter().zip(&rounds[k][m]).map(|(r, x)| r / x).collect());
+            format!("{m:.2} ({lo:.2}–{hi:.2})")
         };
         writeln!(
             out,

@@ -469,13 +469,15 @@ impl Rounds {
     /// which on these machines is larger than most differences, cancels).
     /// Also the lowest and highest of the rounds' ratios: the spread.
     fn paired(&self, a: usize, b: usize) -> [(f64, f64, f64); 4] {
-        std::array::from_fn(|k| {
-            let r: Vec<f64> = self.0[a][k].iter().zip(&self.0[b][k]).map(|(x, y)| x / y).collect();
-            let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = r.iter().copied().fold(0.0, f64::max);
-            (median(r), lo, hi)
-        })
+        std::array::from_fn(|k| spread(self.0[a][k].iter().zip(&self.0[b][k]).map(|(x, y)| x / y).collect()))
     }
+}
+
+/// The median, lowest and highest of per-round ratios.
+pub fn spread(r: Vec<f64>) -> (f64, f64, f64) {
+    let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = r.iter().copied().fold(0.0, f64::max);
+    (median(r), lo, hi)
 }
 
 /// Writes the table of `measure_paths` results, one row per path.

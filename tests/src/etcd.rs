@@ -241,9 +241,14 @@ impl Etcd {
 
     /// `etcdctl` against the live members; its stdout.
     pub fn ctl(&self, args: &[&str]) -> Result<String> {
+        self.ctl_as("root", args)
+    }
+
+    /// `etcdctl` with the client certificate of user `cn` (TLS clusters).
+    pub fn ctl_as(&self, cn: &str, args: &[&str]) -> Result<String> {
         let mut cmd = Command::new("etcdctl");
         if let Some(p) = &self.pki {
-            cmd.arg("--cacert").arg(p.ca()).arg("--cert").arg(p.cert("root")).arg("--key").arg(p.key("root"));
+            cmd.arg("--cacert").arg(p.ca()).arg("--cert").arg(p.cert(cn)).arg("--key").arg(p.key(cn));
         }
         let out = cmd
             .env("ETCDCTL_API", "3")

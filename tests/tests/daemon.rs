@@ -155,6 +155,32 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     assert!(!log.contains("removed load balancer"), "the prefix tore objects down:\n{log}");
     assert!(s["rejected_state"].is_null());
 
+    // A writer that stalls mid-file for longer than the poll interval: its
+    // prefix is a valid document that removes every object. The
+    // mass-removal guard refuses it; the finished file runs as before.
+    let prefix = &example[..example.find("load_balancers:").unwrap()];
+    std::fs::write(env.state(), prefix).unwrap();
+    wait(
+        || env.status().is_some_and(|s| s["rejected_state"].to_string().contains("allow_mass_removal")),
+        "the stalled prefix refused by the mass-removal guard",
+    );
+    assert_eq!(running(&env.status().unwrap()), running(&before), "nothing removed");
+    std::fs::write(env.state(), &example).unwrap();
+    wait(|| env.status().is_some_and(|s| s["rejected_state"].is_null()), "the finished file");
+    // SIGHUP in the middle of a write: the file is read once it stops
+    // changing, so the prefix is not even read.
+    let seen = env.status().unwrap()["revision_seen"].clone();
+    std::fs::write(env.state(), prefix).unwrap();
+    daemon.signal(Signal::SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(env.state(), &example).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let s = env.status().unwrap();
+    assert_eq!(s["revision_seen"], seen, "the prefix read on SIGHUP: {s}");
+    assert_eq!(running(&s), running(&before));
+    let log = std::fs::read_to_string(env.dir.join("daemon.log")).unwrap();
+    assert!(!log.contains("removed load balancer"), "the prefix tore objects down:\n{log}");
+
     // An invalid file (duplicate port, hostile id) is refused; nothing changes.
     let invalid = example.replacen("port: 5000", "port: 80", 1).replacen(&id, "x;rm -rf /", 1);
     std::fs::write(env.state(), &invalid).unwrap();

@@ -44,8 +44,9 @@ impl Agent {
     fn new(host: &str) -> Agent {
         Agent { host: host.into(), process: None, dirs: AgentDirs::new("lbaf") }
     }
+    /// Against a plain-HTTP etcd (`--etcd-insecure`).
     fn start(&mut self, etcd: &str) {
-        self.start_with(etcd, &[]);
+        self.start_with(etcd, &["--etcd-insecure".into()]);
     }
     /// With extra flags (TLS).
     fn start_with(&mut self, etcd: &str, extra: &[String]) {
@@ -70,15 +71,20 @@ impl Agent {
     }
 }
 
-/// `lbagent fleet …` against `etcd`: (exit ok, stdout, stderr).
+/// `lbagent fleet …` against a plain-HTTP `etcd`: (exit ok, stdout, stderr).
 fn fleet(etcd: &str, args: &[&str]) -> (bool, String, String) {
-    fleet_as(etcd, &[], args)
+    fleet_as(etcd, &["--etcd-insecure".into()], args)
 }
 
 /// `lbagent fleet …` with extra flags (TLS identity).
 fn fleet_as(etcd: &str, extra: &[String], args: &[&str]) -> (bool, String, String) {
     let out = Command::new(lbagent_bin()).args(["fleet", "--etcd", etcd]).args(extra).args(args).output().unwrap();
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+/// The revision `fleet get` prints on stderr (beside any warning).
+fn revision_line(stderr: &str) -> String {
+    stderr.lines().find_map(|l| l.strip_prefix("revision ")).unwrap_or_else(|| panic!("no revision in {stderr}")).into()
 }
 
 fn host_status(etcd: &Etcd, host: &str) -> Option<Value> {
@@ -158,7 +164,7 @@ fn hosts_follow_their_own_keys_through_etcd_outages() {
     let file = a.dir.join("cas.yaml");
     std::fs::write(&file, &good).unwrap();
     let (_, _, err) = fleet(&ep, &["get", &host_a]);
-    let current = err.trim().strip_prefix("revision ").unwrap().to_string();
+    let current = revision_line(&err);
     let (ok, _, err) = fleet(&ep, &["put", &host_a, file.to_str().unwrap(), "--if-revision", "1"]);
     assert!(!ok && err.contains("nothing was written"), "{err}");
     let (ok, out, err) =
@@ -207,7 +213,7 @@ fn hosts_follow_their_own_keys_through_etcd_outages() {
         "the document after the compaction",
     );
     let log = a.log();
-    assert!(log.contains("etcd compacted past revision"), "a re-read after the compaction:\n{log}");
+    assert!(!log.contains("watch canceled"), "the compaction never wedges the watch:\n{log}");
 
     // Agent killed, etcd down, agent restarted: it applies its cached
     // document (the dataplane was never touched either way).
@@ -278,6 +284,254 @@ fn the_agent_follows_a_three_member_cluster_through_failures() {
     assert!(open.ping("2").unwrap().starts_with("b "), "the open connection outlived both failures");
 }
 
+/// Waits up to `secs` (times the slowdown) for `f`.
+fn wait_long(mut f: impl FnMut() -> bool, secs: u64, what: &str) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(secs) * lbagent_tests::slowdown(), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// How many log lines contain `needle`.
+fn count(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+/// A TLS etcd with auth enabled: `root`, and for each of `hosts` the user
+/// `lbagent-<host>` whose role is the documented one (read its desired key,
+/// write its status key, read and write its alive key), unless the host is
+/// in `no_role`: that user exists but may touch nothing.
+fn auth_cluster(tag: &str, hosts: &[&str], no_role: &[&str]) -> Etcd {
+    let etcd = Etcd::start_tls(tag).unwrap();
+    let pki = etcd.pki.as_ref().unwrap();
+    for h in hosts.iter().chain(no_role) {
+        let user = format!("lbagent-{h}");
+        pki.issue(&user, Some(etcd::CLIENT)).unwrap();
+        etcd.ctl(&["user", "add", &user, "--no-password"]).unwrap();
+        if no_role.contains(h) {
+            continue;
+        }
+        etcd.ctl(&["role", "add", &user]).unwrap();
+        for (perm, kind) in [("read", "desired"), ("write", "status"), ("readwrite", "alive")] {
+            etcd.ctl(&["role", "grant-permission", &user, perm, &format!("/lbagent/v1/{kind}/{h}")]).unwrap();
+        }
+        etcd.ctl(&["user", "grant-role", &user, &user]).unwrap();
+    }
+    etcd.ctl(&["user", "add", "root", "--no-password"]).unwrap();
+    etcd.ctl(&["user", "grant-role", "root", "root"]).unwrap();
+    etcd.ctl(&["auth", "enable"]).unwrap();
+    etcd
+}
+
+/// The TLS flags for files `ca`, `cert`, `key`.
+fn tls_flags(ca: PathBuf, cert: PathBuf, key: PathBuf) -> Vec<String> {
+    let p = |p: PathBuf| p.display().to_string();
+    vec!["--etcd-ca".into(), p(ca), "--etcd-cert".into(), p(cert), "--etcd-key".into(), p(key)]
+}
+
+/// Trust is enforced: no TLS flags and no `--etcd-insecure` is refused by
+/// the agent and the CLI. An agent whose certificate etcd refuses keeps
+/// running, backs off, reports why in its status and stays stoppable; the
+/// certificate files replaced (a rotation), it connects with the new ones
+/// without a restart. Failures right after a successful connect (a user
+/// with no rights) back off too, in both loops: no reconnect or lease-grant
+/// storm.
+#[test]
+fn etcd_trust_is_enforced_and_certificates_are_read_at_each_connect() {
+    if !lbagent_tests::require_root() || !etcd::available() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let tag = unique("lbfr");
+    let (h1, h2) = (format!("r1-{tag}"), format!("r2-{tag}"));
+    let etcd = auth_cluster(&tag, &[&h1], &[&h2]);
+    let pki = etcd.pki.as_ref().unwrap();
+    let ep = etcd.endpoint();
+
+    // No trust given: refused, saying how to give it.
+    let out = Command::new(lbagent_bin()).args(["fleet", "--etcd", &ep, "get", &h1]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--etcd-insecure") && err.contains("--etcd-ca"), "{err}");
+    let mut plain = Agent::new(&h1);
+    let args: Vec<String> = ["--etcd", &ep, "--host", &h1, "--metrics", "off"].map(String::from).to_vec();
+    let mut p = plain.dirs.spawn(&lbagent_bin(), &args, "agent.log");
+    wait_long(|| !p.running(), 10, "the agent without TLS refusing to start");
+    assert!(p.log().contains("--etcd-insecure"), "{}", p.log());
+    drop(p);
+    plain.kill();
+
+    // A certificate from a CA etcd does not trust, at the paths the agent is given.
+    let foreign = etcd::Pki::new(etcd.dir.join("foreign")).unwrap();
+    let user1 = format!("lbagent-{h1}");
+    foreign.issue(&user1, Some(etcd::CLIENT)).unwrap();
+    let mut a = Agent::new(&h1);
+    let (cert, key) = (a.path("host.pem"), a.path("host-key.pem"));
+    std::fs::copy(foreign.cert(&user1), &cert).unwrap();
+    std::fs::copy(foreign.key(&user1), &key).unwrap();
+    let bridge = OvsBridge::new(&unique("brr")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.62.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.62.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let file = a.dir.join("doc.yaml");
+    std::fs::write(&file, document(&bridge.name, &lb_id(), &[9000])).unwrap();
+    let root = tls_flags(pki.ca(), pki.cert("root"), pki.key("root"));
+    let (ok, out, err) = fleet_as(&ep, &root, &["put", &h1, file.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    a.start_with(&ep, &tls_flags(pki.ca(), cert.clone(), key.clone()));
+    wait_for(
+        || a.status().is_some_and(|s| s["source_problem"].as_str().is_some_and(|p| p.contains("etcd unreachable"))),
+        "the refused certificate reported in the status",
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    let st = a.status().unwrap();
+    assert!(st["revision_running"].is_null() && a.lbs() == 0, "nothing applied without trust: {st}");
+    let attempts = count(&a.log(), "desired state: etcd unreachable");
+    assert!((2..=7).contains(&attempts), "{attempts} attempts in ~7 s: the backoff grows\n{}", a.log());
+
+    // The rights-less user connects, then every request is denied: both
+    // loops back off instead of retrying at once.
+    let mut b = Agent::new(&h2);
+    let user2 = format!("lbagent-{h2}");
+    b.start_with(&ep, &tls_flags(pki.ca(), pki.cert(&user2), pki.key(&user2)));
+
+    // The certificate rotated in place: the next connect uses it.
+    std::fs::copy(pki.cert(&user1), &cert).unwrap();
+    std::fs::copy(pki.key(&user1), &key).unwrap();
+    wait_long(
+        || a.status().is_some_and(|s| s["last_apply"]["ok"] == true && a.lbs() == 1),
+        40,
+        "the rotated certificate used",
+    );
+    assert!(a.status().unwrap()["source_problem"].is_null());
+    assert!(ask_tcp(&client.ns.name, "10.62.0.5:9000".parse().unwrap()).unwrap().starts_with("b "));
+
+    std::thread::sleep(Duration::from_secs(12));
+    let log = b.log();
+    let (reads, grants) = (count(&log, "desired state: "), count(&log, "status to etcd: "));
+    assert!(log.contains("permission denied"), "{log}");
+    assert!(reads <= 8 && grants <= 8, "{reads} reconnects and {grants} lease grants in ~20 s:\n{log}");
+    assert!(b.status().unwrap()["revision_running"].is_null());
+    // Stoppable while it has no document: a clean stop at once.
+    let t = Instant::now();
+    assert!(b.process.as_mut().unwrap().stop(), "a clean stop before any document:\n{}", b.log());
+    assert!(t.elapsed() < Duration::from_secs(5), "stopped in {:?}", t.elapsed());
+    let t = Instant::now();
+    assert!(a.process.as_mut().unwrap().stop());
+    assert!(t.elapsed() < Duration::from_secs(5), "stopped in {:?}", t.elapsed());
+}
+
+/// Only the newest document is applied, and only one agent per host name
+/// applies anything:
+/// - a second agent with the same `--host` is refused while the first
+///   holds the alive key; the first stopping hands it over;
+/// - the holder stalled while a drain, three documents near etcd's size
+///   limit and a revert are written, and etcd restarted under it: thawed,
+///   it applies the newest only (its connections live through it);
+/// - killed and restarted, it takes its own key back at once;
+/// - a cached document older than `--etcd-cache-max-age` is not applied.
+#[test]
+fn only_the_newest_document_is_applied_and_one_agent_holds_a_host() {
+    if !lbagent_tests::require_root() || !etcd::available() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let tag = unique("lbfn");
+    let mut etcd = Etcd::start(&tag).unwrap();
+    let ep = etcd.endpoint();
+    let bridge = OvsBridge::new(&unique("brn")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.62.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.62.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let host = format!("n-{tag}");
+    let id = lb_id();
+    let vip = |port| -> std::net::SocketAddr { format!("10.62.0.5:{port}").parse().unwrap() };
+    let mut a = Agent::new(&host);
+    a.start(&ep);
+    let (ok, out, err) = put(&etcd, &host, &a.dir, &document(&bridge.name, &id, &[9000]), true);
+    assert!(ok, "{out}{err}\n{}", a.log());
+    let open = OpenConn::open(&client.ns.name, vip(9000)).unwrap();
+
+    // A second agent for the same host: refused while A holds the key.
+    let mut b = Agent::new(&host);
+    b.start(&ep);
+    wait_for(
+        || b.status().is_some_and(|s| s["source_problem"].as_str().is_some_and(|p| p.contains("another agent holds"))),
+        "the second agent refused",
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let st = b.status().unwrap();
+    assert!(st["revision_running"].is_null() && b.lbs() == 0, "B applied nothing: {st}");
+
+    // A stalled; meanwhile a drain, three big documents and a revert; etcd
+    // restarted so A also reconnects.
+    a.signal(nix::sys::signal::Signal::SIGSTOP);
+    let (ok, _, err) = fleet(&ep, &["drain", &host]);
+    assert!(ok, "{err}");
+    let drain_rev = etcd.revision().unwrap();
+    let padding = format!("# {}\n", "x".repeat(1400 * 1024));
+    for port in [9001, 9002, 9003] {
+        let big = format!("{}{padding}", document(&bridge.name, &id, &[9000, port]));
+        let (ok, _, err) = put(&etcd, &host, &a.dir, &big, false);
+        assert!(ok, "{err}");
+    }
+    let (ok, _, err) = put(&etcd, &host, &a.dir, &document(&bridge.name, &id, &[9000, 9004]), false);
+    assert!(ok, "{err}");
+    let newest = etcd.revision().unwrap().to_string();
+    etcd.stop();
+    etcd.resume().unwrap();
+    a.signal(nix::sys::signal::Signal::SIGCONT);
+    wait_long(
+        || a.status().is_some_and(|s| s["revision_running"] == newest.as_str() && s["last_apply"]["ok"] == true),
+        40,
+        "the newest document applied",
+    );
+    assert!(ask_tcp(&client.ns.name, vip(9004)).unwrap().starts_with("b "));
+    assert!(open.ping("through the stall").unwrap().starts_with("b "), "the drain was never applied");
+    let log = a.log();
+    assert!(!log.contains(&format!("revision={drain_rev}")), "the superseded drain was never even read:\n{log}");
+
+    // A stops cleanly (its lease revoked): B takes the host over at once.
+    let (ok, _, err) = fleet(&ep, &["drain", &host, "--wait", "60"]);
+    assert!(ok, "{err}");
+    let (_, _, err) = fleet(&ep, &["get", &host]);
+    let drained = revision_line(&err);
+    assert!(a.process.as_mut().unwrap().stop());
+    let t = Instant::now();
+    while !b.status().is_some_and(|s| s["revision_running"] == drained) {
+        assert!(t.elapsed() < Duration::from_secs(20), "B running the host:\n{}", b.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(!b.log().contains("load balancer"), "B never applied A's older documents:\n{}", b.log());
+    let alive = etcd.ctl(&["get", "--print-value-only", &format!("/lbagent/v1/alive/{host}")]).unwrap();
+    let b_pid = b.process.as_ref().unwrap().pid().to_string();
+    assert!(alive.contains(&format!("\"pid\":{b_pid}")), "{alive}");
+
+    // B killed and restarted: its own lease is taken over, not waited out.
+    b.kill();
+    let before = b.log().len();
+    b.start(&ep);
+    let t = Instant::now();
+    wait_for(|| b.status().is_some_and(|s| s["revision_running"] == drained), "B running again");
+    assert!(t.elapsed() < Duration::from_secs(10), "took its key back in {:?}", t.elapsed());
+    let restarted = b.log()[before..].to_string();
+    assert!(!restarted.contains("another agent holds"), "{restarted}");
+
+    // The cache too old: not applied while etcd is down; applied from etcd
+    // once it is back.
+    b.kill();
+    etcd.stop();
+    std::thread::sleep(Duration::from_secs(2));
+    b.start_with(&ep, &["--etcd-insecure".into(), "--etcd-cache-max-age".into(), "1".into()]);
+    wait_for(
+        || b.status().is_some_and(|s| s["source_problem"].as_str().is_some_and(|p| p.contains("--etcd-cache-max-age"))),
+        "the old cache refused",
+    );
+    assert!(b.status().unwrap()["revision_running"].is_null());
+    etcd.resume().unwrap();
+    wait_long(|| b.status().is_some_and(|s| s["revision_running"] == drained), 40, "the document from etcd");
+}
+
 /// Mutual TLS with a per-host etcd user (the certificate's CN) whose role
 /// reads exactly its own desired key and writes exactly its own status and
 /// alive keys: the agent runs with it; the same identity is denied another
@@ -297,7 +551,7 @@ fn mutual_tls_with_a_per_host_user() {
         let user = format!("lbagent-{h}");
         pki.issue(&user, Some(etcd::CLIENT)).unwrap();
         etcd.ctl(&["role", "add", &user]).unwrap();
-        for (perm, kind) in [("read", "desired"), ("write", "status"), ("write", "alive")] {
+        for (perm, kind) in [("read", "desired"), ("write", "status"), ("readwrite", "alive")] {
             etcd.ctl(&["role", "grant-permission", &user, perm, &format!("/lbagent/v1/{kind}/{h}")]).unwrap();
         }
         etcd.ctl(&["user", "add", &user, "--no-password"]).unwrap();
@@ -344,6 +598,13 @@ fn mutual_tls_with_a_per_host_user() {
     assert!(!ok && err.contains("permission denied"), "writing its own desired state: {err}");
     let (ok, _, err) = fleet_as(&ep, &tls(&user1), &["drain", &h2]);
     assert!(!ok && err.contains("permission denied"), "draining another host: {err}");
+    // Nor another host's status or alive key, nor reading its status.
+    for key in [format!("/lbagent/v1/status/{h2}"), format!("/lbagent/v1/alive/{h2}")] {
+        let e = etcd.ctl_as(&user1, &["put", &key, "x"]).unwrap_err();
+        assert!(format!("{e:#}").contains("permission denied"), "writing {key}: {e:#}");
+    }
+    let e = etcd.ctl_as(&user1, &["get", &format!("/lbagent/v1/status/{h2}")]).unwrap_err();
+    assert!(format!("{e:#}").contains("permission denied"), "{e:#}");
     // No client certificate: no access.
     let ca_only = tls(&user1)[..2].to_vec();
     let (ok, _, err) = fleet_as(&ep, &ca_only, &["get", &h1]);

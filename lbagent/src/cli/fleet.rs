@@ -39,7 +39,8 @@ pub enum Action {
         #[arg(long)]
         json: bool,
     },
-    /// Store an empty document for HOST: its agent removes every object.
+    /// Store an empty document for HOST (with `allow_mass_removal: true`):
+    /// its agent removes every object.
     Drain {
         host: String,
         #[arg(long, default_value_t = 0)]
@@ -47,8 +48,9 @@ pub enum Action {
     },
 }
 
-/// An empty document: drains a host.
-pub const EMPTY: &str = "version: 1\n";
+/// An empty document that says so: drains a host (the mass-removal guard
+/// lets it through).
+pub const EMPTY: &str = "version: 1\nallow_mass_removal: true\n";
 
 pub fn run(action: Action, args: &EtcdArgs) -> Result<()> {
     let etcd = Etcd::new(args)?;

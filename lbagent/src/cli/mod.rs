@@ -65,6 +65,11 @@ pub enum Command {
         host: Option<String>,
         #[command(flatten)]
         etcd: crate::fleet::conn::EtcdArgs,
+        /// Fleet mode: the oldest cached document (seconds since etcd last
+        /// confirmed it current) applied at start when etcd is unreachable;
+        /// 0 never applies the cache.
+        #[arg(long, default_value_t = crate::fleet::source::DEFAULT_CACHE_MAX_AGE.as_secs(), requires = "host")]
+        etcd_cache_max_age: u64,
         /// auto (tcx on Linux >= 6.6, netlink below), netlink or tcx.
         #[arg(long, default_value = "auto")]
         attach: AttachMode,
@@ -82,6 +87,12 @@ pub enum Command {
         /// for the life of the pins: a different size is refused until teardown.
         #[arg(long)]
         conntrack_max: Option<u32>,
+        /// The largest share (percent) of the running objects one document
+        /// may remove without `allow_mass_removal: true` in it (a shorter,
+        /// torn document is refused); 100 turns the guard off.
+        #[arg(long, default_value_t = daemon::guard::DEFAULT_MAX_REMOVAL_PERCENT,
+              value_parser = clap::value_parser!(u8).range(0..=100))]
+        max_removal: u8,
         #[command(flatten)]
         common: Common,
     },
@@ -131,7 +142,19 @@ pub fn main() -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().cmd {
-        Command::Run { state, host, etcd, attach, metrics, repair_interval, conntrack_max, ebpf_log, common } => {
+        Command::Run {
+            state,
+            host,
+            etcd,
+            etcd_cache_max_age,
+            attach,
+            metrics,
+            repair_interval,
+            conntrack_max,
+            max_removal,
+            ebpf_log,
+            common,
+        } => {
             crate::dataplane::logs::set_level(ebpf_log);
             let source: Box<dyn daemon::source::Source> = match host {
                 None if etcd.endpoints.is_empty() => Box::new(daemon::source::FileSource::new(state)),
@@ -142,6 +165,8 @@ pub fn main() -> Result<()> {
                         etcd: crate::fleet::conn::Etcd::new(&etcd)?,
                         host,
                         cache: common.state_dir.join(crate::fleet::CACHE_FILE),
+                        lease_file: common.state_dir.join(crate::fleet::LEASE_FILE),
+                        cache_max_age: std::time::Duration::from_secs(etcd_cache_max_age),
                     })
                 }
             };
@@ -153,6 +178,7 @@ pub fn main() -> Result<()> {
                 api_socket: common.api_socket,
                 repair_interval: Duration::from_secs(repair_interval.max(1)),
                 conntrack_max,
+                max_removal_percent: max_removal,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

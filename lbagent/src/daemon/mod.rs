@@ -5,6 +5,7 @@
 //! the daemon and leave the dataplane running: it belongs to the kernel.
 
 pub mod api;
+pub mod guard;
 pub mod metrics;
 pub mod notify;
 pub mod source;
@@ -39,6 +40,9 @@ pub struct Options {
     pub repair_interval: Duration,
     /// Conntrack entries (two per flow); `None` = built-in size.
     pub conntrack_max: Option<u32>,
+    /// The largest share (percent) of the running objects one document may
+    /// remove without `allow_mass_removal` (`guard.rs`; 100: no guard).
+    pub max_removal_percent: u8,
 }
 
 struct Daemon {
@@ -75,6 +79,25 @@ impl Daemon {
     fn reload(&mut self, update: source::Update) {
         let why = update.why;
         self.status.lock().unwrap().document.revision_seen = Some(update.revision.clone());
+        let guarded = match &update.state {
+            Ok(next) => guard::refuse(
+                &self.reconciler.applied,
+                &next.desired,
+                next.state.allow_mass_removal,
+                self.opts.max_removal_percent,
+            ),
+            Err(_) => None,
+        };
+        if let Some(why) = guarded {
+            let problems = crate::state::Problems(vec![crate::state::Problem { path: String::new(), message: why }]);
+            error!(revision = %update.revision, "{}: desired state refused; keeping the running state", update.why);
+            for p in &problems.0 {
+                error!("  {p}");
+            }
+            self.status.lock().unwrap().set_rejected(Some(&problems));
+            self.publish();
+            return;
+        }
         match update.state {
             Ok(s) => {
                 info!(revision = %update.revision, "{why}: desired state valid, applying");
@@ -147,6 +170,20 @@ impl Daemon {
         }
         self.publish();
     }
+}
+
+/// The newest of the documents waiting: after a slow apply, a stall or a
+/// burst of changes only the last one is applied (the ones it supersedes
+/// are logged and skipped).
+fn newest(
+    mut update: source::Update,
+    waiting: &mut tokio::sync::mpsc::UnboundedReceiver<source::Update>,
+) -> source::Update {
+    while let Ok(next) = waiting.try_recv() {
+        info!(revision = %update.revision, "superseded by revision {} before it was applied; skipped", next.revision);
+        update = next;
+    }
+    update
 }
 
 /// The prober: runs due health checks (in parallel, each inside its load
@@ -229,10 +266,12 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
         std::thread::spawn(move || prober(checks, health, wake));
     }
     let changed = Arc::new(tokio::sync::Notify::new());
-    let feedback = source::Feedback { status: status.clone(), changed: changed.clone() };
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let feedback = source::Feedback { status: status.clone(), changed: changed.clone(), stop };
     let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, checks, migration, changed };
-    // Handlers first: a SIGTERM that arrives during the first apply must
-    // still be a clean stop (it was the default action, death, before).
+    // Handlers first: a SIGTERM that arrives during the first apply, or
+    // while waiting for the first document, must still be a clean stop (it
+    // was the default action, death, before).
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -240,35 +279,50 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     let refresh = Arc::new(tokio::sync::Notify::new());
     info!("desired state from {}", source.describe());
     let source_task = source.run(updates_tx, refresh.clone(), feedback);
-    let first = updates.recv().await.context("the desired-state source stopped before its first document")?;
-    tokio::task::block_in_place(|| d.reload(first));
-    d.apply(true, None);
-    // systemd (Type=notify): started once the first document is applied
-    // (or refused: the unit is up either way; the status says which).
-    let summary = match &d.status.lock().unwrap().document.last_apply {
-        Some(a) if a.ok => "applied".to_string(),
-        Some(a) => format!("applied with {} errors", a.errors.len()),
-        None => "no valid desired state yet".to_string(),
+    let first = tokio::select! {
+        u = updates.recv() => Some(u.context("the desired-state source stopped before its first document")?),
+        _ = hup.recv() => { refresh.notify_one(); None }
+        _ = term.recv() => None,
+        _ = int.recv() => None,
     };
-    notify::notify(&format!("READY=1\nSTATUS={summary}"));
+    let mut stopping = first.is_none();
+    if let Some(first) = first {
+        tokio::task::block_in_place(|| d.reload(newest(first, &mut updates)));
+        d.apply(true, None);
+        // systemd (Type=notify): started once the first document is applied
+        // (or refused: the unit is up either way; the status says which).
+        let summary = match &d.status.lock().unwrap().document.last_apply {
+            Some(a) if a.ok => "applied".to_string(),
+            Some(a) => format!("applied with {} errors", a.errors.len()),
+            None => "no valid desired state yet".to_string(),
+        };
+        notify::notify(&format!("READY=1\nSTATUS={summary}"));
+    }
     let mut repair = tokio::time::interval(opts.repair_interval);
     repair.tick().await;
-    info!(api = %opts.api_socket.display(), "running");
-    loop {
+    if !stopping {
+        info!(api = %opts.api_socket.display(), "running");
+    }
+    while !stopping {
         tokio::select! {
-            Some(update) = updates.recv() => tokio::task::block_in_place(|| d.reload(update)),
+            Some(update) = updates.recv() => tokio::task::block_in_place(|| d.reload(newest(update, &mut updates))),
             _ = hup.recv() => refresh.notify_one(),
             Some(()) = health_changed.recv() => tokio::task::block_in_place(|| d.apply(true, None)),
             _ = repair.tick() => tokio::task::block_in_place(|| {
                 d.apply(true, None);
                 d.collect_garbage();
             }),
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            _ = term.recv() => stopping = true,
+            _ = int.recv() => stopping = true,
         }
     }
     notify::notify("STOPPING=1");
-    source_task.abort();
+    // The source releases what it holds (etcd's alive lease), within a bound.
+    stop_tx.send_replace(true);
+    let abort = source_task.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(3), source_task).await.is_err() {
+        abort.abort();
+    }
     let _ = std::fs::remove_file(&opts.api_socket);
     info!("stopped; the dataplane keeps running (`lbagent teardown` removes it)");
     Ok(())

@@ -4,8 +4,8 @@
 //! daemon validates every document the same way and keeps the last good one
 //! running whatever the source (a refused document changes nothing). The
 //! state file is the first source: polled every second, a change applied
-//! once it has stayed the same for a whole poll interval, re-read at once
-//! on SIGHUP. etcd is the other (`fleet::source`, `../shared/DESIGN.md` §9),
+//! once it has stayed the same for a whole poll interval, re-read on SIGHUP
+//! (once it stays the same for a poll interval too). etcd is the other (`fleet::source`, `../shared/DESIGN.md` §9),
 //! which also reports the daemon's status back through [`Feedback`].
 
 use std::{
@@ -28,11 +28,15 @@ pub struct Update {
 }
 
 /// The daemon's status, shared with its source: `changed` is notified after
-/// every apply or refusal (a source that reports status back reads it then).
+/// every apply or refusal (a source that reports status back reads it then;
+/// a source may also set `source_problem` in it). `stop` turns true when
+/// the daemon stops: a source that holds something (etcd's alive lease)
+/// releases it then.
 #[derive(Clone)]
 pub struct Feedback {
     pub status: std::sync::Arc<std::sync::Mutex<super::status::Status>>,
     pub changed: std::sync::Arc<Notify>,
+    pub stop: tokio::sync::watch::Receiver<bool>,
 }
 
 /// A source of desired state, run as its own task: it sends an [`Update`]
@@ -110,8 +114,17 @@ impl Source for FileSource {
                         }
                     }
                     _ = refresh.notified() => {
+                        // SIGHUP reads at once, but only a file that stays
+                        // the same across one poll interval: a signal sent
+                        // in the middle of a write waits for the write.
+                        let now = fingerprint(&self.path);
+                        tokio::time::sleep(self.poll).await;
+                        if fingerprint(&self.path) != now {
+                            pending = Some(now);
+                            continue;
+                        }
                         pending = None;
-                        seen = fingerprint(&self.path);
+                        seen = now;
                         self.read("SIGHUP")
                     }
                 };
@@ -167,7 +180,8 @@ mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let refresh = std::sync::Arc::new(Notify::new());
         let source = FileSource { path: path.clone(), poll: Duration::from_millis(20) };
-        let feedback = Feedback { status: Default::default(), changed: Default::default() };
+        let (_stop, stop) = tokio::sync::watch::channel(false);
+        let feedback = Feedback { status: Default::default(), changed: Default::default(), stop };
         let task = Box::new(source).run(tx, refresh.clone(), feedback);
         let first = rx.recv().await.unwrap();
         assert_eq!(first.why, "start");

@@ -34,6 +34,12 @@ pub struct StatusDoc {
     pub last_apply: Option<LastApply>,
     /// Problems of the newest document when it was refused.
     pub rejected_state: Option<Vec<String>>,
+    /// Why the desired-state source gives no new documents right now (etcd
+    /// unreachable or refusing this agent's credentials, the alive key held
+    /// by another agent, a cached document too old to apply); the running
+    /// state stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_problem: Option<String>,
     pub load_balancers: Vec<LbStatus>,
     pub nat_gateways: Vec<GwStatus>,
     /// Rule key → rule id.

@@ -21,6 +21,10 @@ use serde::{Deserialize, Serialize};
 /// etcd is unreachable).
 pub const CACHE_FILE: &str = "fleet-desired.json";
 
+/// The lease this state dir's agent holds the alive key with: a restarted
+/// agent (after a crash) takes the key over from it at once.
+pub const LEASE_FILE: &str = "fleet-lease";
+
 /// etcd's default request size limit (1.5 MiB): a larger document is
 /// refused by `fleet put` before it reaches the server.
 pub const MAX_DOCUMENT_BYTES: usize = 1536 * 1024;
@@ -50,10 +54,43 @@ pub struct HostStatus {
     /// etcd revision of the document running (the last accepted one).
     pub running_revision: Option<i64>,
     pub result: Outcome,
-    /// Every problem of a refused document, with its path.
+    /// The first [`STATUS_LISTED`] problems of a refused document, each
+    /// with its path (at most [`STATUS_LINE_BYTES`] bytes each).
     pub problems: Vec<String>,
-    /// Objects whose last apply failed: `<object>: <error>`.
+    /// How many problems there were in all.
+    #[serde(default)]
+    pub problems_total: usize,
+    /// The first [`STATUS_LISTED`] objects whose last apply failed:
+    /// `<object>: <error>`.
     pub errors: Vec<String>,
+    /// How many objects failed in all.
+    #[serde(default)]
+    pub errors_total: usize,
+}
+
+/// Problems and errors listed in a status document (the rest are counted):
+/// a document with ten thousand problems must not make a status too large
+/// for etcd or for `fleet status` to read.
+pub const STATUS_LISTED: usize = 50;
+/// The longest problem or error line kept in a status document.
+pub const STATUS_LINE_BYTES: usize = 512;
+
+/// The first [`STATUS_LISTED`] lines, each cut to [`STATUS_LINE_BYTES`].
+fn bounded(lines: impl Iterator<Item = String>) -> Vec<String> {
+    lines
+        .take(STATUS_LISTED)
+        .map(|mut l| {
+            if l.len() > STATUS_LINE_BYTES {
+                let mut end = STATUS_LINE_BYTES - 3;
+                while !l.is_char_boundary(end) {
+                    end -= 1;
+                }
+                l.truncate(end);
+                l.push_str("...");
+            }
+            l
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,11 +110,9 @@ impl HostStatus {
     /// The fleet view of the daemon's status document.
     pub fn of(doc: &crate::daemon::status::StatusDoc) -> HostStatus {
         let rev = |r: &Option<String>| r.as_deref().and_then(|r| r.parse().ok());
-        let errors: Vec<String> = doc
-            .last_apply
-            .as_ref()
-            .map(|a| a.errors.iter().map(|e| format!("{}: {}", e.object, e.error)).collect())
-            .unwrap_or_default();
+        let failed = doc.last_apply.as_ref().map(|a| a.errors.as_slice()).unwrap_or_default();
+        let errors = bounded(failed.iter().map(|e| format!("{}: {}", e.object, e.error)));
+        let problems = doc.rejected_state.as_deref().unwrap_or_default();
         let result = if doc.rejected_state.is_some() {
             Outcome::Rejected
         } else {
@@ -91,8 +126,10 @@ impl HostStatus {
             seen_revision: rev(&doc.revision_seen),
             running_revision: rev(&doc.revision_running),
             result,
-            problems: doc.rejected_state.clone().unwrap_or_default(),
+            problems: bounded(problems.iter().cloned()),
+            problems_total: problems.len(),
             errors,
+            errors_total: failed.len(),
         }
     }
 }
@@ -129,5 +166,16 @@ mod tests {
         assert_eq!(HostStatus::of(&d).result, Outcome::ApplyErrors);
         d.rejected_state = Some(vec!["load_balancers[0].id: bad".into()]);
         assert_eq!(HostStatus::of(&d).result, Outcome::Rejected);
+    }
+
+    #[test]
+    fn a_status_stays_small_however_many_problems() {
+        use crate::daemon::status::StatusDoc;
+        let many: Vec<String> = (0..10_000).map(|i| format!("nat_gateways[{i}].name: {}", "é".repeat(400))).collect();
+        let d = StatusDoc { rejected_state: Some(many), ..Default::default() };
+        let s = HostStatus::of(&d);
+        assert_eq!((s.problems.len(), s.problems_total), (STATUS_LISTED, 10_000));
+        assert!(s.problems.iter().all(|p| p.len() <= STATUS_LINE_BYTES && p.ends_with("...")));
+        assert!(serde_json::to_string(&s).unwrap().len() < 32 * 1024);
     }
 }

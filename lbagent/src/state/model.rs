@@ -20,6 +20,11 @@ pub struct StateFile {
     pub nat_gateways: Vec<NatGateway>,
     #[serde(default)]
     pub qos_policies: Vec<QosPolicy>,
+    /// This document may remove more than the daemon's `--max-removal`
+    /// share of the running objects at once (a drain, a deliberate
+    /// cleanup); without it such a document is refused as likely torn.
+    #[serde(default)]
+    pub allow_mass_removal: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

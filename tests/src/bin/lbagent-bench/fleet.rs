@@ -91,7 +91,7 @@ fn put_to_applied(etcd: &Etcd, rt: &tokio::runtime::Runtime, reps: usize, out: &
             .arg(dir.join("api.sock"));
     };
     let mut run = Command::new(lbagent_bin());
-    run.args(["run", "--etcd", &etcd.endpoints(), "--host", &host, "--metrics", "off"]);
+    run.args(["run", "--etcd", &etcd.endpoints(), "--etcd-insecure", "--host", &host, "--metrics", "off"]);
     common(&mut run);
     let mut agent = run.stderr(std::fs::File::create(dir.join("agent.log"))?).spawn()?;
     let result = rt.block_on(async {

@@ -1,0 +1,121 @@
+//! The mass-removal guard: a document that removes more than a share of
+//! the running objects at once is refused, unless it says
+//! `allow_mass_removal: true` (as `lbagent fleet drain` writes). A state
+//! file cut short by a writer that stalled, or read on a SIGHUP in the
+//! middle of a write, is often still a valid document, only shorter: the
+//! guard keeps it from tearing the host down.
+//!
+//! Objects are load balancers, their listeners and backends, NAT gateways
+//! and their EIPs, FIPs, DNATs and SNATs, each known by its identity (a
+//! changed field is not a removal).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::{
+    naming,
+    reconcile::applied::Applied,
+    state::{
+        Desired,
+        spec::{Gw, Lb},
+    },
+};
+
+/// The default `--max-removal`: more than half of the objects.
+pub const DEFAULT_MAX_REMOVAL_PERCENT: u8 = 50;
+
+/// Every object's identity.
+fn objects(lbs: &BTreeMap<String, Lb>, gws: &BTreeMap<String, Gw>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for lb in lbs.values() {
+        let zone = naming::lb_zone_key(&lb.id);
+        for l in &lb.listeners {
+            out.insert(naming::lb_listener_key(&lb.id, &l.id));
+        }
+        for (g, b) in lb.backends() {
+            out.insert(format!("{zone}/group/{}/backend/{}", g.id, b.id));
+        }
+        out.insert(zone);
+    }
+    for gw in gws.values() {
+        let zone = naming::gw_zone_key(&gw.name);
+        for e in &gw.eips {
+            out.insert(format!("{zone}/eip/{}", e.ip));
+        }
+        for f in &gw.fips {
+            out.insert(naming::gw_fip_key(&gw.name, f.eip.ip));
+        }
+        for n in &gw.dnats {
+            out.insert(format!(
+                "{}/{}",
+                naming::gw_dnat_key(&gw.name, n.eip.ip, n.protocol, n.external_port),
+                n.internal_ip
+            ));
+        }
+        for s in &gw.snats {
+            out.insert(naming::gw_snat_key(&gw.name, s.internal_cidr));
+        }
+        out.insert(zone);
+    }
+    out
+}
+
+/// `Some(reason)` when going from what runs (`applied`: also right after a
+/// restart) to `next` removes more than `max_percent` of the running
+/// objects and `next` does not allow it.
+pub fn refuse(running: &Applied, next: &Desired, allowed: bool, max_percent: u8) -> Option<String> {
+    if allowed || max_percent >= 100 {
+        return None;
+    }
+    let (before, after) = (objects(&running.lbs, &running.gws), objects(&next.lbs, &next.gws));
+    let removed: Vec<&String> = before.difference(&after).collect();
+    if removed.is_empty() || removed.len() * 100 <= before.len() * max_percent as usize {
+        return None;
+    }
+    let first: Vec<&str> = removed.iter().take(5).map(|s| s.as_str()).collect();
+    Some(format!(
+        "the document removes {} of the {} running objects (more than {max_percent} %: {}{}); refused as a likely \
+         torn or truncated document. Set `allow_mass_removal: true` in it (or use `lbagent fleet drain`) if this \
+         is meant, or raise `--max-removal`",
+        removed.len(),
+        before.len(),
+        first.join(", "),
+        if removed.len() > first.len() { ", …" } else { "" }
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{Format, accept_str};
+
+    fn running(d: &Desired) -> Applied {
+        Applied { lbs: d.lbs.clone(), gws: d.gws.clone(), ..Default::default() }
+    }
+
+    fn desired(gws: &[&str]) -> Desired {
+        let mut doc = String::from("version: 1\nnat_gateways:\n");
+        for (i, g) in gws.iter().enumerate() {
+            doc += &format!(
+                "  - name: {g}\n    lan: {{ip: 10.{i}.0.254, prefix_len: 24, mac: \"02:00:0a:0a:00:{i:02x}\", gateway: 10.{i}.0.1}}\n    external: {{bridge: br-ext, prefix_len: 24, gateway: 203.0.{i}.1}}\n    eips: [{{name: e{i}, ip: 203.0.{i}.10}}]\n"
+            );
+        }
+        accept_str(&doc, Format::Yaml).map_err(|p| format!("{p:?}")).unwrap().desired
+    }
+
+    #[test]
+    fn most_objects_removed_at_once_is_refused_unless_allowed() {
+        let four_running = running(&desired(&["g0", "g1", "g2", "g3"]));
+        let four = desired(&["g0", "g1", "g2", "g3"]);
+        let empty = desired(&[]);
+        let why = refuse(&four_running, &empty, false, 50).expect("everything removed");
+        assert!(why.contains("removes 8 of the 8") && why.contains("natgw/g0"), "{why}");
+        assert!(refuse(&four_running, &empty, true, 50).is_none(), "explicitly allowed");
+        assert!(refuse(&four_running, &empty, false, 100).is_none(), "guard off");
+        // Half removed is not more than half.
+        assert!(refuse(&four_running, &desired(&["g0", "g1"]), false, 50).is_none());
+        assert!(refuse(&four_running, &desired(&["g0"]), false, 50).is_some());
+        // Adding and keeping are never refused.
+        assert!(refuse(&running(&empty), &four, false, 50).is_none());
+        assert!(refuse(&four_running, &four, false, 0).is_none());
+    }
+}

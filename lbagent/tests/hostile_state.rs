@@ -1,12 +1,14 @@
-//! Hostile state files (issue 9 item 8): injection strings, derived-name
-//! collisions, address classes and places, routes, torn prefixes and alias
-//! bombs — each rejected with the path of the field at fault — and the
-//! legitimate edge cases next to them that must still be accepted.
+//! Hostile state files: injection strings, derived-name collisions,
+//! address classes and places, routes, torn prefixes, alias bombs, names
+//! that read as options, numbers not written in decimal, health checks that
+//! do not fit their listener, invisible characters, targets nowhere the
+//! gateway reaches — each rejected with the path of the field at fault —
+//! and the legitimate edge cases next to them that must still be accepted.
 //!
 //! Each case edits the valid example (`examples/state.yaml`) with one or
 //! more (find, replace) pairs, or replaces the whole text.
 
-use lbagent::state::{Format, load_str};
+use lbagent::state::{Format, accept_str, load_str};
 
 const BASE: &str = include_str!("../../examples/state.yaml");
 
@@ -367,6 +369,377 @@ fn hostile() -> Vec<Case> {
     ]
 }
 
+/// The example's gateway with a fourth EIP (`eip4`, free of rules).
+const EIP4: (&str, &str) =
+    ("{name: eip3, ip: 198.51.100.12}", "{name: eip3, ip: 198.51.100.12}\n      - {name: eip4, ip: 198.51.100.13}");
+
+/// The example's FIP list.
+const FIPS: &str = "fips: [{eip: eip1, internal_ip: 10.10.0.21}]";
+
+/// The example's external side, and one on `10.10.1.0/24` (next to the LAN)
+/// with its EIPs moved there.
+const EXTERNAL: &str = "external: {bridge: br-ext, prefix_len: 24, gateway: 198.51.100.1}";
+
+fn external_near_lan(prefix_len: u8) -> Vec<(&'static str, String)> {
+    vec![
+        (EXTERNAL, format!("external: {{bridge: br-ext, prefix_len: {prefix_len}, gateway: 10.10.1.1}}")),
+        ("ip: 198.51.100.10", "ip: 10.10.1.10".into()),
+        ("ip: 198.51.100.11", "ip: 10.10.1.11".into()),
+        ("ip: 198.51.100.12", "ip: 10.10.1.12".into()),
+    ]
+}
+
+const L_WEB: &str = "{id: l-web, type: http, port: 80, backend_group: g-web}";
+const L_DNS: &str = "{id: l-dns, type: udp, port: 53, backend_group: g-dns, scheduler: sch}";
+const L_TCP: &str = "{id: l-tcp, type: tcp, port: 5000, backend_group: g-web, scheduler: wrr}";
+
+/// `listener` (one of `L_*`) with `health_check: {check}`.
+fn checked(listener: &str, check: &str) -> (&'static str, String) {
+    let l: &'static str = [L_WEB, L_DNS, L_TCP].into_iter().find(|l| *l == listener).unwrap();
+    (l, format!("{}, health_check: {{{check}}}}}", &l[..l.len() - 1]))
+}
+
+/// The classes validation closes beyond injection and address classes:
+/// each refused with its path.
+fn remaining_classes() -> Vec<Case> {
+    const LB_NAME: &str = "load_balancers[0].name";
+    const MAC: &str = "\"02:00:0a:0a:00:05\"";
+    vec![
+        // One internal address, two FIPs: its SNAT could leave from only one EIP.
+        case(
+            "two FIPs to one internal address",
+            &[EIP4, (FIPS, "fips: [{eip: eip1, internal_ip: 10.10.0.21}, {eip: eip4, internal_ip: 10.10.0.21}]")],
+            &["nat_gateways[0].fips[1].internal_ip", "already has a floating IP (nat_gateways[0].fips[0])"],
+        ),
+        case(
+            "the external bridge is the integration bridge",
+            &[("bridge: br-ext", "bridge: brvpc")],
+            &["nat_gateways[0].external.bridge", "is the integration bridge"],
+        ),
+        owned(
+            "an external prefix over the LAN",
+            external_near_lan(16),
+            &["nat_gateways[0].external.gateway", "external prefix 10.10.0.0/16 overlaps the LAN prefix 10.10.0.0/24"],
+        ),
+        // Names that a command line would read as an option.
+        case(
+            "an integration bridge like an option",
+            &[("integration_bridge: brvpc", "integration_bridge: \"-brvpc\"")],
+            &["agent.integration_bridge", "starts with '-'"],
+        ),
+        case(
+            "an external bridge like an option",
+            &[("bridge: br-ext", "bridge: \"--help\"")],
+            &["nat_gateways[0].external.bridge", "starts with '-'"],
+        ),
+        case(
+            "a gateway name like an option",
+            &[("name: gw1", "name: \"-gw1\"")],
+            &["nat_gateways[0].name", "starts with '-'"],
+        ),
+        case(
+            "a load balancer id like an option",
+            &[("id: 3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60", "id: \"-3f2a9c1e-7b4d-4c55\"")],
+            &["load_balancers[0].id", "starts with '-'"],
+        ),
+        case(
+            "a listener id like an option",
+            &[("id: l-web,", "id: \"-l-web\",")],
+            &["load_balancers[0].listeners[0].id", "starts with '-'"],
+        ),
+        case(
+            "a backend id like an option",
+            &[("{id: b1,", "{id: \"-b1\",")],
+            &["load_balancers[0].backend_groups[0].backends[0].id", "starts with '-'"],
+        ),
+        case(
+            "a group id like an option",
+            &[("- id: g-dns", "- id: \"-g-dns\""), ("backend_group: g-dns", "backend_group: \"-g-dns\"")],
+            &["load_balancers[0].backend_groups[1].id", "starts with '-'"],
+        ),
+        case(
+            "an EIP name like an option",
+            &[EIP4, ("{name: eip4,", "{name: \"-eip4\",")],
+            &["nat_gateways[0].eips[3].name", "starts with '-'"],
+        ),
+        case(
+            "a QoS policy name like an option",
+            &[("- name: gw-qos", "- name: \"-gw-qos\""), ("qos_policy: gw-qos", "qos_policy: \"-gw-qos\"")],
+            &["qos_policies[1].name", "starts with '-'"],
+        ),
+        case(
+            "a QoS rule name like an option",
+            &[("{name: in,", "{name: \"-in\",")],
+            &["qos_policies[0].rules[0].name", "starts with '-'"],
+        ),
+        // Numbers the docs promise in decimal, in YAML's other spellings.
+        case(
+            "a port with a sign",
+            &[("port: 5000", "port: +5000")],
+            &["load_balancers[0].listeners[1].port", "not a plain decimal integer"],
+        ),
+        case(
+            "a port in hex",
+            &[("port: 5000", "port: 0x1388")],
+            &["load_balancers[0].listeners[1].port", "not a plain decimal integer"],
+        ),
+        case(
+            "a port in octal",
+            &[("port: 5000", "port: 0o11610")],
+            &["load_balancers[0].listeners[1].port", "not a plain decimal integer"],
+        ),
+        case(
+            "a port in binary",
+            &[("port: 5000", "port: 0b1001110001000")],
+            &["load_balancers[0].listeners[1].port", "not a plain decimal integer"],
+        ),
+        case("a port with an exponent", &[("port: 5000", "port: 5e3")], &["load_balancers[0].listeners[1].port"]),
+        case(
+            "a port with a leading zero",
+            &[("port: 5000", "port: 05000")],
+            &["load_balancers[0].listeners[1].port", "not a plain decimal integer"],
+        ),
+        case(
+            "a port with a separator",
+            &[("port: 5000", "port: 5_000")],
+            &["load_balancers[0].listeners[1].port", "not a plain decimal integer"],
+        ),
+        case(
+            "a backend port in hex",
+            &[("port: 8080, weight: 1}", "port: 0x1f90, weight: 1}")],
+            &["load_balancers[0].backend_groups[0].backends[0].port", "not a plain decimal integer"],
+        ),
+        case(
+            "a DNAT port with a sign",
+            &[("external_port: 2222", "external_port: +2222")],
+            &["nat_gateways[0].dnats[0].external_port", "not a plain decimal integer"],
+        ),
+        case(
+            "a DNAT internal port in octal",
+            &[("internal_port: 22,", "internal_port: 0o26,")],
+            &["nat_gateways[0].dnats[0].internal_port", "not a plain decimal integer"],
+        ),
+        case(
+            "a weight with a sign",
+            &[("weight: 2}", "weight: +2}")],
+            &["load_balancers[0].backend_groups[0].backends[1].weight", "not a plain decimal integer"],
+        ),
+        case(
+            "a prefix length in hex",
+            &[(
+                "prefix_len: 24, gateway: 10.10.0.1}\n    listeners",
+                "prefix_len: 0x18, gateway: 10.10.0.1}\n    listeners",
+            )],
+            &["load_balancers[0].network.prefix_len", "not a plain decimal integer"],
+        ),
+        case(
+            "a health-check interval in hex",
+            &[("interval: 5", "interval: 0x5")],
+            &["load_balancers[0].listeners[3].health_check.interval", "not a plain decimal integer"],
+        ),
+        case(
+            "a conntrack timeout in octal",
+            &[("udp_s: 30", "udp_s: 0o36")],
+            &["agent.conntrack.udp_s", "not a plain decimal integer"],
+        ),
+        case(
+            "a proxy timeout with a sign",
+            &[("client: 30", "client: +30")],
+            &["load_balancers[0].listeners[3].timeouts.client", "not a plain decimal integer"],
+        ),
+        case(
+            "a QoS priority with a sign",
+            &[("burst_mb: 1, priority: 1}", "burst_mb: 1, priority: +1}")],
+            &["qos_policies[0].rules[0].priority", "not a plain decimal integer"],
+        ),
+        case("the version in hex", &[("version: 1", "version: 0x1")], &["version", "not a plain decimal integer"]),
+        case(
+            "a rate in hex",
+            &[("rate_mbps: 10,", "rate_mbps: 0xa,")],
+            &["qos_policies[0].rules[0].rate_mbps", "not a non-negative decimal"],
+        ),
+        case(
+            "a rate with a sign",
+            &[("rate_mbps: 10,", "rate_mbps: +10,")],
+            &["qos_policies[0].rules[0].rate_mbps", "not a non-negative decimal"],
+        ),
+        case(
+            "a rate with an exponent",
+            &[("rate_mbps: 10,", "rate_mbps: 1e1,")],
+            &["qos_policies[0].rules[0].rate_mbps", "not a non-negative decimal"],
+        ),
+        case(
+            "a rate with a leading zero",
+            &[("rate_mbps: 10,", "rate_mbps: 010,")],
+            &["qos_policies[0].rules[0].rate_mbps", "not a non-negative decimal"],
+        ),
+        case(
+            "a burst in octal",
+            &[("burst_mb: 1,", "burst_mb: 0o1,")],
+            &["qos_policies[0].rules[0].burst_mb", "not a non-negative decimal"],
+        ),
+        case(
+            "a MAC octet with a sign",
+            &[(MAC, "\"02:00:0a:0a:00:+5\"")],
+            &["load_balancers[0].network.mac", "is not a MAC address"],
+        ),
+        case(
+            "a LAN MAC octet with a sign",
+            &[("mac: \"02:00:0a:0a:00:fe\"", "mac: \"02:00:0a:0a:+0:fe\"")],
+            &["nat_gateways[0].lan.mac", "is not a MAC address"],
+        ),
+        // Health checks that do not fit their type or their listener.
+        case(
+            "an expected status on a tcp check",
+            &[("timeout: 2}", "timeout: 2, expect_status: 200}")],
+            &["load_balancers[0].listeners[3].health_check.expect_status", "only http health checks"],
+        ),
+        owned(
+            "an http check on a udp listener",
+            vec![checked(L_DNS, "type: http")],
+            &["load_balancers[0].listeners[2].health_check.type", "udp listener"],
+        ),
+        owned(
+            "a tcp check on a udp listener",
+            vec![checked(L_DNS, "type: tcp")],
+            &["load_balancers[0].listeners[2].health_check.type", "udp listener"],
+        ),
+        owned(
+            "a udp check on a tcp listener",
+            vec![checked(L_TCP, "type: udp")],
+            &["load_balancers[0].listeners[1].health_check.type", "a udp check cannot probe a tcp listener"],
+        ),
+        case(
+            "a udp check on a proxy listener",
+            &[("health_check: {type: tcp,", "health_check: {type: udp,")],
+            &["load_balancers[0].listeners[3].health_check.type", "a udp check cannot probe"],
+        ),
+        owned(
+            "an http check on an https listener",
+            vec![(
+                L_WEB,
+                "{id: l-web, type: https, port: 80, backend_group: g-web, health_check: {type: http}}".into(),
+            )],
+            &["load_balancers[0].listeners[0].health_check.type", "speak TLS"],
+        ),
+        case(
+            "a timeout longer than the interval",
+            &[("interval: 5, rise: 2, fall: 3, timeout: 2", "interval: 5, rise: 2, fall: 3, timeout: 6")],
+            &["load_balancers[0].listeners[3].health_check.timeout", "6 s is longer than the interval (5 s)"],
+        ),
+        case(
+            "an interval shorter than the default timeout",
+            &[("interval: 5, rise: 2, fall: 3, timeout: 2", "interval: 1, rise: 2, fall: 3")],
+            &["load_balancers[0].listeners[3].health_check.interval", "shorter than the default timeout (2 s)"],
+        ),
+        // Invisible and reordering characters in free text.
+        case(
+            "a name with a right-to-left override",
+            &[("name: web", "name: \"web\\u202Eexe.txt\"")],
+            &[LB_NAME, "U+202E"],
+        ),
+        case("a name with a bidi isolate", &[("name: web", "name: \"web\\u2066x\\u2069\"")], &[LB_NAME, "U+2066"]),
+        case("a name with a zero-width space", &[("name: web", "name: \"w\\u200Beb\"")], &[LB_NAME, "U+200B"]),
+        case("a name with a zero-width joiner", &[("name: web", "name: \"w\\u200Deb\"")], &[LB_NAME, "U+200D"]),
+        case("a name with a byte order mark", &[("name: web", "name: \"\\uFEFFweb\"")], &[LB_NAME, "U+FEFF"]),
+        case("a name with a soft hyphen", &[("name: web", "name: \"we\\u00ADb\"")], &[LB_NAME, "U+00AD"]),
+        case("a name with a tag character", &[("name: web", "name: \"web\\U000E0041\"")], &[LB_NAME, "U+E0041"]),
+        case("a name with a line separator", &[("name: web", "name: \"web\\u2028x\"")], &[LB_NAME, "U+2028"]),
+        // FIP and DNAT targets the gateway does not reach.
+        case(
+            "a FIP to an address off the LAN and every route",
+            &[("internal_ip: 10.10.0.21", "internal_ip: 10.30.0.21")],
+            &[
+                "nat_gateways[0].fips[0].internal_ip",
+                "neither on the LAN 10.10.0.0/24 nor behind one of the gateway's routes",
+            ],
+        ),
+        case(
+            "a DNAT to an external address",
+            &[("internal_ip: 10.10.0.22", "internal_ip: 203.0.113.22")],
+            &["nat_gateways[0].dnats[0].internal_ip", "neither on the LAN"],
+        ),
+        case(
+            "a DNAT to the LAN broadcast address",
+            &[("internal_ip: 10.10.0.22", "internal_ip: 10.10.0.255")],
+            &["nat_gateways[0].dnats[0].internal_ip", "broadcast address of 10.10.0.0/24"],
+        ),
+        case(
+            "a DNAT to the LAN network address",
+            &[("internal_ip: 10.10.0.22", "internal_ip: 10.10.0.0")],
+            &["nat_gateways[0].dnats[0].internal_ip", "network address of 10.10.0.0/24"],
+        ),
+    ]
+}
+
+/// The legitimate neighbour of each class above: accepted.
+fn remaining_neighbours() -> Vec<Case> {
+    vec![
+        case(
+            "two FIPs to two internal addresses",
+            &[EIP4, (FIPS, "fips: [{eip: eip1, internal_ip: 10.10.0.21}, {eip: eip4, internal_ip: 10.10.0.25}]")],
+            &[],
+        ),
+        case(
+            "a FIP and a DNAT to one internal address",
+            &[("internal_ip: 10.10.0.22", "internal_ip: 10.10.0.21")],
+            &[],
+        ),
+        case("an external bridge named like the integration bridge", &[("bridge: br-ext", "bridge: brvpc-ext")], &[]),
+        owned("an external prefix next to the LAN", external_near_lan(24), &[]),
+        case(
+            "names with inner and trailing dashes",
+            &[("name: gw1", "name: gw-1-"), ("bridge: br-ext", "bridge: br-ext-"), ("{id: b1,", "{id: b-1-,")],
+            &[],
+        ),
+        case(
+            "a name with a leading underscore",
+            &[("name: gw1", "name: _gw1"), ("integration_bridge: brvpc", "integration_bridge: _brvpc")],
+            &[],
+        ),
+        case("a quoted decimal port", &[("port: 5000", "port: \"5000\"")], &[]),
+        case("a zero weight", &[("weight: 2}", "weight: 0}")], &[]),
+        case("a rate with decimals", &[("rate_mbps: 10,", "rate_mbps: 10.50,")], &[]),
+        case("a rate below one", &[("rate_mbps: 10,", "rate_mbps: 0.25,")], &[]),
+        case("a quoted integer rate", &[("rate_mbps: 10,", "rate_mbps: \"10\",")], &[]),
+        case("a MAC in capitals", &[("\"02:00:0a:0a:00:05\"", "\"02:00:0A:0A:00:05\"")], &[]),
+        case(
+            "an expected status on an http check",
+            &[(
+                "health_check: {type: tcp, interval: 5",
+                "health_check: {type: http, expect_status: 204, path: /healthz, interval: 5",
+            )],
+            &[],
+        ),
+        owned("a udp check on a udp listener", vec![checked(L_DNS, "type: udp, interval: 2, timeout: 1")], &[]),
+        owned("an http check on a direct tcp listener", vec![checked(L_TCP, "type: http, path: /ready")], &[]),
+        owned(
+            "a tcp check on an https listener",
+            vec![(
+                L_WEB,
+                "{id: l-web, type: https, port: 443, backend_group: g-web, health_check: {type: tcp}}".into(),
+            )],
+            &[],
+        ),
+        case(
+            "a timeout equal to the interval",
+            &[("interval: 5, rise: 2, fall: 3, timeout: 2", "interval: 5, rise: 2, fall: 3, timeout: 5")],
+            &[],
+        ),
+        case(
+            "a one-second check",
+            &[("interval: 5, rise: 2, fall: 3, timeout: 2", "interval: 1, rise: 1, fall: 1, timeout: 1")],
+            &[],
+        ),
+        case("a name in another script", &[("name: web", "name: \"網站 — ウェブ\"")], &[]),
+        case("a name with an emoji", &[("name: web", "name: \"web 🚀\"")], &[]),
+        case("a name with right-to-left letters", &[("name: web", "name: \"שרת web\"")], &[]),
+        case("a FIP behind a route", &[("internal_ip: 10.10.0.21", "internal_ip: 10.20.0.21")], &[]),
+        case("a DNAT behind a route", &[("internal_ip: 10.10.0.22", "internal_ip: 10.20.5.22")], &[]),
+        case("a DNAT to the last LAN host", &[("internal_ip: 10.10.0.22", "internal_ip: 10.10.0.253")], &[]),
+    ]
+}
+
 fn legitimate() -> Vec<Case> {
     vec![
         case("the example", &[], &[]),
@@ -438,4 +811,71 @@ fn hostile_state_files_are_rejected_with_their_path() {
 fn legitimate_edge_cases_are_accepted() {
     let failures = run(legitimate());
     assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn remaining_classes_are_refused_with_their_path() {
+    let failures = run(remaining_classes());
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn their_neighbours_are_accepted() {
+    let failures = run(remaining_neighbours());
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// A few KB whose aliases stand for 1 000 load balancers of 100 listeners
+/// with 100 ACL prefixes each: ten million prefixes, several GB as a
+/// `StateFile`, if expanded.
+fn typed_alias_bomb() -> String {
+    let cidrs = vec!["10.0.0.0/8"; 100].join(", ");
+    let listeners = vec!["*l"; 99].join(", ");
+    let lbs = vec!["*lb"; 999].join(", ");
+    format!(
+        "version: 1\nload_balancers: [&lb {{id: abcdefghijklmn, network: {{ip: 10.0.0.5, mac: \"02:00:00:00:00:05\", \
+         prefix_len: 24, gateway: 10.0.0.1}}, listeners: [&l {{id: l, type: tcp, port: 80, backend_group: g, acl: \
+         {{action: allow, cidrs: [{cidrs}]}}}}, {listeners}], backend_groups: [{{id: g, backends: [{{id: b, \
+         address: 10.0.0.9, port: 80}}]}}]}}, {lbs}]\n"
+    )
+}
+
+/// The process's peak resident memory in KiB (`VmHWM`).
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM in /proc/self/status");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn an_alias_bomb_on_typed_fields_is_refused_quickly_in_bounded_memory() {
+    let doc = typed_alias_bomb();
+    assert!(doc.len() < 8 * 1024, "{} bytes", doc.len());
+    // Start the peak at the current resident size ("5": reset VmHWM).
+    std::fs::write("/proc/self/clear_refs", "5").expect("resetting the peak RSS (Linux 4.0 and later)");
+    let before = peak_rss_kib();
+    let started = std::time::Instant::now();
+    let err = load_str(&doc, Format::Yaml).unwrap_err().to_string();
+    let took = started.elapsed();
+    let grew_mib = peak_rss_kib().saturating_sub(before) / 1024;
+    assert!(err.contains("load_balancers["), "{err}");
+    assert!(err.contains("through YAML aliases"), "{err}");
+    assert!(took < std::time::Duration::from_secs(2), "took {took:?}");
+    assert!(grew_mib < 64, "peak RSS grew by {grew_mib} MiB");
+}
+
+#[test]
+fn a_health_check_shared_through_an_alias_is_accepted() {
+    let text = BASE
+        .replacen(
+            L_TCP,
+            "{id: l-tcp, type: tcp, port: 5000, backend_group: g-web, scheduler: wrr, health_check: &check {type: \
+             tcp, interval: 4, timeout: 1}}",
+            1,
+        )
+        .replacen("health_check: {type: tcp, interval: 5, rise: 2, fall: 3, timeout: 2}", "health_check: *check", 1);
+    let a = accept_str(&text, Format::Yaml).unwrap_or_else(|e| panic!("{e}"));
+    let lb = a.desired.lbs.values().next().unwrap();
+    let acl = lb.listeners.iter().find(|l| l.id == "l-acl").unwrap();
+    assert_eq!(acl.health.as_ref().map(|h| (h.interval_s, h.timeout_s)), Some((4, 1)));
 }

@@ -1,7 +1,7 @@
 //! Table-driven validation cases: each mutates the valid example and
 //! expects either success or specific `path: message` errors.
 
-use lbagent::state::{Format, load_str};
+use lbagent::state::{Format, accept_str, load_str};
 
 const BASE: &str = include_str!("../../examples/state.yaml");
 
@@ -332,13 +332,294 @@ fn json_is_accepted_and_checked() {
 }
 
 #[test]
+fn the_example_has_no_problem_and_no_warning() {
+    let a = accept_str(BASE, Format::Yaml).unwrap_or_else(|e| panic!("examples/state.yaml: {e}"));
+    assert!(a.warnings.is_empty(), "examples/state.yaml warns: {:?}", a.warnings);
+    let json = serde_json::to_string(&serde_yaml::from_str::<serde_json::Value>(BASE).unwrap()).unwrap();
+    let a = accept_str(&json, Format::Json).unwrap_or_else(|e| panic!("examples/state.yaml as JSON: {e}"));
+    assert!(a.warnings.is_empty(), "examples/state.yaml as JSON warns: {:?}", a.warnings);
+}
+
+#[test]
 fn a_burst_below_the_floor_is_a_warning_not_an_error() {
-    let s = load_str(BASE, Format::Yaml).unwrap();
-    let w = lbagent::state::validate::warnings(&s);
-    // gw-qos all-in: 0.1 MB = 104 857 bytes, below two GSO packets.
+    // 0.1 MB = 104 857 bytes, below two GSO packets.
+    let text = BASE.replacen("burst_mb: \"0.2\"", "burst_mb: \"0.1\"", 1);
+    let a = accept_str(&text, Format::Yaml).unwrap();
+    let w = &a.warnings;
     assert_eq!(w.len(), 1, "{w:?}");
     assert_eq!(w[0].path, "qos_policies[1].rules[1].burst_mb");
     assert!(w[0].message.contains("raised to the floor"), "{}", w[0].message);
+}
+
+/// (case, find, replace, the warning's path; empty = no warning).
+const WARNINGS: &[(&str, &str, &str, &str)] = &[
+    (
+        "an established timeout of seconds",
+        "tcp_established_s: 432000",
+        "tcp_established_s: 30",
+        "agent.conntrack.tcp_established_s",
+    ),
+    ("an established timeout of a minute", "tcp_established_s: 432000", "tcp_established_s: 60", ""),
+    ("a UDP timeout of 3 s", "udp_s: 30", "udp_s: 3", "agent.conntrack.udp_s"),
+    ("a UDP timeout of 5 s", "udp_s: 30", "udp_s: 5", ""),
+    ("a handshake timeout of 2 s", "udp_s: 30", "udp_s: 30, tcp_new_s: 2", "agent.conntrack.tcp_new_s"),
+    ("a UDP stream timeout of 5 s", "udp_s: 30", "udp_s: 30, udp_stream_s: 5", "agent.conntrack.udp_stream_s"),
+    ("an ICMP timeout of 1 s", "udp_s: 30", "udp_s: 30, icmp_s: 1", "agent.conntrack.icmp_s"),
+    ("a tunnel timeout of 10 s", "udp_s: 30", "udp_s: 30, other_s: 10", "agent.conntrack.other_s"),
+    ("a closing timeout of 1 s", "udp_s: 30", "udp_s: 30, tcp_closing_s: 1", ""),
+    ("a proxy client timeout of 2 s", "client: 30", "client: 2", "load_balancers[0].listeners[3].timeouts.client"),
+    ("a proxy server timeout of 1 s", "server: 45", "server: 1", "load_balancers[0].listeners[3].timeouts.server"),
+    ("a proxy client timeout of 5 s", "client: 30", "client: 5", ""),
+    ("a proxy connect timeout of 1 s", "connect: 3", "connect: 1", ""),
+];
+
+#[test]
+fn timeouts_too_short_to_be_meant_are_warned_about_with_their_path() {
+    let mut failures = Vec::new();
+    for (name, find, replace, path) in WARNINGS {
+        assert!(BASE.contains(find), "case {name}: {find:?} not in the example");
+        let a = match accept_str(&BASE.replacen(find, replace, 1), Format::Yaml) {
+            Ok(a) => a,
+            Err(e) => {
+                failures.push(format!("{name}: refused: {e}"));
+                continue;
+            }
+        };
+        let paths: Vec<&str> = a.warnings.iter().map(|w| w.path.as_str()).collect();
+        let want: Vec<&str> = if path.is_empty() { vec![] } else { vec![*path] };
+        if paths != want {
+            failures.push(format!("{name}: warnings {:?}, expected at {want:?}", a.warnings));
+        }
+    }
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// A load balancer numbered `i` (its own id, subnet and MAC) with these
+/// listener and group lists.
+fn lb(i: usize, listeners: &str, groups: &str) -> String {
+    let (a, b) = (100 + i / 250, i % 250);
+    format!(
+        "  - id: {i:06}-limits-lb\n    network: {{ip: 10.{a}.{b}.5, mac: \"02:00:00:{a:02x}:{b:02x}:05\", prefix_len: 24, \
+         gateway: 10.{a}.{b}.1}}\n    listeners: [{listeners}]\n    backend_groups: [{groups}]\n"
+    )
+}
+
+/// `n` backends `b<k>` (addresses outside every test subnet).
+fn backends(n: usize, weight: u32) -> String {
+    (0..n)
+        .map(|k| format!("{{id: b{k}, address: 10.99.{}.{}, port: 80, weight: {weight}}}", k / 250, k % 250 + 2))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `n` direct tcp listeners on ports 1… over group `g`.
+fn listeners(n: usize, extra: &str) -> String {
+    (0..n)
+        .map(|k| format!("{{id: l{k}, type: tcp, port: {}, backend_group: g{extra}}}", k + 1))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A gateway numbered `i` with `n` EIPs (`e<k>`, on `100.<64+i>.0.0/16`) and these rule lists.
+fn gw(i: usize, n: usize, qos: &str, rules: &str) -> String {
+    let eips: Vec<String> =
+        (0..n).map(|k| format!("{{name: e{k}, ip: 100.{}.{}.{}{qos}}}", 64 + i, k / 250, k % 250 + 2)).collect();
+    format!(
+        "  - name: g{i}\n    lan: {{ip: 10.{i}.0.254, prefix_len: 24, mac: \"02:00:00:00:{i:02x}:fe\", gateway: 10.{i}.0.1}}\n    \
+         external: {{bridge: br-ext, prefix_len: 16, gateway: 100.{}.0.1}}\n    eips: [{}]\n{rules}",
+        64 + i,
+        eips.join(", ")
+    )
+}
+
+/// A document of these lists (each a block sequence's lines, or empty).
+fn doc(lbs: &str, gws: &str, policies: &str) -> String {
+    let section = |name: &str, items: &str| {
+        if items.is_empty() { format!("{name}: []\n") } else { format!("{name}:\n{items}") }
+    };
+    format!(
+        "version: 1\n{}{}{}",
+        section("load_balancers", lbs),
+        section("nat_gateways", gws),
+        section("qos_policies", policies)
+    )
+}
+
+fn list(n: usize, item: impl Fn(usize) -> String) -> String {
+    (0..n).map(item).collect::<Vec<_>>().join(", ")
+}
+
+const ONE_GROUP: &str = "{id: g, backends: [{id: b, address: 10.99.0.2, port: 80}]}";
+
+#[test]
+fn per_object_limits_are_refused_at_their_list_and_the_limit_itself_accepted() {
+    use lbagent::state::limits::*;
+    type Doc = Box<dyn Fn(usize) -> String>;
+    let cases: Vec<(&str, usize, &str, Doc)> = vec![
+        (
+            "listeners",
+            MAX_LISTENERS_PER_LB,
+            "load_balancers[0].listeners",
+            Box::new(|n| doc(&lb(0, &listeners(n, ""), ONE_GROUP), "", "")),
+        ),
+        (
+            "groups",
+            MAX_GROUPS_PER_LB,
+            "load_balancers[0].backend_groups",
+            Box::new(|n| doc(&lb(0, "", &list(n, |k| format!("{{id: g{k}}}"))), "", "")),
+        ),
+        (
+            "backends of a group",
+            MAX_BACKENDS_PER_GROUP,
+            "load_balancers[0].backend_groups[0].backends",
+            Box::new(|n| doc(&lb(0, "", &format!("{{id: g, backends: [{}]}}", backends(n, 1))), "", "")),
+        ),
+        (
+            "backends of a load balancer",
+            MAX_BACKENDS_PER_LB,
+            "load_balancers[0].backend_groups",
+            Box::new(|n| {
+                let per = MAX_BACKENDS_PER_GROUP;
+                let groups = list(n.div_ceil(per), |g| {
+                    let k = per.min(n - g * per);
+                    let bs =
+                        list(k, |j| format!("{{id: b{g}x{j}, address: 10.99.{}.{}, port: 80}}", j / 250, j % 250 + 2));
+                    format!("{{id: g{g}, backends: [{bs}]}}")
+                });
+                doc(&lb(0, "", &groups), "", "")
+            }),
+        ),
+        (
+            "ACL prefixes",
+            MAX_ACL_CIDRS_PER_LISTENER,
+            "load_balancers[0].listeners[0].acl.cidrs",
+            Box::new(|n| {
+                let cidrs = list(n, |k| format!("10.{}.{}.0/24", k / 256, k % 256));
+                let l = format!(
+                    "{{id: l, type: tcp, port: 80, backend_group: g, acl: {{action: deny, cidrs: [{cidrs}]}}}}"
+                );
+                doc(&lb(0, &l, ONE_GROUP), "", "")
+            }),
+        ),
+        (
+            "routes",
+            MAX_ROUTES_PER_GW,
+            "nat_gateways[0].routes",
+            Box::new(|n| {
+                let routes = list(n, |k| format!("{{cidr: 10.{}.{}.0/24, via: 10.0.0.1}}", 100 + k / 256, k % 256));
+                doc("", &gw(0, 1, "", &format!("    routes: [{routes}]\n")), "")
+            }),
+        ),
+        ("EIPs", MAX_EIPS_PER_GW, "nat_gateways[0].eips", Box::new(|n| doc("", &gw(0, n, "", ""), ""))),
+        (
+            "DNAT entries",
+            MAX_DNATS_PER_GW,
+            "nat_gateways[0].dnats",
+            Box::new(|n| {
+                let dnats = list(n, |k| {
+                    format!(
+                        "{{eip: e0, protocol: tcp, external_port: {}, internal_ip: 10.0.0.9, internal_port: 80}}",
+                        k + 1
+                    )
+                });
+                doc("", &gw(0, 1, "", &format!("    dnats: [{dnats}]\n")), "")
+            }),
+        ),
+        (
+            "SNAT entries",
+            MAX_SNATS_PER_GW,
+            "nat_gateways[0].snats",
+            Box::new(|n| {
+                let snats = list(n, |k| format!("{{eip: e0, internal_cidr: 10.{}.{}.0/24}}", k / 256, k % 256));
+                doc("", &gw(0, 1, "", &format!("    snats: [{snats}]\n")), "")
+            }),
+        ),
+        (
+            "QoS rules",
+            MAX_RULES_PER_QOS_POLICY,
+            "qos_policies[0].rules",
+            Box::new(|n| {
+                let rules = list(n, |k| {
+                    format!("{{name: r{k}, direction: ingress, rate_mbps: 1, burst_mb: 1, priority: {k}}}")
+                });
+                doc("", "", &format!("  - {{name: p, binding: eip, rules: [{rules}]}}\n"))
+            }),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, max, path, make) in &cases {
+        if let Err(e) = load_str(&make(*max), Format::Yaml) {
+            failures.push(format!("{name}: {max} refused: {e}"));
+        }
+        match load_str(&make(max + 1), Format::Yaml) {
+            Ok(_) => failures.push(format!("{name}: {} accepted", max + 1)),
+            Err(e) => {
+                let want = format!("{path}: {} ", max + 1);
+                if !e
+                    .0
+                    .iter()
+                    .any(|p| p.to_string().starts_with(&want) && p.message.contains(&format!("more than the {max}")))
+                {
+                    failures.push(format!("{name}: {e} lacks {want:?}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} failing cases:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Problems whose path is `path` and whose message names `map`.
+fn over_budget(text: &str, path: &str, map: &str) -> Result<(), String> {
+    match load_str(text, Format::Yaml) {
+        Ok(_) => Err("accepted".into()),
+        Err(e) if e.0.len() == 1 && e.0[0].path == path && e.0[0].message.contains(&format!(" {map} entries")) => {
+            Ok(())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[test]
+fn the_host_budget_of_scheduler_tables_is_refused_at_the_load_balancer_that_goes_over() {
+    let lbs = |n: usize, disable_last: bool| -> String {
+        (0..n)
+            .map(|i| {
+                let l = lb(i, &listeners(lbagent::state::limits::MAX_LISTENERS_PER_LB, ", scheduler: sch"), ONE_GROUP);
+                if disable_last && i == n - 1 {
+                    l.replacen("    network:", "    enabled: false\n    network:", 1)
+                } else {
+                    l
+                }
+            })
+            .collect()
+    };
+    // 2 048 tables (half of sched_tables' 4 096): 8 load balancers of 256 sch listeners.
+    load_str(&doc(&lbs(8, false), "", ""), Format::Yaml).unwrap_or_else(|e| panic!("8 load balancers: {e}"));
+    over_budget(&doc(&lbs(9, false), "", ""), "load_balancers[8]", "sched_tables").unwrap();
+    // A disabled load balancer runs nothing.
+    load_str(&doc(&lbs(9, true), "", ""), Format::Yaml).unwrap_or_else(|e| panic!("9th disabled: {e}"));
+}
+
+#[test]
+fn the_host_budget_of_qos_buckets_is_refused_at_the_gateway_that_goes_over() {
+    let policy = "  - name: p\n    binding: eip\n    shared: true\n    rules:\n      - {name: in, direction: ingress, rate_mbps: 1, burst_mb: 1, priority: 1}\n      - {name: out, direction: egress, rate_mbps: 1, burst_mb: 1, priority: 1}\n";
+    // Two buckets per EIP; 8 191 buckets: 4 × 1 024 EIPs is one too many.
+    let gws = |last: usize| -> String {
+        (0..4).map(|i| gw(i, if i == 3 { last } else { 1024 }, ", qos_policy: p", "")).collect()
+    };
+    load_str(&doc("", &gws(1023), policy), Format::Yaml).unwrap_or_else(|e| panic!("8 190 buckets: {e}"));
+    over_budget(&doc("", &gws(1024), policy), "nat_gateways[3]", "qos_config").unwrap();
+}
+
+#[test]
+fn one_load_balancer_alone_can_go_over_the_budget_of_backend_slots() {
+    // Without a scheduler a backend takes a slot per unit of weight (at
+    // most 16): 1 024 backends of weight 16 are 16 384 slots a listener,
+    // plus two mapped-port entries per backend; the budget is 131 072.
+    let make =
+        |n: usize| doc(&lb(0, &listeners(n, ""), &format!("{{id: g, backends: [{}]}}", backends(1024, 16))), "", "");
+    load_str(&make(7), Format::Yaml).unwrap_or_else(|e| panic!("7 listeners: {e}"));
+    over_budget(&make(8), "load_balancers[0]", "dnat_backends").unwrap();
 }
 
 #[test]

@@ -1,11 +1,135 @@
-//! Non-negative decimal quantities written as numbers or strings
-//! (`10`, `2.5`, `"0.5"`). Rejected: units (`100Mbit`), signs (`-1`), a bare
-//! fraction (`.5`), exponents, hex (`0x64`), anything else. Kept as a scaled
-//! integer (millionths) so conversions are exact.
+//! Numbers as the state file writes them: plain decimal digits.
+//!
+//! - Integers (ports, prefix lengths, weights, priorities, seconds,
+//!   counts): `80`, or `"80"`. Rejected: signs (`+80`, `-1`), leading
+//!   zeros (`080`), hex, octal and binary (`0x50`, `0o12`, `0b101`),
+//!   fractions and exponents (`80.0`, `1e3`), `_` separators.
+//! - Non-negative decimal quantities (rates, bursts) written as numbers or
+//!   strings (`10`, `2.5`, `"0.5"`). Rejected: units (`100Mbit`), signs
+//!   (`-1`, `+1`), a bare fraction (`.5`), leading zeros (`010`), exponents,
+//!   hex (`0x64`), anything else. Kept as a scaled integer (millionths) so
+//!   conversions are exact.
+//!
+//! YAML resolves `+80`, `0x50`, `0o12` and `1e3` to numbers before a field
+//! sees them, so while `load::parse` reads a YAML document (`reading_yaml`)
+//! these fields ask for the scalar's text instead and check it themselves.
+//! JSON numbers are decimal by grammar (no sign, no leading zero); JSON
+//! gives a field the number's value (an exponent is not seen there).
 
-use std::fmt;
+use std::{cell::Cell, fmt, marker::PhantomData};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+
+thread_local! {
+    /// Set while `load::parse` deserializes a YAML document.
+    static YAML_TEXT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` (a YAML deserialization) with number fields reading the
+/// scalars' text.
+pub(super) fn reading_yaml<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            YAML_TEXT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(YAML_TEXT.with(|c| c.replace(true)));
+    f()
+}
+
+fn yaml_text() -> bool {
+    YAML_TEXT.with(Cell::get)
+}
+
+/// Whether `s` is some other spelling of a number (a sign, a prefix, a
+/// fraction, an exponent, `.inf`), as opposed to something else entirely.
+fn looks_numeric(s: &str) -> bool {
+    let t = s.trim_start_matches(['+', '-']);
+    let t = t.strip_prefix('.').unwrap_or(t);
+    let spelled = t.starts_with(|c: char| c.is_ascii_digit())
+        && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+    spelled || matches!(t.to_ascii_lowercase().as_str(), "inf" | "nan")
+}
+
+/// An integer written in plain decimal digits, without a leading zero.
+fn plain_integer(s: &str) -> Result<u64, Option<String>> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0')) {
+        return s.parse().map_err(|_| Some(format!("{s} is too large")));
+    }
+    if looks_numeric(s) {
+        return Err(Some(format!(
+            "{s:?} is not a plain decimal integer (digits only: no sign, leading zero, 0x/0o/0b prefix, '_', \
+             fraction or exponent)"
+        )));
+    }
+    Err(None)
+}
+
+struct Integer<T>(PhantomData<T>);
+
+impl<'de, T: TryFrom<u64>> de::Visitor<'de> for Integer<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an integer in decimal digits")
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
+        T::try_from(v).map_err(|_| E::custom(format!("{v} is too large")))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<T, E> {
+        match u64::try_from(v) {
+            Ok(v) => self.visit_u64(v),
+            Err(_) => Err(E::custom(format!("{v} is negative"))),
+        }
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<T, E> {
+        Err(E::invalid_type(de::Unexpected::Float(v), &self))
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<T, E> {
+        Err(E::invalid_type(de::Unexpected::Bool(v), &self))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        match plain_integer(v) {
+            Ok(n) => self.visit_u64(n),
+            Err(Some(e)) => Err(E::custom(e)),
+            Err(None) => Err(match v {
+                "true" | "false" => E::invalid_type(de::Unexpected::Bool(v == "true"), &self),
+                "" | "~" | "null" => E::invalid_type(de::Unexpected::Unit, &self),
+                _ => E::invalid_type(de::Unexpected::Str(v), &self),
+            }),
+        }
+    }
+}
+
+/// `deserialize_with` for an integer field (`u8`, `u16`, `u32`): plain
+/// decimal digits only.
+pub fn integer<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<T, D::Error> {
+    if yaml_text() { d.deserialize_str(Integer(PhantomData)) } else { d.deserialize_any(Integer(PhantomData)) }
+}
+
+struct OptionalInteger<T>(PhantomData<T>);
+
+impl<'de, T: TryFrom<u64>> de::Visitor<'de> for OptionalInteger<T> {
+    type Value = Option<T>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an integer in decimal digits, or nothing")
+    }
+    fn visit_none<E: de::Error>(self) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Option<T>, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<T>, D::Error> {
+        integer(d).map(Some)
+    }
+}
+
+/// `deserialize_with` for an optional integer field (with
+/// `#[serde(default)]`).
+pub fn optional_integer<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+    d.deserialize_option(OptionalInteger(PhantomData))
+}
 
 /// Fixed point with 6 decimal places.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -22,7 +146,7 @@ impl Decimal {
             Some((i, f)) => (i, f),
             None => (s, ""),
         };
-        if int.is_empty() || !int.bytes().all(|b| b.is_ascii_digit()) {
+        if int.is_empty() || !int.bytes().all(|b| b.is_ascii_digit()) || (int.len() > 1 && int.starts_with('0')) {
             return Err(bad());
         }
         if s.contains('.') && (frac.is_empty() || !frac.bytes().all(|b| b.is_ascii_digit())) {
@@ -103,7 +227,7 @@ impl<'de> Deserialize<'de> for Decimal {
                 Decimal::parse(v).map_err(E::custom)
             }
         }
-        d.deserialize_any(V)
+        if yaml_text() { d.deserialize_str(V) } else { d.deserialize_any(V) }
     }
 }
 
@@ -128,6 +252,8 @@ mod tests {
             "0x64",
             "1.2.3",
             "+1",
+            "010",
+            "00.5",
             "1,5",
             "0.1234567",
             "$(reboot)",

@@ -4,7 +4,9 @@ use std::path::Path;
 
 pub use super::problem::{Problem, Problems};
 use super::{
+    decimal,
     model::StateFile,
+    nodes,
     spec::Desired,
     validate::{validate, warnings},
 };
@@ -30,12 +32,17 @@ impl Format {
 }
 
 /// Parses (no validation). Errors carry the field path where serde stopped.
+/// A YAML document is first counted with its aliases expanded
+/// (`nodes::max_nodes`), then read with its numbers checked as written
+/// (`decimal::reading_yaml`).
 pub fn parse(text: &str, format: Format) -> Result<StateFile, Problems> {
     let res = match format {
-        Format::Yaml => {
-            let de = serde_yaml::Deserializer::from_str(text);
-            serde_path_to_error::deserialize(de).map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
-        }
+        Format::Yaml => count_nodes(text).and_then(|()| {
+            decimal::reading_yaml(|| {
+                let de = serde_yaml::Deserializer::from_str(text);
+                serde_path_to_error::deserialize(de).map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
+            })
+        }),
         Format::Json => {
             let mut de = serde_json::Deserializer::from_str(text);
             serde_path_to_error::deserialize(&mut de).map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
@@ -47,6 +54,16 @@ pub fn parse(text: &str, format: Format) -> Result<StateFile, Problems> {
         let msg = msg.strip_prefix(&format!("{path}: ")).map(str::to_string).unwrap_or(msg);
         one(path, msg)
     })
+}
+
+/// Counts the nodes of a YAML document, aliases expanded, up to its budget.
+fn count_nodes(text: &str) -> Result<(), (String, String)> {
+    let budget = nodes::max_nodes(text.len());
+    let left = std::cell::Cell::new(budget);
+    let mut track = serde_path_to_error::Track::new();
+    let de = serde_path_to_error::Deserializer::new(serde_yaml::Deserializer::from_str(text), &mut track);
+    serde::de::DeserializeSeed::deserialize(nodes::Count { left: &left, budget }, de)
+        .map_err(|e| (track.path().to_string(), e.to_string()))
 }
 
 /// Parses and validates text.

@@ -1,9 +1,11 @@
 //! The desired state: model, parsing, validation.
 
 pub mod decimal;
+pub mod limits;
 pub mod load;
 pub mod model;
 pub mod names;
+pub mod nodes;
 pub mod problem;
 pub mod spec;
 pub mod validate;

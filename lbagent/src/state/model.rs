@@ -1,4 +1,4 @@
-//! The state file (DESIGN §3): field names are the contract. Unknown fields
+//! The state file (docs/state-file.md): field names are the contract. Unknown fields
 //! are errors. Values are kept as written (strings for addresses and CIDRs) so
 //! validation can report every problem with its path instead of stopping at
 //! the first parse failure. Validation turns it into `spec.rs`, the form
@@ -6,11 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::decimal::Decimal;
+use super::decimal::{Decimal, integer, optional_integer};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateFile {
+    #[serde(deserialize_with = "integer")]
     pub version: u32,
     #[serde(default)]
     pub agent: AgentConfig,
@@ -65,12 +66,19 @@ impl AgentConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConntrackTimeouts {
+    #[serde(default, deserialize_with = "optional_integer")]
     pub tcp_new_s: Option<u32>,
+    #[serde(default, deserialize_with = "optional_integer")]
     pub tcp_established_s: Option<u32>,
+    #[serde(default, deserialize_with = "optional_integer")]
     pub tcp_closing_s: Option<u32>,
+    #[serde(default, deserialize_with = "optional_integer")]
     pub udp_s: Option<u32>,
+    #[serde(default, deserialize_with = "optional_integer")]
     pub udp_stream_s: Option<u32>,
+    #[serde(default, deserialize_with = "optional_integer")]
     pub icmp_s: Option<u32>,
+    #[serde(default, deserialize_with = "optional_integer")]
     pub other_s: Option<u32>,
 }
 
@@ -135,6 +143,7 @@ pub struct LoadBalancer {
 pub struct LbNetwork {
     pub ip: String,
     pub mac: String,
+    #[serde(deserialize_with = "integer")]
     pub prefix_len: u8,
     pub gateway: String,
 }
@@ -180,6 +189,7 @@ pub struct Listener {
     pub id: String,
     #[serde(rename = "type")]
     pub kind: ListenerType,
+    #[serde(deserialize_with = "integer")]
     pub port: u32,
     pub backend_group: String,
     #[serde(default)]
@@ -198,11 +208,11 @@ pub struct Listener {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerTimeouts {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
     pub connect: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
     pub client: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
     pub server: Option<u32>,
 }
 
@@ -244,20 +254,20 @@ pub struct HealthCheck {
     #[serde(rename = "type")]
     pub kind: HealthCheckType,
     /// Seconds between checks (default 5).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
     pub interval: Option<u32>,
     /// Successes to mark up (default 2) / failures to mark down (default 3).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
     pub rise: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
     pub fall: Option<u32>,
     /// Seconds to wait for an answer (default 2).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
     pub timeout: Option<u32>,
     /// HTTP checks: path and expected status.
     #[serde(default)]
     pub path: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "optional_integer")]
     pub expect_status: Option<u16>,
 }
 
@@ -274,8 +284,9 @@ pub struct BackendGroup {
 pub struct Backend {
     pub id: String,
     pub address: String,
+    #[serde(deserialize_with = "integer")]
     pub port: u32,
-    #[serde(default = "one")]
+    #[serde(default = "one", deserialize_with = "integer")]
     pub weight: u32,
 }
 
@@ -307,6 +318,7 @@ pub struct NatGateway {
 #[serde(deny_unknown_fields)]
 pub struct GwLan {
     pub ip: String,
+    #[serde(deserialize_with = "integer")]
     pub prefix_len: u8,
     pub mac: String,
     pub gateway: String,
@@ -316,6 +328,7 @@ pub struct GwLan {
 #[serde(deny_unknown_fields)]
 pub struct GwExternal {
     pub bridge: String,
+    #[serde(deserialize_with = "integer")]
     pub prefix_len: u8,
     pub gateway: String,
 }
@@ -358,8 +371,10 @@ pub use crate::proto::Protocol;
 pub struct Dnat {
     pub eip: String,
     pub protocol: Protocol,
+    #[serde(deserialize_with = "integer")]
     pub external_port: u32,
     pub internal_ip: String,
+    #[serde(deserialize_with = "integer")]
     pub internal_port: u32,
     #[serde(default)]
     pub mode: DnatMode,
@@ -406,6 +421,7 @@ pub struct QosRule {
     pub rate_mbps: Decimal,
     /// MB, binary (× 2²⁰ bytes).
     pub burst_mb: Decimal,
+    #[serde(deserialize_with = "integer")]
     pub priority: u32,
     /// `src <CIDR>` or `dst <CIDR>`; all traffic when absent.
     #[serde(rename = "match", default)]

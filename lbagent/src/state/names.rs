@@ -3,7 +3,7 @@
 
 use std::net::Ipv4Addr;
 
-/// Interface names: 1–15 chars of `[A-Za-z0-9_-]`.
+/// Interface names: 1–15 chars of `[A-Za-z0-9_-]`, not starting with `-`.
 pub fn check_ifname(s: &str) -> Result<(), String> {
     if s.is_empty() || s.len() > 15 {
         return Err(format!("{s:?}: interface names have 1 to 15 characters"));
@@ -11,7 +11,7 @@ pub fn check_ifname(s: &str) -> Result<(), String> {
     if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
         return Err(format!("{s:?}: interface names use only letters, digits, '_' and '-'"));
     }
-    Ok(())
+    not_an_option(s)
 }
 
 /// Object ids and names that become part of namespace/link names.
@@ -21,6 +21,70 @@ pub fn check_id(s: &str, min: usize, max: usize) -> Result<(), String> {
     }
     if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
         return Err(format!("{s:?}: only letters, digits, '-' and '_' are allowed"));
+    }
+    not_an_option(s)
+}
+
+/// Names reach command lines (`ovs-vsctl br-exists <bridge>`, `add-port
+/// <bridge> <port>`) and link names as whole arguments: one that starts
+/// with `-` would be read as an option there.
+fn not_an_option(s: &str) -> Result<(), String> {
+    if s.starts_with('-') {
+        return Err(format!("{s:?} starts with '-' (it would read as an option on a command line)"));
+    }
+    Ok(())
+}
+
+/// Unicode format characters (general category Cf, Unicode 15): bidi
+/// embeddings, overrides and isolates, zero-width spaces and joiners, the
+/// byte order mark, invisible operators, tag characters.
+const FORMAT_CHARS: [(u32, u32); 21] = [
+    (0x00AD, 0x00AD),
+    (0x0600, 0x0605),
+    (0x061C, 0x061C),
+    (0x06DD, 0x06DD),
+    (0x070F, 0x070F),
+    (0x0890, 0x0891),
+    (0x08E2, 0x08E2),
+    (0x180E, 0x180E),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x2064),
+    (0x2066, 0x206F),
+    (0xFEFF, 0xFEFF),
+    (0xFFF9, 0xFFFB),
+    (0x110BD, 0x110BD),
+    (0x110CD, 0x110CD),
+    (0x13430, 0x1343F),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0001, 0xE0001),
+    (0xE0020, 0xE007F),
+];
+
+/// Whether `c` is a format character (general category Cf).
+pub fn is_format_char(c: char) -> bool {
+    let c = c as u32;
+    FORMAT_CHARS.iter().any(|(lo, hi)| (*lo..=*hi).contains(&c))
+}
+
+/// Free text an operator reads back (a load balancer's `name`, shown by
+/// `lbagent status` and in logs): at most `max` characters, none that
+/// hides or reorders what is shown: control characters (Cc), line and
+/// paragraph separators, format characters (Cf: bidi controls such as
+/// U+202E, zero-width characters such as U+200B).
+pub fn check_free_text(s: &str, max: usize) -> Result<(), String> {
+    if s.chars().count() > max {
+        return Err(format!("names have at most {max} characters"));
+    }
+    if let Some(c) = s.chars().find(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')) {
+        return Err(format!("control character U+{:04X}: names have no control characters", c as u32));
+    }
+    if let Some(c) = s.chars().find(|c| is_format_char(*c)) {
+        return Err(format!(
+            "format character U+{:04X}: names have no invisible or bidi control characters (Unicode Cf)",
+            c as u32
+        ));
     }
     Ok(())
 }
@@ -122,7 +186,8 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     }
     let mut mac = [0u8; 6];
     for (i, p) in parts.iter().enumerate() {
-        if p.len() != 2 {
+        // Two hex digits: `from_str_radix` alone would take `+5`.
+        if p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
         }
         mac[i] = u8::from_str_radix(p, 16).map_err(|_| bad())?;

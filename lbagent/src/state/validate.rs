@@ -1,5 +1,6 @@
 //! Validation: every problem, each with its path. Enforces the reference
-//! systems' rules (DESIGN §2, §3) on top of what parsing already checked.
+//! systems' rules (docs/state-file.md) on top of what parsing already
+//! checked.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -7,10 +8,11 @@ use std::{
 };
 
 use super::{
+    limits,
     model::*,
     names::{
-        check_host_class, check_host_in, check_id, check_ifname, check_net_class, in_subnet, overlaps, parse_cidr,
-        parse_ip, parse_mac,
+        check_free_text, check_host_class, check_host_in, check_id, check_ifname, check_net_class, in_subnet, mask,
+        overlaps, parse_cidr, parse_ip, parse_mac,
     },
     problem::Problem,
 };
@@ -110,7 +112,7 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
     for (i, gw) in s.nat_gateways.iter().enumerate() {
         let p = format!("nat_gateways[{i}]");
         c.unique(&mut gw_names, gw.name.clone(), &format!("{p}.name"), || format!("NAT gateway name {:?}", gw.name));
-        nat_gateway(&mut c, &p, gw, &policies, &mut unshared_uses, &all_eips);
+        nat_gateway(&mut c, &p, gw, &s.agent.integration_bridge, &policies, &mut unshared_uses, &all_eips);
     }
     for (name, n) in unshared_uses {
         if n > 1 {
@@ -118,6 +120,8 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
             c.err(format!("qos_policies[{i}].shared"), format!("policy {name:?} is not shared but bound to {n} EIPs"));
         }
     }
+    c.problems.extend(limits::object_limits(s));
+    c.problems.extend(limits::host_budget(s));
     c.problems
 }
 
@@ -178,10 +182,8 @@ fn derived_names(c: &mut Check, s: &StateFile) {
 fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
     c.ok(&format!("{p}.id"), check_id(&lb.id, LB_ID_MIN, 64));
     let n = &lb.network;
-    if let Some(name) = &lb.name
-        && (name.chars().count() > 64 || name.chars().any(char::is_control))
-    {
-        c.err(format!("{p}.name"), "names have at most 64 characters and no control characters");
+    if let Some(name) = &lb.name {
+        c.ok(&format!("{p}.name"), check_free_text(name, 64));
     }
     let ip = c.ok(&format!("{p}.network.ip"), parse_ip(&n.ip));
     c.ok(&format!("{p}.network.mac"), parse_mac(&n.mac));
@@ -268,7 +270,7 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
             }
         }
         if let Some(h) = &l.health_check {
-            health_check(c, &format!("{lp}.health_check"), h);
+            health_check(c, &format!("{lp}.health_check"), h, l.kind);
         }
         if let Some(t) = &l.timeouts {
             if l.effective_mode() != ListenerMode::Proxy {
@@ -283,7 +285,10 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
     }
 }
 
-fn health_check(c: &mut Check, p: &str, h: &HealthCheck) {
+/// A listener's health check: its numbers, the fields of its type, and a
+/// type that probes what the listener serves.
+fn health_check(c: &mut Check, p: &str, h: &HealthCheck, listener: ListenerType) {
+    let mut in_range = true;
     for (name, v, max) in
         [("interval", h.interval, 3600), ("rise", h.rise, 100), ("fall", h.fall, 100), ("timeout", h.timeout, 3600)]
     {
@@ -291,6 +296,19 @@ fn health_check(c: &mut Check, p: &str, h: &HealthCheck) {
             && (v == 0 || v > max)
         {
             c.err(format!("{p}.{name}"), format!("{v} is out of range (1-{max})"));
+            in_range = false;
+        }
+    }
+    // A probe that may outlast its interval would overlap the next one.
+    let interval = h.interval.unwrap_or(crate::state::spec::HealthCheck::DEFAULT_INTERVAL_S);
+    let timeout = h.timeout.unwrap_or(crate::state::spec::HealthCheck::DEFAULT_TIMEOUT_S);
+    if in_range && timeout > interval {
+        match h.timeout {
+            Some(_) => c.err(format!("{p}.timeout"), format!("{timeout} s is longer than the interval ({interval} s)")),
+            None => c.err(
+                format!("{p}.interval"),
+                format!("{interval} s is shorter than the default timeout ({timeout} s); set a timeout of at most {interval}"),
+            ),
         }
     }
     if let Some(path) = &h.path {
@@ -300,10 +318,38 @@ fn health_check(c: &mut Check, p: &str, h: &HealthCheck) {
             c.ok(&format!("{p}.path"), check_health_path(path));
         }
     }
-    if let Some(s) = h.expect_status
-        && !(100..=599).contains(&s)
-    {
-        c.err(format!("{p}.expect_status"), format!("{s} is not an HTTP status"));
+    if let Some(s) = h.expect_status {
+        if h.kind != HealthCheckType::Http {
+            c.err(format!("{p}.expect_status"), "only http health checks expect a status");
+        } else if !(100..=599).contains(&s) {
+            c.err(format!("{p}.expect_status"), format!("{s} is not an HTTP status"));
+        }
+    }
+    let misfit = match (listener, h.kind) {
+        (ListenerType::Udp, HealthCheckType::Udp) => None,
+        (ListenerType::Udp, k) => Some(format!(
+            "{} check probes TCP; a udp listener's backends are checked with type: udp",
+            if k == HealthCheckType::Http { "an http" } else { "a tcp" }
+        )),
+        (_, HealthCheckType::Udp) => {
+            Some(format!("a udp check cannot probe a {} listener's backends (use tcp or http)", kind_name(listener)))
+        }
+        (ListenerType::Https, HealthCheckType::Http) => {
+            Some("an http check sends plain HTTP; an https listener's backends speak TLS (use tcp)".into())
+        }
+        _ => None,
+    };
+    if let Some(m) = misfit {
+        c.err(format!("{p}.type"), m);
+    }
+}
+
+fn kind_name(k: ListenerType) -> &'static str {
+    match k {
+        ListenerType::Http => "http",
+        ListenerType::Https => "https",
+        ListenerType::Tcp => "tcp",
+        ListenerType::Udp => "udp",
     }
 }
 
@@ -323,10 +369,58 @@ pub fn check_health_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Conntrack idle timeouts (seconds) below which a value reads as a typo
+/// (seconds written for minutes): accepted, with a warning.
+pub const CONNTRACK_TYPO_FLOORS: [(&str, u32); 6] = [
+    // A client that retries its SYN after 1 s and 3 s keeps its flow.
+    ("tcp_new_s", 5),
+    // An idle SSH session or pooled database connection is not cut.
+    ("tcp_established_s", 60),
+    // A DNS answer that takes a few seconds still finds its flow.
+    ("udp_s", 5),
+    ("udp_stream_s", 10),
+    ("icmp_s", 5),
+    // A tunnel (GRE, ESP) with a keepalive every 10-30 s keeps its flow.
+    ("other_s", 30),
+];
+
+/// Proxy-mode client and server timeouts (seconds) below which a value
+/// reads as a typo: accepted, with a warning.
+pub const PROXY_IDLE_TYPO_FLOOR: u32 = 5;
+
 /// What is accepted but changed or likely unintended: a QoS burst below
-/// the floor (raised to it). Reported by `lbagent validate` and the daemon.
+/// the floor (raised to it); a timeout too short to be meant (below
+/// `CONNTRACK_TYPO_FLOORS`, `PROXY_IDLE_TYPO_FLOOR`). Reported by
+/// `lbagent validate` and the daemon.
 pub fn warnings(s: &StateFile) -> Vec<Problem> {
     let mut c = Check::default();
+    for (name, v) in s.agent.conntrack.fields() {
+        let floor = CONNTRACK_TYPO_FLOORS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
+        if let (Some(v), Some(floor)) = (v, floor)
+            && v < floor
+        {
+            c.err(
+                format!("agent.conntrack.{name}"),
+                format!("{v} s is shorter than {floor} s: idle flows are cut after {v} s (the value is seconds)"),
+            );
+        }
+    }
+    for (i, lb) in s.load_balancers.iter().enumerate() {
+        for (j, l) in lb.listeners.iter().enumerate() {
+            let Some(t) = &l.timeouts else { continue };
+            for (name, v) in [("client", t.client), ("server", t.server)] {
+                if let Some(v) = v.filter(|v| (1..PROXY_IDLE_TYPO_FLOOR).contains(v)) {
+                    c.err(
+                        format!("load_balancers[{i}].listeners[{j}].timeouts.{name}"),
+                        format!(
+                            "{v} s is shorter than {PROXY_IDLE_TYPO_FLOOR} s: a {name} that pauses longer is cut \
+                             (the value is seconds)"
+                        ),
+                    );
+                }
+            }
+        }
+    }
     for (i, q) in s.qos_policies.iter().enumerate() {
         for (j, r) in q.rules.iter().enumerate() {
             let b = r.burst_mb.mb_to_bytes();
@@ -426,6 +520,7 @@ fn nat_gateway<'a>(
     c: &mut Check,
     p: &str,
     gw: &'a NatGateway,
+    integration_bridge: &str,
     policies: &HashMap<&str, &'a QosPolicy>,
     unshared_uses: &mut HashMap<&'a str, usize>,
     all_eips: &HashMap<Ipv4Addr, String>,
@@ -450,15 +545,42 @@ fn nat_gateway<'a>(
         }
     }
     c.ok(&format!("{p}.external.bridge"), check_ifname(&gw.external.bridge));
+    if gw.external.bridge == integration_bridge {
+        c.err(
+            format!("{p}.external.bridge"),
+            format!(
+                "{:?} is the integration bridge (agent.integration_bridge): the external side would be bridged \
+                 into the VPC",
+                gw.external.bridge
+            ),
+        );
+    }
     let ext_len = gw.external.prefix_len;
     c.prefix(&format!("{p}.external.prefix_len"), ext_len);
     let ext_gw = c.ok(&format!("{p}.external.gateway"), parse_ip(&gw.external.gateway));
     if let Some(g) = ext_gw {
         c.ok(&format!("{p}.external.gateway"), check_host_in(g, g, ext_len));
     }
+    if let (Some(g), Some(ip)) = (ext_gw, lan_ip)
+        && (1..=32).contains(&ext_len)
+        && (1..=32).contains(&lan_len)
+        && overlaps((g, ext_len), (ip, lan_len))
+    {
+        let net = |a: Ipv4Addr, len: u8| Ipv4Addr::from(u32::from(a) & mask(len));
+        c.err(
+            format!("{p}.external.gateway"),
+            format!(
+                "the external prefix {}/{ext_len} overlaps the LAN prefix {}/{lan_len} (EIPs and VPC hosts would \
+                 share addresses)",
+                net(g, ext_len),
+                net(ip, lan_len)
+            ),
+        );
+    }
     let lan_net = lan_ip.map(|ip| (ip, lan_len));
     let ext_net = ext_gw.map(|g| (g, ext_len));
     let mut route_cidrs = HashSet::new();
+    let mut routed: Vec<(Ipv4Addr, u8)> = Vec::new();
     for (i, r) in gw.routes.iter().enumerate() {
         let rp = format!("{p}.routes[{i}]");
         if let Some(cidr) = c.ok(&format!("{rp}.cidr"), parse_cidr(&r.cidr)) {
@@ -476,6 +598,9 @@ fn nat_gateway<'a>(
                 }
             }
             c.unique(&mut route_cidrs, cidr, &format!("{rp}.cidr"), || format!("route {}/{}", cidr.0, cidr.1));
+            if cidr.1 > 0 {
+                routed.push(cidr);
+            }
         }
         if let Some(via) = c.ok(&format!("{rp}.via"), parse_ip(&r.via))
             && let Some(ip) = lan_ip
@@ -489,7 +614,10 @@ fn nat_gateway<'a>(
             }
         }
     }
-    // Addresses a FIP/DNAT target may not be: the gateway's own and EIPs.
+    // Addresses a FIP/DNAT target may not be: the gateway's own and EIPs;
+    // and where it must be: a host of the LAN, or behind one of the
+    // gateway's routes (anything else would leave by the default route,
+    // to the external side).
     let own_target = |c: &mut Check, path: String, t: Ipv4Addr| {
         if let Err(e) = check_host_class(t) {
             c.err(path, e);
@@ -497,6 +625,18 @@ fn nat_gateway<'a>(
             c.err(path, format!("{t} is one of the gateway's own addresses"));
         } else if let Some(e) = all_eips.get(&t) {
             c.err(path, format!("{t} is an EIP ({e})"));
+        } else if let Some(ip) = lan_ip.filter(|_| (1..=32).contains(&lan_len)) {
+            if in_subnet(t, ip, lan_len) {
+                c.ok(&path, check_host_in(t, ip, lan_len));
+            } else if !routed.iter().any(|(net, len)| in_subnet(t, *net, *len)) {
+                c.err(
+                    path,
+                    format!(
+                        "{t} is neither on the LAN {}/{lan_len} nor behind one of the gateway's routes",
+                        Ipv4Addr::from(u32::from(ip) & mask(lan_len))
+                    ),
+                );
+            }
         }
     };
     if let Some(q) = &gw.qos_policy {
@@ -550,6 +690,7 @@ fn nat_gateway<'a>(
         }
     };
     let mut fip_eips = HashSet::new();
+    let mut fip_targets: HashMap<Ipv4Addr, usize> = HashMap::new();
     for (i, f) in gw.fips.iter().enumerate() {
         let fp = format!("{p}.fips[{i}]");
         resolve(c, format!("{fp}.eip"), &f.eip);
@@ -558,6 +699,17 @@ fn nat_gateway<'a>(
         });
         if let Some(t) = c.ok(&format!("{fp}.internal_ip"), parse_ip(&f.internal_ip)) {
             own_target(c, format!("{fp}.internal_ip"), t);
+            if let Some(first) = fip_targets.get(&t) {
+                c.err(
+                    format!("{fp}.internal_ip"),
+                    format!(
+                        "{t} already has a floating IP ({p}.fips[{first}]): an internal address has one FIP (its \
+                         traffic leaves from one EIP)"
+                    ),
+                );
+            } else {
+                fip_targets.insert(t, i);
+            }
         }
     }
     let mut identities: HashMap<(&str, Protocol, u32), Vec<DnatMode>> = HashMap::new();

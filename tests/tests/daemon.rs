@@ -651,3 +651,340 @@ fn local_endpoints_fail_closed() {
     );
     assert!(off.stop());
 }
+
+// Health checks: bounded, fair, and a prober that cannot start is reported.
+
+/// Margin over a check's own bound for the apply that follows a change and
+/// the status poll (the backend is reported down once the rules without it
+/// are written).
+const HEALTH_MARGIN: Duration = Duration::from_millis(1500);
+
+/// The backends a status lists as down.
+fn backends_down(s: &Value) -> HashSet<String> {
+    s["backends_down"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+/// How long until `key` is listed down (polled every 50 ms, at most `limit`).
+fn time_until_down(env: &Env, key: &str, limit: Duration) -> Duration {
+    let t = Instant::now();
+    loop {
+        if env.status().is_some_and(|s| backends_down(&s).contains(key)) {
+            return t.elapsed();
+        }
+        assert!(t.elapsed() < limit, "{key} not reported down within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The daemon's threads now.
+fn threads_of(pid: nix::unistd::Pid) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// A tenant's black holes do not hold back another tenant's checks: load
+/// balancer A has 50 backends whose SYNs are dropped (every probe runs to
+/// its 4 s timeout, and the next one starts at once), load balancer B one
+/// backend that goes dark. B's is reported down within fall × interval +
+/// timeout (plus the apply), A's 50 are all reported down, and while A's
+/// probes hang the daemon holds a handful of threads, not one per backend.
+#[test]
+fn black_holes_of_one_load_balancer_do_not_delay_anothers_checks() {
+    if !lbagent_tests::require_root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brq")).unwrap();
+    // A's backends: 50 addresses of one host that drops every TCP segment
+    // to port 9000 (no RST, no ICMP: a connect only ends at its deadline).
+    let sink = TestHost::on(|p| bridge.add_port(p), "10.72.0.100", 24, "").unwrap();
+    for i in 101..150 {
+        sink.ns.exec(&["ip", "addr", "add", &format!("10.72.0.{i}/24"), "dev", "eth0"]).unwrap();
+    }
+    sink.ns.exec(&["iptables", "-A", "INPUT", "-p", "tcp", "--dport", "9000", "-j", "DROP"]).unwrap();
+    let b1 = TestHost::on(|p| bridge.add_port(p), "10.73.0.21", 24, "").unwrap();
+    line_echo_server(&b1.ns.name, 9000, "h21").unwrap();
+    let (a, b) = (lb_id(), lb_id());
+    let slow = "{type: tcp, interval: 4, rise: 1, fall: 1, timeout: 4}";
+    let (interval, fall, timeout) = (1u64, 2u64, 1u64);
+    let fast = format!("{{type: tcp, interval: {interval}, rise: 1, fall: {fall}, timeout: {timeout}}}");
+    let holes: Vec<String> = (100..150).map(|i| format!("{{id: x{i}, address: 10.72.0.{i}, port: 9000}}")).collect();
+    let listener = |check: &str| format!("{{id: l, type: tcp, port: 9000, backend_group: g, health_check: {check}}}");
+    let doc_a = lb_state(&bridge.name, &a, 72, [listener(slow)], &format!("[{}]", holes.join(", ")));
+    let doc_b = lb_state(&bridge.name, &b, 73, [listener(&fast)], "[{id: b1, address: 10.73.0.21, port: 9000}]");
+    let second = &doc_b[doc_b.find("  - id:").unwrap()..];
+    let env = Env::new();
+    std::fs::write(env.state(), format!("{doc_a}{second}")).unwrap();
+    let daemon = env.start();
+    let applied = Instant::now();
+
+    // A's probes hang (each for 4 s): a handful of threads, not 50.
+    let mut most_threads = 0;
+    while applied.elapsed() < Duration::from_secs(3) {
+        most_threads = most_threads.max(threads_of(daemon.pid()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let a_keys: Vec<String> = (100..150).map(|i| format!("{a}/l/x{i}")).collect();
+    wait(|| env.status().is_some_and(|s| a_keys.iter().all(|k| backends_down(&s).contains(k))), "A's 50 backends down");
+    let a_down = applied.elapsed();
+    let key_b = format!("{b}/l/b1");
+    assert!(!backends_down(&env.status().unwrap()).contains(&key_b), "B's backend answers and is up");
+
+    // B's backend goes dark while A's probes keep hanging.
+    b1.ns.exec(&["ip", "link", "set", "eth0", "down"]).unwrap();
+    let detected = time_until_down(&env, &key_b, Duration::from_secs(40));
+    let bound = Duration::from_secs(fall * interval + timeout);
+    eprintln!(
+        "measured: B's dead backend reported down after {detected:?} (fall x interval + timeout = {bound:?}); \
+         A's 50 black holes all down {a_down:?} after the first apply; at most {most_threads} daemon threads \
+         while A's probes hung"
+    );
+    assert!(detected <= bound + HEALTH_MARGIN, "B's check was held back: {detected:?} > {bound:?} + margin");
+    assert!(most_threads < 20, "{most_threads} threads: a thread per probe");
+    let s = env.status().unwrap();
+    assert!(s["health_prober"]["running"] == true, "{}", s["health_prober"]);
+}
+
+/// A TCP server in `ns` on `port` that reads each request and then answers
+/// with `reply`, one byte every `pace` (`None`: never answers, holds the
+/// connection). Runs until the test process ends.
+fn slow_http_server(ns: &str, port: u16, reply: Option<(&'static [u8], Duration)>) {
+    use std::io::{Read, Write};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let _ = lbagent_tests::topology::spawn_in(ns, move || {
+        let l = std::net::TcpListener::bind(("0.0.0.0", port))?;
+        tx.send(()).ok();
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            std::thread::spawn(move || {
+                let _ = s.read(&mut [0u8; 1024]);
+                match reply {
+                    Some((bytes, pace)) => {
+                        for b in bytes {
+                            std::thread::sleep(pace);
+                            if s.write_all(std::slice::from_ref(b)).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    None => std::thread::sleep(Duration::from_secs(120)),
+                }
+            });
+        }
+        Ok(())
+    });
+    rx.recv_timeout(Duration::from_secs(5)).expect("server started");
+}
+
+/// An HTTP check is bounded by its timeout end to end: a backend that
+/// accepts the connection and never answers, and one that sends a good
+/// answer a byte every 300 ms (every read within the 1 s timeout, the whole
+/// answer in 6 s), are marked down within the timeout of their first check;
+/// a backend that answers stays up.
+#[test]
+fn http_checks_are_bounded_by_their_timeout_end_to_end() {
+    if !lbagent_tests::require_root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brw")).unwrap();
+    let h = TestHost::on(|p| bridge.add_port(p), "10.74.0.21", 24, "").unwrap();
+    lbagent_tests::traffic::http_server(&h.ns.name, 8080, "h21").unwrap();
+    slow_http_server(&h.ns.name, 8081, None);
+    slow_http_server(&h.ns.name, 8082, Some((b"HTTP/1.0 200 OK\r\n\r\n", Duration::from_millis(300))));
+    let timeout = Duration::from_secs(1);
+    let check = "{type: http, path: /, interval: 3, rise: 1, fall: 1, timeout: 1}";
+    let id = lb_id();
+    let env = Env::new();
+    std::fs::write(
+        env.state(),
+        lb_state(
+            &bridge.name,
+            &id,
+            74,
+            [format!("{{id: l, type: tcp, port: 8080, backend_group: g, health_check: {check}}}")],
+            "[{id: good, address: 10.74.0.21, port: 8080}, {id: mute, address: 10.74.0.21, port: 8081}, \
+             {id: drip, address: 10.74.0.21, port: 8082}]",
+        ),
+    )
+    .unwrap();
+    let _daemon = env.start();
+    // The first checks start with the first apply.
+    let applied = Instant::now();
+    let (mute, drip) = (format!("{id}/l/mute"), format!("{id}/l/drip"));
+    let (mut mute_down, mut drip_down) = (None, None);
+    while mute_down.is_none() || drip_down.is_none() {
+        assert!(applied.elapsed() < Duration::from_secs(20), "mute down after {mute_down:?}, drip after {drip_down:?}");
+        let down = env.status().map(|s| backends_down(&s)).unwrap_or_default();
+        for (key, at) in [(&mute, &mut mute_down), (&drip, &mut drip_down)] {
+            if at.is_none() && down.contains(key) {
+                *at = Some(applied.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (mute_down, drip_down) = (mute_down.unwrap(), drip_down.unwrap());
+    eprintln!(
+        "measured: a backend that never answers reported down {mute_down:?} after the first apply, one that \
+         drips its answer {drip_down:?} (timeout {timeout:?})"
+    );
+    assert!(mute_down <= timeout + HEALTH_MARGIN, "a mute backend held its check {mute_down:?}");
+    assert!(drip_down <= timeout + HEALTH_MARGIN, "a dripping backend held its check {drip_down:?}");
+    std::thread::sleep(Duration::from_secs(4));
+    let s = env.status().unwrap();
+    assert!(!backends_down(&s).contains(&format!("{id}/l/good")), "the answering backend is up: {s}");
+}
+
+/// A pids cgroup (the v1 `pids` hierarchy, or v2 with the pids controller):
+/// caps the tasks (threads) of the processes in it. Processes are moved
+/// back and the group removed on drop, also when the test fails.
+struct PidsGroup {
+    dir: PathBuf,
+    parent: PathBuf,
+}
+
+impl PidsGroup {
+    /// `None` (skip) when the host has no pids controller; under
+    /// `CI=true` that fails instead.
+    fn new(name: &str) -> Option<PidsGroup> {
+        use std::path::Path;
+        let v1 = Path::new("/sys/fs/cgroup/pids");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let parent = if v1.join("pids.max").exists() || v1.join("cgroup.procs").exists() {
+            v1.to_path_buf()
+        } else if std::fs::read_to_string(v2.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "pids"))
+        {
+            std::fs::write(v2.join("cgroup.subtree_control"), "+pids").expect("enabling the pids controller");
+            v2.to_path_buf()
+        } else {
+            assert!(std::env::var_os("CI").is_none_or(|v| v != "true"), "no pids cgroup controller under CI");
+            eprintln!("skipped: no pids cgroup controller on this host");
+            return None;
+        };
+        let dir = parent.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        Some(PidsGroup { dir, parent })
+    }
+
+    fn set_max(&self, max: &str) {
+        std::fs::write(self.dir.join("pids.max"), max).unwrap();
+    }
+
+    fn current(&self) -> u32 {
+        std::fs::read_to_string(self.dir.join("pids.current")).unwrap().trim().parse().unwrap()
+    }
+
+    /// A script that moves itself into the group, then runs `lbagent`
+    /// with its arguments (the agent starts inside, every thread counted).
+    fn launcher(&self, at: &std::path::Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let script = format!(
+            "#!/bin/sh\necho $$ > {}\nexec {} \"$@\"\n",
+            self.dir.join("cgroup.procs").display(),
+            lbagent_bin().display()
+        );
+        std::fs::write(at, script).unwrap();
+        std::fs::set_permissions(at, std::fs::Permissions::from_mode(0o755)).unwrap();
+        at.to_path_buf()
+    }
+}
+
+impl Drop for PidsGroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("pids.max"), "max");
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write(self.parent.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The prober's thread cannot be created (the daemon's pids cgroup is
+/// full): the daemon keeps running, says so in the log, the status and the
+/// metrics, and starts the prober once it can. A running prober creates
+/// no thread per check, so a time when no thread can be created does not
+/// stop the checks.
+#[test]
+fn a_prober_that_cannot_start_is_reported_and_started_later() {
+    if !lbagent_tests::require_root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let Some(group) = PidsGroup::new(&unique("lbapid")) else { return };
+    let bridge = OvsBridge::new(&unique("brp")).unwrap();
+    let b1 = TestHost::on(|p| bridge.add_port(p), "10.75.0.21", 24, "").unwrap();
+    line_echo_server(&b1.ns.name, 9000, "h21").unwrap();
+    let env = Env::new();
+    let launcher = group.launcher(&env.path("in-group.sh"));
+    let args: Vec<String> = ["--state", env.state().to_str().unwrap(), "--repair-interval", "3600"]
+        .into_iter()
+        .chain(["--metrics", &format!("127.0.0.1:{}", env.metrics_port)])
+        .map(String::from)
+        .collect();
+    // A refused document: the daemon starts and applies nothing (no thread
+    // but its own). Its threads once up, prober included:
+    std::fs::write(env.state(), "version: 99\n").unwrap();
+    let refused = || env.status().is_some_and(|s| s["rejected_state"].is_array());
+    let mut first = env.spawn(&launcher, &args, "daemon.log");
+    wait(refused, "the first daemon up");
+    let threads = group.current();
+    assert!(first.stop());
+
+    // One thread fewer: the prober's cannot be created.
+    group.set_max(&(threads - 1).to_string());
+    let mut daemon = env.spawn(&launcher, &args, "daemon2.log");
+    wait(
+        || {
+            assert!(daemon.running(), "the daemon died: {}", daemon.log());
+            refused()
+        },
+        "the daemon up without its prober",
+    );
+    wait(|| env.status().is_some_and(|s| s["health_prober"]["error"].is_string()), "the failure reported");
+    let s = env.status().unwrap();
+    assert_eq!(s["health_prober"]["running"], false, "{}", s["health_prober"]);
+    assert!(s["health_prober"]["error"].as_str().unwrap().contains("creating the prober thread"), "{s}");
+    assert!(daemon.log().contains("health prober: its thread could not be created"), "{}", daemon.log());
+    group.set_max("max");
+    let m = env.metrics();
+    let metric = |m: &str, name: &str| -> u64 {
+        let line = m.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_else(|| panic!("{name}: {m}"));
+        line[name.len() + 1..].parse().unwrap()
+    };
+    assert_eq!(metric(&m, "lbagent_health_prober_running"), 0, "{m}");
+    assert!(metric(&m, "lbagent_health_prober_failures_total") >= 1, "{m}");
+
+    // A valid document: the prober starts with its apply, and checks run.
+    std::fs::write(
+        env.state(),
+        lb_state(
+            &bridge.name,
+            &lb_id(),
+            75,
+            [format!("{{id: l, type: tcp, port: 9000, backend_group: g, health_check: {FAST_CHECK}}}")],
+            "[{id: b1, address: 10.75.0.21, port: 9000}]",
+        ),
+    )
+    .unwrap();
+    wait(|| env.status().is_some_and(|s| s["health_prober"]["running"] == true), "the prober started");
+    assert_eq!(metric(&env.metrics(), "lbagent_health_prober_running"), 1);
+    let probes = |s: &Value| s["health_prober"]["probes"].as_u64().unwrap_or(0);
+    wait(|| env.status().is_some_and(|s| probes(&s) > 0), "checks run");
+
+    // No thread can be created for 3 s: the checks go on (one per second).
+    let before = probes(&env.status().unwrap());
+    group.set_max(&group.current().to_string());
+    std::thread::sleep(Duration::from_secs(3));
+    let during = probes(&env.status().unwrap());
+    group.set_max("max");
+    assert!(daemon.running(), "the daemon died: {}", daemon.log());
+    assert!(during >= before + 2, "checks stopped while no thread could be created: {before} -> {during}");
+    let id = env.status().unwrap()["load_balancers"][0]["id"].as_str().unwrap().to_string();
+    b1.ns.exec(&["ip", "link", "set", "eth0", "down"]).unwrap();
+    time_until_down(&env, &format!("{id}/l/b1"), Duration::from_secs(15));
+    assert!(daemon.stop());
+}

@@ -68,6 +68,28 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
     );
     let _ = writeln!(out, "# TYPE lbagent_load_balancers gauge\nlbagent_load_balancers {}", doc.load_balancers.len());
     let _ = writeln!(out, "# TYPE lbagent_nat_gateways gauge\nlbagent_nat_gateways {}", doc.nat_gateways.len());
+    let p = &doc.health_prober;
+    out +=
+        "# HELP lbagent_health_prober_running Whether the direct-mode health prober runs (0: the status says why).\n";
+    let _ =
+        writeln!(out, "# TYPE lbagent_health_prober_running gauge\nlbagent_health_prober_running {}", p.running as u8);
+    out += "# HELP lbagent_health_prober_failures_total Times the prober could not start or stopped.\n";
+    let _ = writeln!(
+        out,
+        "# TYPE lbagent_health_prober_failures_total counter\nlbagent_health_prober_failures_total {}",
+        p.failures
+    );
+    let _ = writeln!(out, "# TYPE lbagent_health_probes_total counter\nlbagent_health_probes_total {}", p.probes);
+    out += "# HELP lbagent_health_checks_late_total Checks skipped: the backend already had a check waiting for a probe slot.\n";
+    let _ =
+        writeln!(out, "# TYPE lbagent_health_checks_late_total counter\nlbagent_health_checks_late_total {}", p.late);
+    let _ =
+        writeln!(out, "# TYPE lbagent_health_probes_in_flight gauge\nlbagent_health_probes_in_flight {}", p.in_flight);
+    let _ = writeln!(
+        out,
+        "# TYPE lbagent_health_backends_down gauge\nlbagent_health_backends_down {}",
+        doc.backends_down.len()
+    );
     out
 }
 

@@ -50,8 +50,9 @@ struct Daemon {
     reconciler: Reconciler<Host>,
     status: Arc<Mutex<Status>>,
     last_good: Option<Desired>,
-    /// Health checks the prober runs (refreshed after every apply).
-    checks: Arc<Mutex<Vec<health::Target>>>,
+    /// The direct-mode health prober (its checks refreshed, and the prober
+    /// started when it does not run, after every apply).
+    prober: health::Prober,
     /// An upgrade from the previous map layout waiting for an apply that
     /// attached every zone's new programs (`dataplane::migrate`).
     migration: Option<Migration>,
@@ -61,11 +62,12 @@ struct Daemon {
 
 impl Daemon {
     /// Refreshes the status document and the prober's check list.
-    fn publish(&self) {
+    fn publish(&mut self) {
         let targets = health::targets(self.reconciler.applied.lbs.values());
         let health = self.reconciler.realizer.health.clone();
         health.lock().unwrap().retain(&targets.iter().map(|t| t.key.clone()).collect::<Vec<_>>());
-        *self.checks.lock().unwrap() = targets;
+        self.prober.set_checks(targets);
+        self.prober.ensure_running();
         let mut st = self.status.lock().unwrap();
         st.refresh(&self.reconciler.applied, &self.reconciler.alloc);
         let down: Vec<String> =
@@ -186,48 +188,6 @@ fn newest(
     update
 }
 
-/// The prober: runs due health checks (in parallel, each inside its load
-/// balancer's namespace) and wakes the daemon when a backend changes state.
-fn prober(
-    checks: Arc<Mutex<Vec<health::Target>>>,
-    health: Arc<Mutex<health::Health>>,
-    wake: tokio::sync::mpsc::UnboundedSender<()>,
-) {
-    let mut schedule = health::Scheduler::default();
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        let targets = checks.lock().unwrap().clone();
-        let due = schedule.due(&targets, std::time::Instant::now());
-        if due.is_empty() {
-            continue;
-        }
-        let results: Vec<(health::Target, health::Probe)> = std::thread::scope(|s| {
-            let handles: Vec<_> = due.iter().map(|t| s.spawn(move || (t.clone(), health::probe(t)))).collect();
-            handles.into_iter().filter_map(|h| h.join().ok()).collect()
-        });
-        let mut changed = false;
-        for (t, probe) in results {
-            let ok = match probe {
-                health::Probe::Up => true,
-                health::Probe::Down => false,
-                health::Probe::LocalError(e) => {
-                    let (lb, l, b) = &t.key;
-                    warn!(object = %crate::naming::lb_zone_key(lb), "listener {l} backend {b}: check could not run ({e}); state kept");
-                    continue;
-                }
-            };
-            if health.lock().unwrap().observe(&t.key, ok, t.rise, t.fall) {
-                let (lb, l, b) = &t.key;
-                info!(object = %crate::naming::lb_zone_key(lb), "listener {l} backend {b} ({}) is {}", t.addr, if ok { "up" } else { "down" });
-                changed = true;
-            }
-        }
-        if changed && wake.send(()).is_err() {
-            return;
-        }
-    }
-}
-
 /// Runs the daemon on desired state from `source` (the state file, or etcd
 /// in fleet mode: `fleet::source`).
 pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
@@ -259,16 +219,16 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
         tokio::spawn(metrics::serve(l, opts.bpffs.clone(), status.clone()));
     }
 
-    let checks = Arc::new(Mutex::new(Vec::new()));
     let (wake, mut health_changed) = tokio::sync::mpsc::unbounded_channel();
-    {
-        let (checks, health) = (checks.clone(), reconciler.realizer.health.clone());
-        std::thread::spawn(move || prober(checks, health, wake));
-    }
+    let prober = {
+        let status = status.clone();
+        let report = move |r: &health::ProberReport| status.lock().unwrap().document.health_prober = r.clone();
+        health::Prober::new(reconciler.realizer.health.clone(), wake, report)
+    };
     let changed = Arc::new(tokio::sync::Notify::new());
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let feedback = source::Feedback { status: status.clone(), changed: changed.clone(), stop };
-    let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, checks, migration, changed };
+    let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, prober, migration, changed };
     // Handlers first: a SIGTERM that arrives during the first apply, or
     // while waiting for the first document, must still be a clean stop (it
     // was the default action, death, before).
@@ -279,11 +239,13 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     let refresh = Arc::new(tokio::sync::Notify::new());
     info!("desired state from {}", source.describe());
     let source_task = source.run(updates_tx, refresh.clone(), feedback);
-    let first = tokio::select! {
-        u = updates.recv() => Some(u.context("the desired-state source stopped before its first document")?),
-        _ = hup.recv() => { refresh.notify_one(); None }
-        _ = term.recv() => None,
-        _ = int.recv() => None,
+    let first = loop {
+        tokio::select! {
+            u = updates.recv() => break Some(u.context("the desired-state source stopped before its first document")?),
+            _ = hup.recv() => refresh.notify_one(),
+            _ = term.recv() => break None,
+            _ = int.recv() => break None,
+        }
     };
     let mut stopping = first.is_none();
     if let Some(first) = first {

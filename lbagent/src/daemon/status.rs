@@ -50,6 +50,9 @@ pub struct StatusDoc {
     /// Live counters by rule key (added by `lbagent status` from the maps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule_stats: Option<BTreeMap<String, lbagent_common::RuleStats>>,
+    /// The direct-mode health prober: running, or why not; its counters.
+    #[serde(default)]
+    pub health_prober: crate::lb::health::ProberReport,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

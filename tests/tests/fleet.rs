@@ -349,3 +349,135 @@ fn mutual_tls_with_a_per_host_user() {
     let (ok, _, err) = fleet_as(&ep, &ca_only, &["get", &h1]);
     assert!(!ok, "without a client certificate: {err}");
 }
+
+/// The operators' command line as documented: every `lbagent fleet`
+/// subcommand takes the etcd and TLS flags before or after its name, and
+/// `fleet status` reads the status keys in pages and lists a host whose
+/// status it cannot read as unreadable, with the reason, beside the others.
+mod cli_as_documented {
+    use std::{path::Path, process::Command};
+
+    use lbagent::fleet::{HostStatus, Outcome};
+    use lbagent_tests::{
+        etcd::{self, Etcd},
+        lbagent_bin, unique,
+    };
+    use serde_json::Value;
+
+    /// Flags every command against a plain-HTTP etcd takes (beside `--etcd`).
+    const PLAIN: &[&str] = &[];
+
+    /// `lbagent ARGS`: (exit ok, stdout, stderr).
+    fn lbagent(args: &[String]) -> (bool, String, String) {
+        let out = Command::new(lbagent_bin()).args(args).output().expect("running lbagent");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    }
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// `lbagent fleet <etcd flags> SUB…`
+    fn flags_before(etcd: &[String], sub: &[&str]) -> Vec<String> {
+        [strings(&["fleet"]), etcd.to_vec(), strings(sub)].concat()
+    }
+
+    /// `lbagent fleet SUB… <etcd flags>`, the order the usage line shows.
+    fn flags_after(etcd: &[String], sub: &[&str]) -> Vec<String> {
+        [strings(&["fleet"]), strings(sub), etcd.to_vec()].concat()
+    }
+
+    /// What `host`'s agent would report, written to its status key.
+    fn report(etcd: &Etcd, host: &str, st: &HostStatus) {
+        etcd.ctl(&["put", &format!("/lbagent/v1/status/{host}"), &serde_json::to_string(st).unwrap()]).unwrap();
+    }
+
+    fn write(dir: &Path, text: &str) -> String {
+        let file = dir.join(format!("{}.yaml", unique("doc")));
+        std::fs::write(&file, text).unwrap();
+        file.display().to_string()
+    }
+
+    #[test]
+    fn every_fleet_subcommand_takes_the_etcd_flags_before_or_after_its_name() {
+        if !etcd::available() {
+            return;
+        }
+        let tag = unique("lbfo");
+        let etcd = Etcd::start(&tag).unwrap();
+        let plain = [strings(&["--etcd", &etcd.endpoint()]), strings(PLAIN)].concat();
+        let host = format!("o-{tag}");
+        for (order, place) in
+            [("before", flags_before as fn(&[String], &[&str]) -> Vec<String>), ("after", flags_after)]
+        {
+            let doc = format!("version: 1\n# written with the flags {order} the subcommand\n");
+            let file = write(&etcd.dir, &doc);
+            let (ok, out, err) = lbagent(&place(&plain, &["put", &host, &file]));
+            assert!(ok && out.contains(&format!("host {host}: revision")), "put, flags {order}: {out}{err}");
+            let (ok, out, err) = lbagent(&place(&plain, &["get", &host]));
+            assert!(ok && out == doc, "get, flags {order}: {out}{err}");
+
+            let st = HostStatus {
+                seen_revision: Some(7),
+                running_revision: Some(7),
+                result: Outcome::Applied,
+                ..Default::default()
+            };
+            report(&etcd, &host, &st);
+            let (ok, out, err) = lbagent(&place(&plain, &["status", &host, "--json"]));
+            assert!(ok, "status HOST, flags {order}: {err}");
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(
+                (v[&host]["result"].as_str(), v[&host]["running_revision"].as_i64()),
+                (Some("applied"), Some(7)),
+                "{out}"
+            );
+            let (ok, out, err) = lbagent(&place(&plain, &["status"]));
+            assert!(
+                ok && out.contains(&format!("{host}: Applied, running revision 7")),
+                "status, flags {order}: {out}{err}"
+            );
+
+            let (ok, out, err) = lbagent(&place(&plain, &["drain", &host]));
+            assert!(ok, "drain, flags {order}: {out}{err}");
+            let (ok, out, err) = lbagent(&place(&plain, &["get", &host]));
+            assert!(ok && out == "version: 1\n", "the drained document, flags {order}: {out}{err}");
+        }
+        // Split between both places.
+        let split = [strings(&["fleet", "--etcd", &etcd.endpoint(), "get", &host]), strings(PLAIN)].concat();
+        let (ok, out, err) = lbagent(&split);
+        assert!(ok && out == "version: 1\n", "{out}{err}");
+    }
+
+    #[test]
+    fn the_tls_flags_go_before_or_after_the_subcommand() {
+        if !etcd::available() {
+            return;
+        }
+        let tag = unique("lbfs");
+        let etcd = Etcd::start_tls(&tag).unwrap();
+        let pki = etcd.pki.as_ref().unwrap();
+        let p = |p: std::path::PathBuf| p.display().to_string();
+        let ep = strings(&["--etcd", &etcd.endpoint()]);
+        let ca = strings(&["--etcd-ca", &p(pki.ca())]);
+        let identity = strings(&["--etcd-cert", &p(pki.cert("root")), "--etcd-key", &p(pki.key("root"))]);
+        let host = format!("s-{tag}");
+        let doc = "version: 1\n# over mutual TLS\n";
+        let file = write(&etcd.dir, doc);
+
+        let all = [ep.clone(), ca.clone(), identity.clone()].concat();
+        let (ok, out, err) = lbagent(&flags_after(&all, &["put", &host, &file]));
+        assert!(ok, "every flag after `put`: {out}{err}");
+        let (ok, out, err) =
+            lbagent(&[flags_before(&[ep.clone(), ca.clone()].concat(), &["get", &host]), identity.clone()].concat());
+        assert!(ok && out == doc, "the identity after `get`, the rest before: {out}{err}");
+        let (ok, _, err) = lbagent(&[flags_before(&identity, &["status"]), ep.clone(), ca.clone()].concat());
+        assert!(!ok && err.contains("no status reported"), "the endpoint and CA after `status`: {err}");
+        let (ok, out, err) = lbagent(&flags_after(&all, &["drain", &host]));
+        assert!(ok, "every flag after `drain`: {out}{err}");
+        // The flags after the name are the ones that make it work: without
+        // the client certificate, etcd refuses the connection.
+        let (ok, _, err) = lbagent(&flags_after(&[ep, ca].concat(), &["get", &host]));
+        assert!(!ok, "without a client certificate: {err}");
+    }
+}

@@ -625,3 +625,84 @@ fn local_endpoints_fail_closed() {
     );
     assert!(off.stop());
 }
+
+/// Operator commands read what runs: `maps meta` the layout the pins record
+/// (not the one compiled in), `status` the counters from the pins of the
+/// daemon that answers, without being told where they are.
+mod cli_reads_what_runs {
+    use std::process::Command;
+
+    use lbagent::dataplane::pins;
+    use lbagent_common::{LAYOUT_VERSION, MAP_META};
+    use lbagent_tests::{agent::AgentDirs, lbagent_bin, net::sh};
+    use serde_json::Value;
+
+    /// `lbagent ARGS`: (exit ok, stdout, stderr).
+    fn lbagent(args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(lbagent_bin()).args(args).output().expect("running lbagent");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    }
+
+    /// Writes `version` as the layout recorded in the pinned `meta` map at
+    /// `path` (`Meta {layout_version: u32, _pad0: u32}`, little endian).
+    fn record_layout(path: &std::path::Path, version: u32) {
+        let mut args = vec!["bpftool", "map", "update", "pinned", path.to_str().unwrap(), "key", "0", "0", "0", "0"];
+        let bytes: Vec<String> = version.to_le_bytes().iter().chain(&[0u8; 4]).map(u8::to_string).collect();
+        args.push("value");
+        args.extend(bytes.iter().map(String::as_str));
+        sh(&args).unwrap();
+    }
+
+    #[test]
+    fn maps_meta_shows_the_pinned_layout_and_says_when_it_is_not_this_builds() {
+        if !lbagent_tests::require_root() {
+            return;
+        }
+        // A daemon with nothing to run pins its maps and records its layout;
+        // stopped, it leaves them (the dataplane is not the daemon's).
+        let dirs = AgentDirs::new("lbam");
+        std::fs::write(dirs.path("state.yaml"), "version: 1\n").unwrap();
+        let args = ["--state", dirs.path("state.yaml").to_str().unwrap(), "--metrics", "off"].map(String::from);
+        let mut daemon = dirs.spawn(&lbagent_bin(), &args, "daemon.log");
+        lbagent_tests::wait_for(|| dirs.status().is_some_and(|s| !s["last_apply"].is_null()), "the daemon applied");
+        assert!(daemon.stop());
+        let bpffs = dirs.bpffs.to_str().unwrap();
+        let meta = |json: bool| {
+            let mut a = vec!["maps", "meta", "--bpffs", bpffs];
+            if json {
+                a.push("--json");
+            }
+            let (ok, out, err) = lbagent(&a);
+            assert!(ok, "maps meta: {err}");
+            out
+        };
+        let here = LAYOUT_VERSION;
+        let text = meta(false);
+        assert!(text.contains(&format!("pinned layout {here}, the same as this lbagent's")), "{text}");
+        let v: Value = serde_json::from_str(&meta(true)).unwrap();
+        assert_eq!(
+            (v["meta"]["layout_version"].as_u64(), v["meta"]["same"].as_bool()),
+            (Some(here.into()), Some(true)),
+            "{v}"
+        );
+
+        // The pinned record says another layout (what a newer agent's
+        // migration leaves): shown as it is, and the difference said.
+        let path = pins::versioned_dir(&dirs.bpffs).join(MAP_META);
+        record_layout(&path, here + 1);
+        let text = meta(false);
+        assert!(text.contains(&format!("pinned layout {}, NOT this lbagent's layout {here}", here + 1)), "{text}");
+        assert!(text.contains("refuses"), "{text}");
+        let v: Value = serde_json::from_str(&meta(true)).unwrap();
+        assert_eq!(v["meta"]["layout_version"].as_u64(), Some((here + 1).into()), "{v}");
+        assert_eq!(
+            (v["meta"]["binary_layout_version"].as_u64(), v["meta"]["same"].as_bool()),
+            (Some(here.into()), Some(false)),
+            "{v}"
+        );
+        record_layout(&path, here);
+        assert!(meta(false).contains("the same as this lbagent's"));
+        let (ok, out, err) = lbagent(&["maps", "--bpffs", bpffs]);
+        assert!(ok && out.contains("== meta ==") && out.contains("== ct =="), "{out}{err}");
+    }
+}

@@ -91,8 +91,17 @@ pub enum Command {
     Status {
         #[arg(long)]
         json: bool,
-        #[command(flatten)]
-        common: Common,
+        /// bpffs directory holding the daemon's pins, for the rule and QoS
+        /// counters (default: the daemon's own `--bpffs`, read from its
+        /// command line).
+        #[arg(long)]
+        bpffs: Option<PathBuf>,
+        /// Unix socket of the daemon's API.
+        #[arg(long, default_value = DEFAULT_API_SOCKET)]
+        api_socket: PathBuf,
+        /// Accepted like every command's; `status` does not use it.
+        #[arg(long, hide = true)]
+        state_dir: Option<PathBuf>,
     },
     /// Decode the pinned maps (works without the daemon).
     Maps {
@@ -185,7 +194,7 @@ pub fn main() -> Result<()> {
                 std::process::exit(2);
             }
         },
-        Command::Status { json, common } => status::run(&common.api_socket, &common.bpffs, json),
+        Command::Status { json, bpffs, api_socket, .. } => status::run(&api_socket, bpffs.as_deref(), json),
         Command::Maps { name, json, common } => maps::run(&common.bpffs, name.as_deref(), json),
         Command::Conntrack { action } => conntrack::run(action),
         Command::Fleet { action, etcd } => fleet::run(action, &etcd),

@@ -204,7 +204,7 @@ pub fn main() -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use clap::{Args as _, CommandFactory as _};
+    use clap::CommandFactory as _;
 
     use super::*;
 

@@ -988,3 +988,150 @@ fn a_prober_that_cannot_start_is_reported_and_started_later() {
     time_until_down(&env, &format!("{id}/l/b1"), Duration::from_secs(15));
     assert!(daemon.stop());
 }
+
+/// Operator commands read what runs: `maps meta` the layout the pins record
+/// (not the one compiled in), `status` the counters from the pins of the
+/// daemon that answers, without being told where they are.
+mod cli_reads_what_runs {
+    use std::process::Command;
+
+    use lbagent::dataplane::pins;
+    use lbagent_common::{LAYOUT_VERSION, MAP_META};
+    use lbagent_tests::{
+        agent::AgentDirs,
+        bed::{HostLock, lb_id, lb_state},
+        hosts::TestHost,
+        lbagent_bin,
+        net::sh,
+        ovs::OvsBridge,
+        traffic::{ask_tcp, line_echo_server},
+        unique,
+    };
+    use serde_json::Value;
+
+    /// `lbagent ARGS`: (exit ok, stdout, stderr).
+    fn lbagent(args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(lbagent_bin()).args(args).output().expect("running lbagent");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    }
+
+    /// Writes `version` as the layout recorded in the pinned `meta` map at
+    /// `path` (`Meta {layout_version: u32, _pad0: u32}`, little endian).
+    fn record_layout(path: &std::path::Path, version: u32) {
+        let mut args = vec!["bpftool", "map", "update", "pinned", path.to_str().unwrap(), "key", "0", "0", "0", "0"];
+        let bytes: Vec<String> = version.to_le_bytes().iter().chain(&[0u8; 4]).map(u8::to_string).collect();
+        args.push("value");
+        args.extend(bytes.iter().map(String::as_str));
+        sh(&args).unwrap();
+    }
+
+    #[test]
+    fn maps_meta_shows_the_pinned_layout_and_says_when_it_is_not_this_builds() {
+        if !lbagent_tests::require_root() {
+            return;
+        }
+        // A daemon with nothing to run pins its maps and records its layout;
+        // stopped, it leaves them (the dataplane is not the daemon's).
+        let dirs = AgentDirs::new("lbam");
+        std::fs::write(dirs.path("state.yaml"), "version: 1\n").unwrap();
+        let args = ["--state", dirs.path("state.yaml").to_str().unwrap(), "--metrics", "off"].map(String::from);
+        let mut daemon = dirs.spawn(&lbagent_bin(), &args, "daemon.log");
+        lbagent_tests::wait_for(|| dirs.status().is_some_and(|s| !s["last_apply"].is_null()), "the daemon applied");
+        assert!(daemon.stop());
+        let bpffs = dirs.bpffs.to_str().unwrap();
+        let meta = |json: bool| {
+            let mut a = vec!["maps", "meta", "--bpffs", bpffs];
+            if json {
+                a.push("--json");
+            }
+            let (ok, out, err) = lbagent(&a);
+            assert!(ok, "maps meta: {err}");
+            out
+        };
+        let here = LAYOUT_VERSION;
+        let text = meta(false);
+        assert!(text.contains(&format!("pinned layout {here}, the same as this lbagent's")), "{text}");
+        let v: Value = serde_json::from_str(&meta(true)).unwrap();
+        assert_eq!(
+            (v["meta"]["layout_version"].as_u64(), v["meta"]["same"].as_bool()),
+            (Some(here.into()), Some(true)),
+            "{v}"
+        );
+
+        // The pinned record says another layout (what a newer agent's
+        // migration leaves): shown as it is, and the difference said.
+        let path = pins::versioned_dir(&dirs.bpffs).join(MAP_META);
+        record_layout(&path, here + 1);
+        let text = meta(false);
+        assert!(text.contains(&format!("pinned layout {}, NOT this lbagent's layout {here}", here + 1)), "{text}");
+        assert!(text.contains("refuses"), "{text}");
+        let v: Value = serde_json::from_str(&meta(true)).unwrap();
+        assert_eq!(v["meta"]["layout_version"].as_u64(), Some((here + 1).into()), "{v}");
+        assert_eq!(
+            (v["meta"]["binary_layout_version"].as_u64(), v["meta"]["same"].as_bool()),
+            (Some(here.into()), Some(false)),
+            "{v}"
+        );
+        record_layout(&path, here);
+        assert!(meta(false).contains("the same as this lbagent's"));
+        let (ok, out, err) = lbagent(&["maps", "--bpffs", bpffs]);
+        assert!(ok && out.contains("== meta ==") && out.contains("== ct =="), "{out}{err}");
+    }
+
+    #[test]
+    fn status_reads_the_counters_from_the_daemons_own_pins() {
+        if !lbagent_tests::require_root() {
+            return;
+        }
+        let _lock = HostLock::take().unwrap();
+        let bridge = OvsBridge::new(&unique("brs")).unwrap();
+        let client = TestHost::on(|p| bridge.add_port(p), "10.74.0.10", 24, "").unwrap();
+        let backend = TestHost::on(|p| bridge.add_port(p), "10.74.0.21", 24, "").unwrap();
+        line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+        // The daemon's pins are not under the default --bpffs.
+        let dirs = AgentDirs::new("lbas");
+        let id = lb_id();
+        let state = lb_state(
+            &bridge.name,
+            &id,
+            74,
+            ["{id: direct, type: tcp, port: 9000, backend_group: g}"],
+            "[{id: b, address: 10.74.0.21, port: 9000}]",
+        );
+        std::fs::write(dirs.path("state.yaml"), state).unwrap();
+        let args = ["--state", dirs.path("state.yaml").to_str().unwrap(), "--metrics", "off"].map(String::from);
+        let _daemon = dirs.spawn(&lbagent_bin(), &args, "daemon.log");
+        lbagent_tests::wait_for(|| dirs.status().is_some_and(|s| s["last_apply"]["ok"] == true), "the daemon applied");
+        assert!(ask_tcp(&client.ns.name, "10.74.0.5:9000".parse().unwrap()).unwrap().starts_with("b "));
+        let key = format!("lb/{id}/listener/direct");
+
+        // Only the API socket: the counters come from the daemon's pins.
+        let sock = dirs.path("api.sock");
+        let sock = sock.to_str().unwrap();
+        let (ok, out, err) = lbagent(&["status", "--json", "--api-socket", sock]);
+        assert!(ok, "{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert!(v["rule_stats"][&key]["packets"].as_u64().is_some_and(|p| p > 0), "{out}");
+        let (ok, out, err) = lbagent(&["status", "--api-socket", sock]);
+        assert!(ok, "{err}");
+        let line = out.lines().find(|l| l.contains("listener direct")).unwrap_or_else(|| panic!("{out}"));
+        assert!(!line.contains("packets 0 "), "{line}");
+        let from = format!("counters: from the pins under {} (the daemon's --bpffs)", dirs.bpffs.display());
+        assert!(out.contains(&from), "{out}");
+
+        // An explicit --bpffs is used as given; where no pins are, the
+        // output says the counters are left out and why (also with --json,
+        // on stderr, where the document has no `rule_stats`).
+        let nowhere = format!("/sys/fs/bpf/{}", unique("lbnone"));
+        let (ok, out, err) = lbagent(&["status", "--api-socket", sock, "--bpffs", &nowhere]);
+        assert!(ok, "{err}");
+        assert!(out.contains(&format!("counters: left out: no lbagent maps pinned under {nowhere}/v")), "{out}");
+        let (ok, out, err) = lbagent(&["status", "--json", "--api-socket", sock, "--bpffs", &nowhere]);
+        assert!(ok && err.contains("counters left out") && err.contains(&nowhere), "{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert!(v.get("rule_stats").is_none(), "{out}");
+        // With every flag (how the other tests ask), nothing changes.
+        let v: Value = serde_json::from_str(&dirs.cli(&["status", "--json"])).unwrap();
+        assert!(v["rule_stats"][&key]["packets"].as_u64().is_some_and(|p| p > 0), "{v}");
+    }
+}

@@ -610,3 +610,269 @@ fn mutual_tls_with_a_per_host_user() {
     let (ok, _, err) = fleet_as(&ep, &ca_only, &["get", &h1]);
     assert!(!ok, "without a client certificate: {err}");
 }
+
+/// The operators' command line as documented: every `lbagent fleet`
+/// subcommand takes the etcd and TLS flags before or after its name, and
+/// `fleet status` reads the status keys in pages and lists a host whose
+/// status it cannot read as unreadable, with the reason, beside the others.
+mod cli_as_documented {
+    use std::{path::Path, process::Command};
+
+    use lbagent::fleet::{HostStatus, Outcome};
+    use lbagent_tests::{
+        etcd::{self, Etcd},
+        lbagent_bin, unique,
+    };
+    use serde_json::Value;
+
+    /// Flags every command against a plain-HTTP etcd takes (beside `--etcd`).
+    const PLAIN: &[&str] = &["--etcd-insecure"];
+
+    /// `lbagent ARGS`: (exit ok, stdout, stderr).
+    fn lbagent(args: &[String]) -> (bool, String, String) {
+        let out = Command::new(lbagent_bin()).args(args).output().expect("running lbagent");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    }
+
+    fn strings(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// `lbagent fleet <etcd flags> SUB…`
+    fn flags_before(etcd: &[String], sub: &[&str]) -> Vec<String> {
+        [strings(&["fleet"]), etcd.to_vec(), strings(sub)].concat()
+    }
+
+    /// `lbagent fleet SUB… <etcd flags>`, the order the usage line shows.
+    fn flags_after(etcd: &[String], sub: &[&str]) -> Vec<String> {
+        [strings(&["fleet"]), strings(sub), etcd.to_vec()].concat()
+    }
+
+    /// What `host`'s agent would report, written to its status key.
+    fn report(etcd: &Etcd, host: &str, st: &HostStatus) {
+        etcd.ctl(&["put", &format!("/lbagent/v1/status/{host}"), &serde_json::to_string(st).unwrap()]).unwrap();
+    }
+
+    fn write(dir: &Path, text: &str) -> String {
+        let file = dir.join(format!("{}.yaml", unique("doc")));
+        std::fs::write(&file, text).unwrap();
+        file.display().to_string()
+    }
+
+    #[test]
+    fn every_fleet_subcommand_takes_the_etcd_flags_before_or_after_its_name() {
+        if !etcd::available() {
+            return;
+        }
+        let tag = unique("lbfo");
+        let etcd = Etcd::start(&tag).unwrap();
+        let plain = [strings(&["--etcd", &etcd.endpoint()]), strings(PLAIN)].concat();
+        let host = format!("o-{tag}");
+        for (order, place) in
+            [("before", flags_before as fn(&[String], &[&str]) -> Vec<String>), ("after", flags_after)]
+        {
+            let doc = format!("version: 1\n# written with the flags {order} the subcommand\n");
+            let file = write(&etcd.dir, &doc);
+            let (ok, out, err) = lbagent(&place(&plain, &["put", &host, &file]));
+            assert!(ok && out.contains(&format!("host {host}: revision")), "put, flags {order}: {out}{err}");
+            let (ok, out, err) = lbagent(&place(&plain, &["get", &host]));
+            assert!(ok && out == doc, "get, flags {order}: {out}{err}");
+
+            let st = HostStatus {
+                seen_revision: Some(7),
+                running_revision: Some(7),
+                result: Outcome::Applied,
+                ..Default::default()
+            };
+            report(&etcd, &host, &st);
+            let (ok, out, err) = lbagent(&place(&plain, &["status", &host, "--json"]));
+            assert!(ok, "status HOST, flags {order}: {err}");
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(
+                (v[&host]["result"].as_str(), v[&host]["running_revision"].as_i64()),
+                (Some("applied"), Some(7)),
+                "{out}"
+            );
+            let (ok, out, err) = lbagent(&place(&plain, &["status"]));
+            assert!(
+                ok && out.contains(&format!("{host}: Applied, running revision 7")),
+                "status, flags {order}: {out}{err}"
+            );
+
+            let (ok, out, err) = lbagent(&place(&plain, &["drain", &host]));
+            assert!(ok, "drain, flags {order}: {out}{err}");
+            let (ok, out, err) = lbagent(&place(&plain, &["get", &host]));
+            assert!(ok && out == "version: 1\n", "the drained document, flags {order}: {out}{err}");
+        }
+        // Split between both places.
+        let split = [strings(&["fleet", "--etcd", &etcd.endpoint(), "get", &host]), strings(PLAIN)].concat();
+        let (ok, out, err) = lbagent(&split);
+        assert!(ok && out == "version: 1\n", "{out}{err}");
+    }
+
+    #[test]
+    fn the_tls_flags_go_before_or_after_the_subcommand() {
+        if !etcd::available() {
+            return;
+        }
+        let tag = unique("lbfs");
+        let etcd = Etcd::start_tls(&tag).unwrap();
+        let pki = etcd.pki.as_ref().unwrap();
+        let p = |p: std::path::PathBuf| p.display().to_string();
+        let ep = strings(&["--etcd", &etcd.endpoint()]);
+        let ca = strings(&["--etcd-ca", &p(pki.ca())]);
+        let identity = strings(&["--etcd-cert", &p(pki.cert("root")), "--etcd-key", &p(pki.key("root"))]);
+        let host = format!("s-{tag}");
+        let doc = "version: 1\n# over mutual TLS\n";
+        let file = write(&etcd.dir, doc);
+
+        let all = [ep.clone(), ca.clone(), identity.clone()].concat();
+        let (ok, out, err) = lbagent(&flags_after(&all, &["put", &host, &file]));
+        assert!(ok, "every flag after `put`: {out}{err}");
+        let (ok, out, err) =
+            lbagent(&[flags_before(&[ep.clone(), ca.clone()].concat(), &["get", &host]), identity.clone()].concat());
+        assert!(ok && out == doc, "the identity after `get`, the rest before: {out}{err}");
+        let (ok, _, err) = lbagent(&[flags_before(&identity, &["status"]), ep.clone(), ca.clone()].concat());
+        assert!(!ok && err.contains("no status reported"), "the endpoint and CA after `status`: {err}");
+        let (ok, out, err) = lbagent(&flags_after(&all, &["drain", &host]));
+        assert!(ok, "every flag after `drain`: {out}{err}");
+        // The flags after the name are the ones that make it work: without
+        // the client certificate, etcd refuses the connection.
+        let (ok, _, err) = lbagent(&flags_after(&[ep, ca].concat(), &["get", &host]));
+        assert!(!ok, "without a client certificate: {err}");
+    }
+
+    /// Puts every (key, value) with one client (a few hundred keys in a
+    /// second, where one `etcdctl` per key takes ten).
+    fn put_all(endpoint: &str, kvs: &[(String, Vec<u8>)]) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let mut c = etcd_client::Client::connect([endpoint], None).await.unwrap();
+            for (k, v) in kvs {
+                c.put(k.as_str(), v.clone(), None).await.unwrap();
+            }
+        });
+    }
+
+    /// Range requests this member has served (its `etcd_mvcc_range_total`).
+    fn ranges(etcd: &Etcd) -> u64 {
+        let out = std::process::Command::new("curl")
+            .args(["-sf", &format!("http://{}/metrics", etcd.endpoint())])
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.strip_prefix("etcd_mvcc_range_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no etcd_mvcc_range_total in the metrics:\n{text}")) as u64
+    }
+
+    #[test]
+    fn fleet_status_pages_and_lists_an_unreadable_status_beside_the_others() {
+        if !etcd::available() {
+            return;
+        }
+        let tag = unique("lbfp");
+        let etcd = Etcd::start(&tag).unwrap();
+        let plain = [strings(&["--etcd", &etcd.endpoint()]), strings(PLAIN)].concat();
+        let status_key = |h: &str| format!("/lbagent/v1/status/{h}");
+        let host = |i: usize| format!("h{i:03}-{tag}");
+
+        // 240 hosts report as their agents do; every tenth is alive.
+        let good = 240;
+        let mut kvs: Vec<(String, Vec<u8>)> = Vec::new();
+        for i in 0..good {
+            let st = HostStatus {
+                seen_revision: Some(i as i64),
+                running_revision: Some(i as i64),
+                result: Outcome::Applied,
+                ..Default::default()
+            };
+            kvs.push((status_key(&host(i)), serde_json::to_vec(&st).unwrap()));
+            if i % 10 == 0 {
+                kvs.push((format!("/lbagent/v1/alive/{}", host(i)), b"{}".to_vec()));
+            }
+        }
+        // Three large but legitimate statuses (together over any one
+        // response's bound), one that lists 2 of its 120 problems, and the
+        // broken ones: not JSON, not a status, not UTF-8, over the bound.
+        let long = |n: usize| HostStatus {
+            result: Outcome::Rejected,
+            problems: vec![format!("load_balancers[0].name: {}", "x".repeat(n))],
+            ..Default::default()
+        };
+        for i in 0..3 {
+            kvs.push((status_key(&format!("large{i}-{tag}")), serde_json::to_vec(&long(450_000)).unwrap()));
+        }
+        let mut bounded = serde_json::to_value(HostStatus {
+            result: Outcome::Rejected,
+            problems: vec!["p1: bad".into(), "p2: bad".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        bounded["problems_total"] = 120.into();
+        kvs.push((status_key(&format!("bounded-{tag}")), serde_json::to_vec(&bounded).unwrap()));
+        let broken: [(&str, Vec<u8>); 4] = [
+            ("malformed", b"{\"result\": \"applied\", \"problems\": [".to_vec()),
+            ("wrongshape", b"{\"result\": \"exploded\"}".to_vec()),
+            ("binary", vec![0xff, 0xfe, 0x00, 0x01]),
+            ("oversized", serde_json::to_vec(&long(1_200_000)).unwrap()),
+        ];
+        for (name, value) in &broken {
+            kvs.push((status_key(&format!("{name}-{tag}")), value.clone()));
+        }
+        put_all(&etcd.endpoint(), &kvs);
+
+        let before = ranges(&etcd);
+        let (ok, out, err) = lbagent(&flags_after(&plain, &["status"]));
+        let served = ranges(&etcd) - before;
+        assert!(ok, "fleet status: {err}");
+        for i in 0..good {
+            let alive = if i % 10 == 0 { "" } else { " (not alive: no agent holds its lease)" };
+            let line = format!("{}: Applied, running revision {i}, seen {i}{alive}\n", host(i));
+            assert!(out.contains(&line), "{line:?} missing");
+        }
+        for i in 0..3 {
+            assert!(out.contains(&format!("large{i}-{tag}: Rejected")), "large{i}");
+        }
+        assert!(
+            out.contains(&format!("bounded-{tag}: Rejected")) && out.contains("  p2: bad\n  (118 more problems)\n"),
+            "the bounded status"
+        );
+        for (name, why) in [
+            ("malformed", "EOF while parsing"),
+            ("wrongshape", "unknown variant `exploded`"),
+            ("binary", "expected value"),
+            ("oversized", "over the"),
+        ] {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("{name}-{tag}: ")))
+                .unwrap_or_else(|| panic!("{name} not listed:\n{err}"));
+            assert!(line.contains("UNREADABLE status") && line.contains(why), "{name}: {line}");
+        }
+        let listed = out.lines().filter(|l| !l.starts_with(' ')).count();
+        assert_eq!(listed, good + 3 + 1 + broken.len(), "every host listed once");
+        // 248 status keys at most 100 a request, and the alive keys.
+        eprintln!("fleet status over {} hosts: {served} range requests", listed);
+        assert!(served >= 4, "{served} range requests: not paged");
+
+        // The same as JSON: every host, the unreadable ones with the reason.
+        let (ok, out, err) = lbagent(&flags_after(&plain, &["status", "--json"]));
+        assert!(ok, "{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v.as_object().unwrap().len(), listed);
+        assert_eq!((v[host(10)]["result"].as_str(), v[host(10)]["alive"].as_bool()), (Some("applied"), Some(true)));
+        assert_eq!(v[format!("bounded-{tag}")]["problems_total"].as_u64(), Some(120));
+        let bad = &v[format!("malformed-{tag}")];
+        assert!(bad["unreadable"].as_str().is_some_and(|w| w.contains("EOF")) && bad["alive"] == false, "{bad}");
+        assert!(
+            v[format!("oversized-{tag}")]["unreadable"].as_str().is_some_and(|w| w.contains("over the")),
+            "{out:.300}"
+        );
+
+        // One host asked by name: its unreadable status, with the reason.
+        let (ok, out, err) = lbagent(&flags_after(&plain, &["status", &format!("malformed-{tag}")]));
+        assert!(ok && out.contains("UNREADABLE status") && out.contains("EOF"), "{out}{err}");
+    }
+}

@@ -165,9 +165,13 @@ async fn put(s: &mut Session, host: &str, text: &str, if_revision: Option<i64>, 
         return Ok(());
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    let mut unreadable = None;
     loop {
         match read_status(&mut s.c, host).await {
-            Ok(Some(st)) if st.seen_revision.is_some_and(|r| r >= revision) => match st.result {
+            // An unreadable status is the agent's to rewrite: waited for
+            // like one that has not caught up yet, and named at the end.
+            Ok(Some(Read::Unreadable(why))) => unreadable = Some(why),
+            Ok(Some(Read::Status(st))) if st.seen_revision.is_some_and(|r| r >= revision) => match st.result {
                 Outcome::Applied if st.running_revision.is_some_and(|r| r >= revision) => {
                     println!("host {host}: applied");
                     return Ok(());
@@ -187,58 +191,259 @@ async fn put(s: &mut Session, host: &str, text: &str, if_revision: Option<i64>, 
             }
         }
         if tokio::time::Instant::now() > deadline {
-            bail!("host {host} did not report revision {revision} applied within {wait} s");
+            let why = unreadable.map(|w| format!(" (its status is unreadable: {w})")).unwrap_or_default();
+            bail!("host {host} did not report revision {revision} applied within {wait} s{why}");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-async fn read_status(c: &mut Client, host: &str) -> Result<Option<HostStatus>> {
-    let resp = c.get(naming::fleet_status_key(host), None).await?;
-    resp.kvs().first().map(|kv| serde_json::from_slice(kv.value()).context("host status")).transpose()
+/// Status keys `fleet status` reads per request (it continues after the last).
+const PAGE: i64 = 100;
+
+/// The largest status `fleet status` reads: a host's agent bounds its own
+/// far below (its first problems and a count); a larger value is shown as
+/// unreadable, and no page of the listing holds more than one at this size.
+pub const MAX_STATUS_BYTES: usize = 1 << 20;
+
+/// The most one response of the listing may carry: one status at the bound,
+/// its key and the response's header.
+const MAX_RESPONSE_BYTES: usize = MAX_STATUS_BYTES + 64 * 1024;
+
+/// One host's status key, read.
+enum Read {
+    Status(Box<HostStatus>),
+    /// Why it cannot be shown (too large, not JSON, not a status).
+    Unreadable(String),
 }
 
-async fn status(c: &mut Client, host: Option<&str>, json: bool) -> Result<()> {
-    let prefix = |kind: &str| format!("{}{kind}/", naming::FLEET_PREFIX);
-    let (status_key, alive_key, opts) = match host {
-        Some(h) => {
-            check_host(h).map_err(|e| anyhow!(e))?;
-            (naming::fleet_status_key(h), naming::fleet_alive_key(h), None)
-        }
-        None => (prefix("status"), prefix("alive"), Some(GetOptions::new().with_prefix())),
-    };
-    let statuses = c.get(status_key, opts.clone()).await?;
-    let alive = c.get(alive_key, opts).await?;
-    let alive: Vec<String> =
-        alive.kvs().iter().filter_map(|kv| kv.key_str().ok()?.rsplit('/').next().map(str::to_string)).collect();
-    let mut all = serde_json::Map::new();
-    for kv in statuses.kvs() {
-        let h = kv.key_str()?.rsplit('/').next().unwrap_or_default().to_string();
-        let st: HostStatus = serde_json::from_slice(kv.value()).with_context(|| format!("status of {h}"))?;
-        let mut v = serde_json::to_value(&st)?;
-        v["alive"] = serde_json::Value::Bool(alive.contains(&h));
-        all.insert(h, v);
+fn oversized(bytes: Option<usize>) -> String {
+    match bytes {
+        Some(n) => format!("{n} bytes, over the {MAX_STATUS_BYTES}-byte bound of a status"),
+        None => format!("over the {MAX_STATUS_BYTES}-byte bound of a status (too large to read)"),
     }
+}
+
+/// A status value as its agent writes it (`HostStatus` JSON), or why not.
+fn parse_status(value: &[u8]) -> Read {
+    if value.len() > MAX_STATUS_BYTES {
+        return Read::Unreadable(oversized(Some(value.len())));
+    }
+    match serde_json::from_slice::<HostStatus>(value) {
+        Ok(st) => Read::Status(Box::new(st)),
+        Err(e) => Read::Unreadable(e.to_string()),
+    }
+}
+
+/// Whether a request failed because its response was over the client's
+/// decode limit (tonic's "decoded message length too large").
+fn too_large(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s) if s.message().contains("message length too large"))
+}
+
+/// The end of the key range holding every key that starts with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    // The prefixes end in '/': the next byte up closes the range.
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+/// Every key under `prefix` (with its value unless `keys_only`), in key
+/// order, at most [`PAGE`] per request, each response bounded by
+/// [`MAX_RESPONSE_BYTES`]: a page over the bound is asked again in halves,
+/// and a key whose value alone is over it is given without its value
+/// (`None`). Every page reads the revision of the first, so the listing is
+/// one snapshot. `each` sees the entries page by page.
+async fn list(c: &Client, prefix: &str, keys_only: bool, mut each: impl FnMut(&[u8], Option<&[u8]>)) -> Result<()> {
+    let mut kv = c.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES);
+    let end = prefix_end(prefix);
+    let mut from = prefix.as_bytes().to_vec();
+    let (mut limit, mut revision) = (PAGE, 0);
+    loop {
+        let mut opts = GetOptions::new().with_range(end.clone()).with_limit(limit).with_revision(revision);
+        if keys_only {
+            opts = opts.with_keys_only();
+        }
+        match kv.get(from.clone(), Some(opts)).await {
+            Ok(resp) => {
+                if revision == 0 {
+                    revision = resp.header().map_or(0, |h| h.revision());
+                }
+                for e in resp.kvs() {
+                    each(e.key(), Some(e.value()));
+                }
+                match resp.kvs().last() {
+                    Some(last) if resp.more() => from = [last.key(), &[0]].concat(),
+                    _ => return Ok(()),
+                }
+                limit = (limit * 2).min(PAGE);
+            }
+            Err(e) if too_large(&e) && limit > 1 => limit /= 2,
+            Err(e) if too_large(&e) => {
+                let opts = GetOptions::new().with_range(end.clone()).with_limit(1).with_revision(revision);
+                let resp = kv.get(from.clone(), Some(opts.with_keys_only())).await?;
+                let Some(big) = resp.kvs().first() else { return Ok(()) };
+                each(big.key(), None);
+                from = [big.key(), &[0]].concat();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// HOST's status (`None`: no status key).
+async fn read_status(c: &mut Client, host: &str) -> Result<Option<Read>> {
+    let mut kv = c.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES);
+    match kv.get(naming::fleet_status_key(host), None).await {
+        Ok(resp) => Ok(resp.kvs().first().map(|e| parse_status(e.value()))),
+        Err(e) if too_large(&e) => Ok(Some(Read::Unreadable(oversized(None)))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One listed host: its name (from the key) and its status.
+fn host_entry(key: &[u8], prefix: &str, value: Option<&[u8]>) -> (String, Read) {
+    let name = String::from_utf8_lossy(key.strip_prefix(prefix.as_bytes()).unwrap_or(key)).into_owned();
+    let read = match check_host(&name) {
+        Err(e) => Read::Unreadable(format!("not a host's status key: {e}")),
+        Ok(()) => value.map_or_else(|| Read::Unreadable(oversized(None)), parse_status),
+    };
+    (name, read)
+}
+
+/// Prints one host: text lines, or a `"host": {...}` member of the JSON
+/// object (`first`: no comma before it).
+fn show(host: &str, read: &Read, alive: bool, json: bool, first: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        let mut v = match read {
+            Read::Status(st) => {
+                let mut v = serde_json::to_value(st)?;
+                v["problems_total"] = st.problems_total.max(st.problems.len()).into();
+                v["errors_total"] = st.errors_total.max(st.errors.len()).into();
+                v
+            }
+            Read::Unreadable(why) => serde_json::json!({ "unreadable": why }),
+        };
+        v["alive"] = alive.into();
+        let member = serde_json::to_string_pretty(&serde_json::json!({ host: v }))?;
+        // The member without its object's braces, indented as one.
+        let inner = member.trim().trim_start_matches('{').trim_end_matches('}').trim_matches('\n');
+        print!("{}\n{inner}", if first { "" } else { "," });
         return Ok(());
     }
-    if all.is_empty() {
-        bail!("no status reported{}", host.map(|h| format!(" by host {h}")).unwrap_or_default());
-    }
-    for (h, v) in &all {
-        let st: HostStatus = serde_json::from_value(v.clone())?;
-        let rev = |r: Option<i64>| r.map_or("-".into(), |r| r.to_string());
-        println!(
-            "{h}: {:?}, running revision {}, seen {}{}",
-            st.result,
-            rev(st.running_revision),
-            rev(st.seen_revision),
-            if v["alive"] == true { "" } else { " (not alive: no agent holds its lease)" }
-        );
-        for p in st.problems.iter().chain(&st.errors) {
-            println!("  {p}");
+    let not_alive = if alive { "" } else { " (not alive: no agent holds its lease)" };
+    match read {
+        Read::Unreadable(why) => println!("{host}: UNREADABLE status: {why}{not_alive}"),
+        Read::Status(st) => {
+            let rev = |r: Option<i64>| r.map_or("-".into(), |r| r.to_string());
+            println!(
+                "{host}: {:?}, running revision {}, seen {}{not_alive}",
+                st.result,
+                rev(st.running_revision),
+                rev(st.seen_revision)
+            );
+            for (lines, total, what) in
+                [(&st.problems, st.problems_total, "problems"), (&st.errors, st.errors_total, "errors")]
+            {
+                for l in lines {
+                    println!("  {l}");
+                }
+                if total > lines.len() {
+                    println!("  ({} more {what})", total - lines.len());
+                }
+            }
         }
     }
     Ok(())
+}
+
+async fn status(c: &mut Client, host: Option<&str>, json: bool) -> Result<()> {
+    if json {
+        print!("{{");
+    }
+    let mut shown = 0usize;
+    match host {
+        Some(h) => {
+            check_host(h).map_err(|e| anyhow!(e))?;
+            if let Some(read) = read_status(c, h).await? {
+                let alive =
+                    c.get(naming::fleet_alive_key(h), Some(GetOptions::new().with_count_only())).await?.count() > 0;
+                show(h, &read, alive, json, true)?;
+                shown = 1;
+            }
+        }
+        None => {
+            // Every host's key, less the host: the prefix of them all.
+            let alive_prefix = naming::fleet_alive_key("");
+            let mut alive = std::collections::HashSet::new();
+            list(c, &alive_prefix, true, |k, _| {
+                alive.insert(k.strip_prefix(alive_prefix.as_bytes()).unwrap_or(k).to_vec());
+            })
+            .await?;
+            let status_prefix = naming::fleet_status_key("");
+            let mut failed = None;
+            list(c, &status_prefix, false, |k, v| {
+                if failed.is_some() {
+                    return;
+                }
+                let (name, read) = host_entry(k, &status_prefix, v);
+                let is_alive = alive.contains(name.as_bytes());
+                match show(&name, &read, is_alive, json, shown == 0) {
+                    Ok(()) => shown += 1,
+                    Err(e) => failed = Some(e),
+                }
+            })
+            .await?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
+        }
+    }
+    if json {
+        println!("{}}}", if shown == 0 { "" } else { "\n" });
+        return Ok(());
+    }
+    if shown == 0 {
+        bail!("no status reported{}", host.map(|h| format!(" by host {h}")).unwrap_or_default());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_range_ends_after_its_prefix() {
+        let prefix = naming::fleet_status_key("");
+        let end = prefix_end(&prefix);
+        let key = naming::fleet_status_key("zzz.99");
+        assert!(key.as_bytes() >= prefix.as_bytes() && key.as_bytes() < &end[..]);
+        let alive = naming::fleet_alive_key("a");
+        assert!(!(alive.as_bytes() >= prefix.as_bytes() && alive.as_bytes() < &end[..]), "{alive} in the range");
+    }
+
+    #[test]
+    fn statuses_are_read_or_said_unreadable() {
+        let ok = serde_json::to_vec(&HostStatus { result: Outcome::Applied, ..Default::default() }).unwrap();
+        assert!(
+            matches!(parse_status(&ok), Read::Status(st) if st.result == Outcome::Applied && st.problems_total == 0)
+        );
+        let counted = br#"{"result":"rejected","problems":["a"],"errors":[],"seen_revision":null,
+                           "running_revision":null,"problems_total":9}"#;
+        assert!(matches!(parse_status(counted), Read::Status(st) if st.problems_total == 9));
+        for (bad, why) in
+            [(&b"{"[..], "EOF"), (br#"{"result":"x"}"#, "unknown variant"), (&[0xff][..], "expected value")]
+        {
+            assert!(matches!(parse_status(bad), Read::Unreadable(w) if w.contains(why)), "{bad:?}");
+        }
+        let big = vec![b' '; MAX_STATUS_BYTES + 1];
+        assert!(matches!(parse_status(&big), Read::Unreadable(w) if w.contains("over the")));
+        let key = naming::fleet_status_key("a/b");
+        let (name, read) = host_entry(key.as_bytes(), &naming::fleet_status_key(""), Some(&ok));
+        assert!(name == "a/b" && matches!(read, Read::Unreadable(w) if w.contains("not a host's status key")));
+    }
 }

@@ -102,8 +102,17 @@ pub enum Command {
     Status {
         #[arg(long)]
         json: bool,
-        #[command(flatten)]
-        common: Common,
+        /// bpffs directory holding the daemon's pins, for the rule and QoS
+        /// counters (default: the daemon's own `--bpffs`, read from its
+        /// command line).
+        #[arg(long)]
+        bpffs: Option<PathBuf>,
+        /// Unix socket of the daemon's API.
+        #[arg(long, default_value = DEFAULT_API_SOCKET)]
+        api_socket: PathBuf,
+        /// Accepted like every command's; `status` does not use it.
+        #[arg(long, hide = true)]
+        state_dir: Option<PathBuf>,
     },
     /// Decode the pinned maps (works without the daemon).
     Maps {
@@ -121,6 +130,10 @@ pub enum Command {
         action: conntrack::Action,
     },
     /// Fleet mode: put, read and drain hosts' desired state in etcd; read their status.
+    ///
+    /// The etcd and TLS flags go before or after the subcommand's name.
+    // Every flag of `EtcdArgs` (a new one too) is global to the subcommands.
+    #[command(mut_args = |a: clap::Arg| a.global(true))]
     Fleet {
         #[command(subcommand)]
         action: fleet::Action,
@@ -207,10 +220,51 @@ pub fn main() -> Result<()> {
                 std::process::exit(2);
             }
         },
-        Command::Status { json, common } => status::run(&common.api_socket, &common.bpffs, json),
+        Command::Status { json, bpffs, api_socket, .. } => status::run(&api_socket, bpffs.as_deref(), json),
         Command::Maps { name, json, common } => maps::run(&common.bpffs, name.as_deref(), json),
         Command::Conntrack { action } => conntrack::run(action),
         Command::Fleet { action, etcd } => fleet::run(action, &etcd),
         Command::Teardown { common } => daemon::teardown(&common.state_dir, &common.bpffs, &common.api_socket),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    /// Every flag of `EtcdArgs` (with a made-up value), as a command line.
+    fn every_etcd_flag() -> Vec<String> {
+        let cmd = crate::fleet::conn::EtcdArgs::augment_args(clap::Command::new("etcd"));
+        let mut out = Vec::new();
+        for a in cmd.get_arguments() {
+            out.push(format!("--{}", a.get_long().expect("etcd flags are long flags")));
+            if a.get_action().takes_values() {
+                out.push(format!("v-{}", a.get_id()));
+            }
+        }
+        out
+    }
+
+    fn fleet_etcd(args: &[String]) -> String {
+        match Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}")).cmd {
+            Command::Fleet { etcd, .. } => format!("{etcd:?}"),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn every_etcd_flag_goes_before_or_after_each_fleet_subcommand() {
+        let flags = every_etcd_flag();
+        assert!(flags.len() >= 4, "{flags:?}");
+        let s = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for sub in [&["put", "h", "f"][..], &["get", "h"], &["status"], &["status", "h"], &["drain", "h"]] {
+            let before = fleet_etcd(&[s(&["lbagent", "fleet"]), flags.clone(), s(sub)].concat());
+            let after = fleet_etcd(&[s(&["lbagent", "fleet"]), s(sub), flags.clone()].concat());
+            assert_eq!(before, after, "{sub:?}");
+            assert!(before.contains("v-endpoints"), "{before}");
+        }
+        Cli::command().debug_assert();
     }
 }

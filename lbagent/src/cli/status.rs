@@ -1,51 +1,117 @@
 //! `lbagent status [--json]`: the daemon's typed status document
-//! ([`StatusDoc`]) with live counters from the maps.
+//! ([`StatusDoc`]) with live counters from the maps: those under `--bpffs`
+//! when it is given, else under the daemon's own `--bpffs`, read from the
+//! command line of the process serving the API socket. Counters that
+//! cannot be read are left out, and the output says so and why.
 
-use std::path::Path;
-
-use anyhow::{Context, Result};
-
-use crate::{
-    daemon::{api, status::StatusDoc},
-    dataplane::tables::Tables,
-    naming,
+use std::{
+    ffi::OsStr,
+    io::{BufRead, BufReader, Write},
+    os::unix::{ffi::OsStrExt, net::UnixStream},
+    path::{Path, PathBuf},
+    time::Duration,
 };
 
-pub fn run(socket: &Path, bpffs: &Path, json: bool) -> Result<()> {
-    let mut doc: StatusDoc =
-        serde_json::from_value(api::request(socket, "status")?).context("the daemon's status document")?;
-    add_rule_stats(&mut doc, bpffs);
-    add_qos_stats(&mut doc, bpffs);
+use anyhow::{Context, Result, anyhow, bail};
+
+use crate::{daemon::status::StatusDoc, dataplane::tables::Tables, naming};
+
+pub fn run(socket: &Path, bpffs: Option<&Path>, json: bool) -> Result<()> {
+    let (answer, pid) = ask(socket)?;
+    let mut doc: StatusDoc = serde_json::from_value(answer).context("the daemon's status document")?;
+    let pins = match bpffs {
+        Some(given) => Ok(match daemon_bpffs(pid) {
+            Ok(its) if its != given => (given.to_path_buf(), format!("--bpffs; the daemon's is {}", its.display())),
+            _ => (given.to_path_buf(), "--bpffs".to_string()),
+        }),
+        None => daemon_bpffs(pid).map(|its| (its, "the daemon's --bpffs".to_string())),
+    };
+    let counters = pins.and_then(|(dir, whence)| {
+        add_counters(&mut doc, &dir)?;
+        Ok(format!("from the pins under {} ({whence})", dir.display()))
+    });
     if json {
+        if let Err(e) = &counters {
+            eprintln!("lbagent status: counters left out: {e:#}");
+        }
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     print!("{}", render(&doc));
+    match counters {
+        Ok(from) => println!("counters: {from}"),
+        Err(e) => println!("counters: left out: {e:#}"),
+    }
     Ok(())
 }
 
-/// Live per-rule packets/bytes from the pinned maps, keyed by rule key
-/// (`doc.rules` maps keys to ids). Skipped when the maps are unreadable.
-fn add_rule_stats(doc: &mut StatusDoc, bpffs: &Path) {
-    let Ok(stats) = Tables::open(bpffs).and_then(|t| t.rule_stats()) else { return };
-    let by_id: std::collections::HashMap<u32, _> = stats.into_iter().collect();
-    let out = doc
-        .rules
-        .iter()
-        .filter_map(|(key, id)| {
-            let st = by_id.get(id)?;
-            Some((key.clone(), *st))
-        })
-        .collect();
-    doc.rule_stats = Some(out);
+/// One `status` request to the daemon's API (`daemon::api`: one line, one
+/// JSON answer), and the pid of the process that answers (the socket's peer
+/// credentials; `None` when the kernel gives none, e.g. across pid namespaces).
+fn ask(socket: &Path) -> Result<(serde_json::Value, Option<i32>)> {
+    let mut s = UnixStream::connect(socket).with_context(|| {
+        format!("connecting to the daemon at {} (is `lbagent run` running? see --api-socket)", socket.display())
+    })?;
+    let pid = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials)
+        .ok()
+        .map(|c| c.pid())
+        .filter(|p| *p > 0);
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    // A refusing daemon answers without reading the request: its answer
+    // matters more than our write error.
+    let sent = s.write_all(b"status\n");
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    if line.is_empty() {
+        sent?;
+    }
+    let v: serde_json::Value = serde_json::from_str(&line)?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        bail!("the daemon refused the request: {e}");
+    }
+    Ok((v, pid))
 }
 
-/// Live counters of each bound QoS rule (by bucket), into its entry.
-fn add_qos_stats(doc: &mut StatusDoc, bpffs: &Path) {
-    let Ok(stats) = Tables::open(bpffs).and_then(|t| t.qos_stats()) else { return };
-    for q in doc.nat_gateways.iter_mut().flat_map(|gw| gw.qos.iter_mut()) {
-        q.stats = Some(stats.get(&q.rule.bucket).copied().unwrap_or_default());
+/// The `--bpffs` of `lbagent run` as process `pid` was started (parsed by
+/// this command line's own parser; relative to its working directory).
+fn daemon_bpffs(pid: Option<i32>) -> Result<PathBuf> {
+    let pid = pid.context("the API socket gives no peer pid, so the daemon's pins are unknown (give --bpffs)")?;
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .with_context(|| format!("the daemon's (pid {pid}) command line"))?;
+    let mut args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+    if args.last().is_some_and(|a| a.is_empty()) {
+        args.pop();
     }
+    let cli = <super::Cli as clap::Parser>::try_parse_from(args.into_iter().map(OsStr::from_bytes)).map_err(|e| {
+        let why = e.to_string();
+        anyhow!(
+            "the daemon's (pid {pid}) command line is not one this lbagent reads ({}); give --bpffs",
+            why.lines().next().unwrap_or_default().trim_start_matches("error: ")
+        )
+    })?;
+    let super::Command::Run { common, .. } = cli.cmd else {
+        bail!("the process serving the API socket (pid {pid}) is not `lbagent run`; give --bpffs");
+    };
+    if common.bpffs.is_absolute() {
+        return Ok(common.bpffs);
+    }
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
+        .with_context(|| format!("the daemon's (pid {pid}) directory"))?;
+    Ok(cwd.join(common.bpffs))
+}
+
+/// Live counters from the pinned maps under `bpffs`: packets and bytes by
+/// rule key (`doc.rules` maps keys to ids), and each bound QoS rule's (by
+/// bucket) into its entry.
+fn add_counters(doc: &mut StatusDoc, bpffs: &Path) -> Result<()> {
+    let tables = Tables::open(bpffs)?;
+    let by_id: std::collections::HashMap<u32, _> = tables.rule_stats()?.into_iter().collect();
+    let qos = tables.qos_stats()?;
+    doc.rule_stats = Some(doc.rules.iter().filter_map(|(key, id)| Some((key.clone(), *by_id.get(id)?))).collect());
+    for q in doc.nat_gateways.iter_mut().flat_map(|gw| gw.qos.iter_mut()) {
+        q.stats = Some(qos.get(&q.rule.bucket).copied().unwrap_or_default());
+    }
+    Ok(())
 }
 
 fn or_dash<T: ToString>(v: &Option<T>) -> String {

@@ -107,8 +107,8 @@ pub fn meta_version(root: &Path, version: u32) -> Result<Option<u32>> {
     Ok(Some(read_meta(&path)?.layout_version))
 }
 
-/// Other layout versions' directories under `root`, with their version.
-fn version_dirs(root: &Path) -> Vec<(u32, PathBuf)> {
+/// Every layout version's directory under `root` (`v<version>`), with its version.
+pub fn version_dirs(root: &Path) -> Vec<(u32, PathBuf)> {
     fs::read_dir(root)
         .into_iter()
         .flatten()

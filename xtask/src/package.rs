@@ -2,8 +2,11 @@
 //! `/usr/bin/lbagent`, the systemd unit (`packaging/lbagent.service`),
 //! `/etc/default/lbagent` (its arguments; a conffile), the docs and the
 //! example state file under `/usr/share/doc/lbagent/`, and maintainer
-//! scripts that enable and start the unit when systemd runs (and only once
-//! there is something to run). Built with `dpkg-deb` into `target/package/`.
+//! scripts (`packaging/debian/`): enable on the first install and start once
+//! there is something to run, restart on upgrade only an agent that runs,
+//! never re-enable or start what the operator disabled or stopped; remove
+//! keeps the dataplane and a binary to tear it down, purge tears it down.
+//! Built with `dpkg-deb` into `target/package/`.
 
 use std::path::{Path, PathBuf};
 
@@ -56,7 +59,7 @@ pub fn build(channel: &str, debug: bool) -> Result<PathBuf> {
         stage.join("DEBIAN/control"),
         format!(
             "Package: lbagent\nVersion: {version}\nArchitecture: amd64\nMaintainer: lbagent developers <lbagent@localhost>\n\
-             Installed-Size: {size_kb}\nDepends: libc6, iproute2, openvswitch-switch, haproxy\nRecommends: bpftool\n\
+             Installed-Size: {size_kb}\nDepends: libc6, iproute2, openvswitch-switch, haproxy, init-system-helpers (>= 1.54~)\nRecommends: bpftool\n\
              Section: net\nPriority: optional\n\
              Description: eBPF dataplane agent for VPC load balancers and NAT gateways\n \
              Runs VPC load balancer hosts and VPC NAT gateways with TC-attached eBPF programs\n \

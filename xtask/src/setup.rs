@@ -41,6 +41,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("protoc", "protobuf-compiler"),
     // The fleet tests' certificates.
     ("openssl", "openssl"),
+    // The package test boots systemd as PID 1 in a container.
+    ("systemd-nspawn", "systemd-container"),
 ];
 
 /// Debian packages that provide no binary (a file they install, package).

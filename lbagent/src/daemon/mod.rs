@@ -238,6 +238,11 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     let (updates_tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
     let refresh = Arc::new(tokio::sync::Notify::new());
     info!("desired state from {}", source.describe());
+    // systemd: ready without a document when none comes soon (fleet mode
+    // before the host's first `fleet put`), so a start never waits on etcd.
+    let seen = d.status.clone();
+    let waiting = format!("waiting for the first desired-state document ({})", source.describe());
+    notify::ready_without_document(waiting, move || seen.lock().unwrap().document.revision_seen.is_some());
     let source_task = source.run(updates_tx, refresh.clone(), feedback);
     let first = loop {
         tokio::select! {

@@ -254,8 +254,10 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     };
     let mut stopping = first.is_none();
     if let Some(first) = first {
-        tokio::task::block_in_place(|| d.reload(newest(first, &mut updates)));
-        d.apply(true, None);
+        tokio::task::block_in_place(|| {
+            d.reload(newest(first, &mut updates));
+            d.apply(true, None);
+        });
         // systemd (Type=notify): started once the first document is applied
         // (or refused: the unit is up either way; the status says which).
         let summary = match &d.status.lock().unwrap().document.last_apply {

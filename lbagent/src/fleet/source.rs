@@ -195,10 +195,16 @@ impl EtcdSource {
         let store = resp.header().map_or(0, |h| h.revision());
         match resp.kvs().first() {
             Some(kv) if kv.mod_revision() != r.sent => {
+                if !updates.is_held() {
+                    // The key was lost during the get: what was read may be
+                    // stale once it is held again, so it is read again then.
+                    return Box::pin(self.read(c, r, why, updates, feedback)).await;
+                }
                 r.sent = kv.mod_revision();
-                updates.send(self.update(why, kv, r.cluster)).await?;
+                updates.send_unfenced(self.update(why, kv, r.cluster))?;
             }
-            Some(_) => self.confirm_cache(),
+            Some(_) if updates.is_held() => self.confirm_cache(),
+            Some(_) => {}
             None => warn!("no desired state at {} yet; the running state stays", self.key()),
         }
         Ok(store)
@@ -251,7 +257,10 @@ impl EtcdSource {
                     let resp = c.get(self.key(), Some(GetOptions::new().with_keys_only())).await.context("get")?;
                     match resp.kvs().first() {
                         Some(kv) if kv.mod_revision() == r.sent => {
-                            self.confirm_cache();
+                            // Only the holder of the alive key vouches for the cache.
+                            if updates.is_held() {
+                                self.confirm_cache();
+                            }
                             continue;
                         }
                         Some(_) => "etcd: changed",
@@ -397,8 +406,11 @@ impl EtcdSource {
                 _ = feedback.changed.notified() => {}
                 _ = stop.changed() => {
                     held.send_replace(false);
-                    let _ = c.lease_revoke(lease).await;
-                    let _ = std::fs::remove_file(&self.lease_file);
+                    // Kept when the revoke failed: the next start takes the
+                    // key back from this lease instead of waiting it out.
+                    if c.lease_revoke(lease).await.is_ok() {
+                        let _ = std::fs::remove_file(&self.lease_file);
+                    }
                     return Ok(Reported::Stopped);
                 }
                 _ = tick.tick() => {
@@ -472,9 +484,8 @@ impl Sender<'_> {
         Ok(())
     }
 
-    async fn send(&self, u: Update) -> Result<()> {
-        self.held().await?;
-        self.send_unfenced(u)
+    fn is_held(&self) -> bool {
+        *self.held.borrow()
     }
 
     fn send_unfenced(&self, u: Update) -> Result<()> {

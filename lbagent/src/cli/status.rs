@@ -6,10 +6,8 @@
 
 use std::{
     ffi::OsStr,
-    io::{BufRead, BufReader, Write},
-    os::unix::{ffi::OsStrExt, net::UnixStream},
+    os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
-    time::Duration,
 };
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -45,31 +43,9 @@ pub fn run(socket: &Path, bpffs: Option<&Path>, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// One `status` request to the daemon's API (`daemon::api`: one line, one
-/// JSON answer), and the pid of the process that answers (the socket's peer
-/// credentials; `None` when the kernel gives none, e.g. across pid namespaces).
+/// One `status` request to the daemon's API, and the pid that answers.
 fn ask(socket: &Path) -> Result<(serde_json::Value, Option<i32>)> {
-    let mut s = UnixStream::connect(socket).with_context(|| {
-        format!("connecting to the daemon at {} (is `lbagent run` running? see --api-socket)", socket.display())
-    })?;
-    let pid = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials)
-        .ok()
-        .map(|c| c.pid())
-        .filter(|p| *p > 0);
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    // A refusing daemon answers without reading the request: its answer
-    // matters more than our write error.
-    let sent = s.write_all(b"status\n");
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    if line.is_empty() {
-        sent?;
-    }
-    let v: serde_json::Value = serde_json::from_str(&line)?;
-    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
-        bail!("the daemon refused the request: {e}");
-    }
-    Ok((v, pid))
+    crate::daemon::api::request_with_peer(socket, "status")
 }
 
 /// The `--bpffs` of `lbagent run` as process `pid` was started (parsed by

@@ -106,9 +106,19 @@ async fn answer(stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>) {
 
 /// Client side: one request, one JSON answer.
 pub fn request(path: &Path, req: &str) -> Result<serde_json::Value> {
+    request_with_peer(path, req).map(|(v, _)| v)
+}
+
+/// [`request`], with the pid of the process that answers (the socket's peer
+/// credentials; `None` when the kernel gives none, e.g. across pid namespaces).
+pub fn request_with_peer(path: &Path, req: &str) -> Result<(serde_json::Value, Option<i32>)> {
     let mut s = UnixStream::connect(path).with_context(|| {
         format!("connecting to the daemon at {} (is `lbagent run` running? see --api-socket)", path.display())
     })?;
+    let pid = nix::sys::socket::getsockopt(&s, nix::sys::socket::sockopt::PeerCredentials)
+        .ok()
+        .map(|c| c.pid())
+        .filter(|p| *p > 0);
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     // A refusing daemon answers without reading the request: its answer
     // matters more than our write error.
@@ -122,5 +132,5 @@ pub fn request(path: &Path, req: &str) -> Result<serde_json::Value> {
     if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
         bail!("the daemon refused the request: {e}");
     }
-    Ok(v)
+    Ok((v, pid))
 }

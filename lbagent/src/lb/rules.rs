@@ -20,8 +20,7 @@ use crate::{
     state::spec::{Acl, Backend, Lb, Listener, ListenerMode, Protocol, Scheduler},
 };
 
-/// Most slots one backend takes in a direct listener's table.
-pub const MAX_WEIGHT_SLOTS: u32 = 16;
+pub use crate::state::limits::MAX_WEIGHT_SLOTS;
 
 #[derive(Clone, Copy, Debug)]
 pub struct LbIfaces {

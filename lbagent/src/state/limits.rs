@@ -29,6 +29,10 @@ use super::{
     problem::Problem,
 };
 
+/// Most slots one backend takes in a direct listener's table (the rule
+/// builder repeats a backend by its weight, up to this).
+pub const MAX_WEIGHT_SLOTS: u32 = 16;
+
 /// Listeners of one load balancer.
 pub const MAX_LISTENERS_PER_LB: usize = 256;
 /// Backend groups of one load balancer.
@@ -162,11 +166,11 @@ pub fn object_limits(s: &StateFile) -> Vec<Problem> {
 
 /// Backends of group `id`: those with a weight (what a scheduler's table
 /// holds), and their slots without a scheduler (one per unit of weight, at
-/// most `lb::rules::MAX_WEIGHT_SLOTS` each).
+/// most [`MAX_WEIGHT_SLOTS`] each).
 fn weighted(lb: &LoadBalancer, id: &str) -> (u64, u64) {
     let Some(g) = lb.backend_groups.iter().find(|g| g.id == id) else { return (0, 0) };
     let weighted = g.backends.iter().filter(|b| b.weight > 0).count() as u64;
-    let slots = g.backends.iter().map(|b| b.weight.min(crate::lb::rules::MAX_WEIGHT_SLOTS) as u64).sum();
+    let slots = g.backends.iter().map(|b| b.weight.min(MAX_WEIGHT_SLOTS) as u64).sum();
     (weighted, slots)
 }
 

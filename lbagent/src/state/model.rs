@@ -271,6 +271,15 @@ pub struct HealthCheck {
     pub expect_status: Option<u16>,
 }
 
+impl HealthCheck {
+    /// What an absent field means (seconds where timed).
+    pub const DEFAULT_INTERVAL_S: u32 = 5;
+    pub const DEFAULT_RISE: u32 = 2;
+    pub const DEFAULT_FALL: u32 = 3;
+    pub const DEFAULT_TIMEOUT_S: u32 = 2;
+    pub const DEFAULT_PATH: &'static str = "/";
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendGroup {

@@ -135,11 +135,11 @@ pub struct HealthCheck {
 }
 
 impl HealthCheck {
-    pub const DEFAULT_INTERVAL_S: u32 = 5;
-    pub const DEFAULT_RISE: u32 = 2;
-    pub const DEFAULT_FALL: u32 = 3;
-    pub const DEFAULT_TIMEOUT_S: u32 = 2;
-    pub const DEFAULT_PATH: &'static str = "/";
+    pub const DEFAULT_INTERVAL_S: u32 = super::model::HealthCheck::DEFAULT_INTERVAL_S;
+    pub const DEFAULT_RISE: u32 = super::model::HealthCheck::DEFAULT_RISE;
+    pub const DEFAULT_FALL: u32 = super::model::HealthCheck::DEFAULT_FALL;
+    pub const DEFAULT_TIMEOUT_S: u32 = super::model::HealthCheck::DEFAULT_TIMEOUT_S;
+    pub const DEFAULT_PATH: &'static str = super::model::HealthCheck::DEFAULT_PATH;
 
     fn of(h: &model::HealthCheck) -> Self {
         HealthCheck {

@@ -300,8 +300,8 @@ fn health_check(c: &mut Check, p: &str, h: &HealthCheck, listener: ListenerType)
         }
     }
     // A probe that may outlast its interval would overlap the next one.
-    let interval = h.interval.unwrap_or(crate::state::spec::HealthCheck::DEFAULT_INTERVAL_S);
-    let timeout = h.timeout.unwrap_or(crate::state::spec::HealthCheck::DEFAULT_TIMEOUT_S);
+    let interval = h.interval.unwrap_or(HealthCheck::DEFAULT_INTERVAL_S);
+    let timeout = h.timeout.unwrap_or(HealthCheck::DEFAULT_TIMEOUT_S);
     if in_range && timeout > interval {
         match h.timeout {
             Some(_) => c.err(format!("{p}.timeout"), format!("{timeout} s is longer than the interval ({interval} s)")),

@@ -7,6 +7,7 @@
 
 pub mod alloc;
 pub mod cli;
+pub mod crash;
 pub mod daemon;
 pub mod dataplane;
 pub mod files;

@@ -25,7 +25,9 @@ pub fn attach(engine: &mut Engine, zone: u16, site: &Site) -> Result<()> {
     for ifname in &site.ifaces {
         engine.attach(zone, &site.netns, ifname)?;
     }
-    engine.attach_loopback(zone, &site.netns)
+    engine.attach_loopback(zone, &site.netns)?;
+    crate::crash::point("zone-attached");
+    Ok(())
 }
 
 /// After the rules were synced: releases the rule ids of the object that

@@ -73,12 +73,18 @@ impl AgentDirs {
     /// Starts `bin run ARGS` on these directories, its stderr appended to
     /// `log` in them.
     pub fn spawn(&self, bin: &Path, args: &[String], log: &str) -> AgentProcess {
+        self.spawn_env(bin, args, log, &[])
+    }
+
+    /// [`AgentDirs::spawn`] with extra environment variables.
+    pub fn spawn_env(&self, bin: &Path, args: &[String], log: &str, env: &[(&str, &str)]) -> AgentProcess {
         let log = self.path(log);
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("the agent's log");
         let child = Command::new(bin)
             .arg("run")
             .args(args)
             .args(self.flags())
+            .envs(env.iter().copied())
             .stderr(file)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));

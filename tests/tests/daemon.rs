@@ -4,7 +4,7 @@
 //! tear down.
 
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
@@ -15,7 +15,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use lbagent_tests::{
-    agent::{AgentDirs, AgentProcess},
+    agent::{AgentDirs, AgentProcess, applied},
     bed::{HostLock, lb_id, lb_state},
     hosts::TestHost,
     lbagent_bin,
@@ -363,6 +363,102 @@ fn kill_9_and_restart_keep_established_connections() {
     assert!(flushed.starts_with("flushed ") && !flushed.starts_with("flushed 0 "), "{flushed}");
     let ct: Value = serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--port", "7000"])).unwrap();
     assert!(ct.as_array().unwrap().is_empty());
+}
+
+/// The host-side addresses of h…1 (the load balancer's outer address) and
+/// the routes through it.
+fn host_side(id: &str) -> (Vec<String>, Vec<String>) {
+    let (_, h1) = lbagent::naming::lb_host_veth(id);
+    let out = |args: &[&str]| {
+        let o = Command::new("ip").args(args).output().unwrap();
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect()
+    };
+    let addrs: Vec<String> = out(&["-4", "-o", "addr", "show", "dev", &h1]);
+    let addrs = addrs.iter().filter_map(|l| l.split_whitespace().nth(3).map(String::from)).collect();
+    (addrs, out(&["-4", "route", "show", "dev", &h1]))
+}
+
+/// An agent killed in the middle of an ensure (rules written, programs
+/// attached, the step not finished) leaks nothing: restarted with the load
+/// balancer removed, it removes its rules with the zone and ids it had;
+/// restarted with the load balancer kept, it keeps the addresses it had
+/// (no second address pair, no stale route). The kill is real: a debug
+/// build's crash point (`LBAGENT_CRASH_AT`) sends itself SIGKILL there.
+#[test]
+fn a_crash_mid_ensure_leaks_nothing() {
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brc")).unwrap();
+    let env = Env::new();
+    let id = lb_id();
+    let state = lb_state(
+        &bridge.name,
+        &id,
+        61,
+        [
+            "{id: direct, type: tcp, port: 9000, backend_group: g}",
+            "{id: proxied, type: tcp, port: 7000, backend_group: g, mode: proxy}",
+        ],
+        "[{id: b, address: 10.61.0.21, port: 9000}]",
+    );
+    std::fs::write(env.state(), &state).unwrap();
+    let crash = |log: &str| {
+        let args: Vec<String> =
+            ["--state", env.state().to_str().unwrap(), "--metrics", "off"].into_iter().map(String::from).collect();
+        let mut d = env.spawn_env(&lbagent_bin(), &args, log, &[("LBAGENT_CRASH_AT", "zone-attached")]);
+        wait(|| !d.running(), "the agent to die at its crash point");
+        assert!(d.log().contains("crash point zone-attached"), "{}", d.log());
+    };
+    let vip_rules = || -> Vec<Value> {
+        let maps: Value = serde_json::from_str(&env.cli(&["maps", "--json"])).unwrap();
+        let rules = maps["dnat_rules"].as_array().cloned().unwrap_or_default();
+        rules
+            .into_iter()
+            .filter(|r| r["addr"] == "10.61.0.5" || r["addr"].as_str().unwrap_or("").starts_with("169.254."))
+            .collect()
+    };
+    let allocations = || -> Value {
+        serde_json::from_slice(&std::fs::read(env.path("sd/allocations.json")).unwrap_or_default())
+            .unwrap_or(Value::Null)
+    };
+
+    // 1. Killed while creating it, restarted with the load balancer gone.
+    crash("crash1.log");
+    assert!(!vip_rules().is_empty(), "the crash point comes after the rules are written");
+    let (addrs, _) = host_side(&id);
+    assert_eq!(addrs.len(), 1, "h…1 carries the outer address: {addrs:?}");
+    std::fs::write(
+        env.state(),
+        format!("version: 1\nallow_mass_removal: true\nagent: {{integration_bridge: {}}}\n", bridge.name),
+    )
+    .unwrap();
+    let mut d = env.start();
+    assert!(applied(&env.status().unwrap()), "{}", d.log());
+    assert_eq!(vip_rules(), Vec::<Value>::new(), "the removed load balancer's rules are gone");
+    let a = allocations();
+    assert!(a["zones"].as_object().is_none_or(|z| z.is_empty()), "{a}");
+    assert!(a["rule_ids"].as_object().is_none_or(|z| z.is_empty()), "{a}");
+    assert!(a["lbs"].as_object().is_none_or(|z| z.is_empty()), "{a}");
+    assert!(!Path::new(&format!("/run/netns/{}", lbagent::naming::lb_netns(&id))).exists());
+    assert!(d.stop());
+
+    // 2. Killed while creating it, restarted with the load balancer kept:
+    // the addresses it had, once.
+    std::fs::write(env.state(), &state).unwrap();
+    crash("crash2.log");
+    let (before, _) = host_side(&id);
+    let _d = env.start();
+    let st = env.status().unwrap();
+    assert!(applied(&st), "{st}");
+    let outer = st["load_balancers"][0]["outer"].as_str().unwrap().to_string();
+    let inner = st["load_balancers"][0]["inner"].as_str().unwrap().to_string();
+    assert_eq!(before, vec![format!("{outer}/16")], "the outer address allocated before the crash is kept");
+    let (after, routes) = host_side(&id);
+    assert_eq!(after, before);
+    assert_eq!(routes.len(), 1, "one route to the inner address: {routes:?}");
+    assert!(routes[0].starts_with(&inner), "{routes:?}");
 }
 
 /// haproxy's master re-executes itself on a reload; on a loaded host (or an

@@ -2,6 +2,12 @@
 //! load balancer's link-local inner/outer addresses and each backend's mapped
 //! port. Pure allocation logic here; persistence in `store`.
 //!
+//! An object's allocations are made in one pass before any host change
+//! (`lb::allocate`, `natgw::allocate`) and persisted by the reconciler;
+//! the ensure that follows only looks them up ([`Allocated`]). A crash in
+//! the middle of an ensure therefore never leaves a host change whose ids
+//! or addresses are unknown to the next run, which must clean it up.
+//!
 //! Fixes over the original: allocations survive restarts (persisted), host
 //! addresses are only treated as taken when they are in 169.254.0.0/16, and
 //! 169.254.169.254 (the metadata address) is never handed out.
@@ -58,6 +64,9 @@ pub enum AllocError {
     AddressesExhausted,
     PortsExhausted(String),
     QosBucketsExhausted,
+    /// An ensure looked up an id that its allocate pass did not make (a
+    /// bug: the two passes disagree about the object's keys).
+    NotAllocated(String),
 }
 
 impl std::fmt::Display for AllocError {
@@ -69,11 +78,42 @@ impl std::fmt::Display for AllocError {
             AllocError::QosBucketsExhausted => {
                 write!(f, "no free QoS bucket ({} rule instances in use)", lbagent_common::QOS_BUCKETS_MAX - 1)
             }
+            AllocError::NotAllocated(key) => write!(f, "{key}: used before it was allocated"),
         }
     }
 }
 
 impl std::error::Error for AllocError {}
+
+/// Ids already allocated, looked up by key for the builders that take an
+/// id function (rules, QoS). A key without an id yields 0 and is kept:
+/// [`Allocated::check`] turns it into an error before anything uses the
+/// result.
+pub struct Allocated<'a, T> {
+    ids: &'a BTreeMap<String, T>,
+    missing: Option<String>,
+}
+
+impl<'a, T: Copy + Default> Allocated<'a, T> {
+    pub fn new(ids: &'a BTreeMap<String, T>) -> Self {
+        Allocated { ids, missing: None }
+    }
+
+    pub fn get(&mut self, key: &str) -> T {
+        match self.ids.get(key) {
+            Some(id) => *id,
+            None => {
+                self.missing.get_or_insert_with(|| key.to_string());
+                T::default()
+            }
+        }
+    }
+
+    /// Err when any key looked up had no id.
+    pub fn check(self) -> Result<(), AllocError> {
+        self.missing.map_or(Ok(()), |k| Err(AllocError::NotAllocated(k)))
+    }
+}
 
 /// `169.254.(i >> 8).(i & 255)`.
 pub fn linklocal(i: u16) -> Ipv4Addr {
@@ -265,6 +305,19 @@ mod tests {
         assert_eq!(a.rule_id("natgw/g/fip/1"), 1);
         assert_eq!(a.release_rules("natgw/g/", &BTreeSet::from(["natgw/g/snat/2".to_string()])), vec![1]);
         assert_eq!(a.rule_id("natgw/g/fip/3"), 3, "1 is not handed out again");
+    }
+
+    #[test]
+    fn lookups_never_allocate_and_report_the_first_missing_key() {
+        let mut a = Allocations::default();
+        a.rule_id("natgw/g/fip/1");
+        let mut ids = Allocated::new(&a.rule_ids);
+        assert_eq!(ids.get("natgw/g/fip/1"), 1);
+        assert_eq!(ids.get("natgw/g/fip/2"), 0);
+        assert_eq!(ids.get("natgw/g/fip/3"), 0);
+        assert_eq!(ids.check(), Err(AllocError::NotAllocated("natgw/g/fip/2".into())));
+        assert_eq!(a.rule_ids.len(), 1);
+        assert!(Allocated::new(&a.rule_ids).check().is_ok());
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub mod sched;
 use anyhow::{Context, Result};
 
 use crate::{
-    alloc::Allocations,
+    alloc::{AllocError, Allocated, Allocations},
     dataplane::engine::Engine,
     naming,
     plumbing::host_addresses,
@@ -31,14 +31,10 @@ fn site(id: &str) -> Site {
     }
 }
 
-/// Allocates what the load balancer needs and makes the host match it.
-pub fn ensure(
-    engine: &mut Engine,
-    bridge: &str,
-    lb: &Lb,
-    health: &health::Health,
-    alloc: &mut Allocations,
-) -> Result<Vec<String>> {
+/// Allocates everything the load balancer needs (zone, link-local
+/// addresses, mapped ports, rule ids), changing nothing on the host: the
+/// reconciler persists the result before `ensure` uses it.
+pub fn allocate(lb: &Lb, alloc: &mut Allocations) -> Result<Vec<String>> {
     let mut changes = Vec::new();
     let zone_key = naming::lb_zone_key(&lb.id);
     if !alloc.zones.contains_key(&zone_key) {
@@ -50,15 +46,38 @@ pub fn ensure(
         changes.push(format!("allocated inner {inner}, outer {outer}"));
     }
     let backends: Vec<&str> = lb.backends().map(|(_, b)| b.id.as_str()).collect();
+    // A released port is free at once: its rules are keyed by the backend's
+    // rule ids, which stay allocated until `ensure` replaced them.
     let (added, released) = alloc.lb_ports(&lb.id, &backends)?;
     let a = alloc.lbs[&lb.id].clone();
     changes.extend(added.iter().map(|b| format!("backend {b}: mapped port {}", a.ports[b])));
     changes.extend(released.iter().map(|b| format!("backend {b}: mapped port released")));
+    let none = rules::LbIfaces { ovn: 0, proxy: 0 };
+    rules::rules(lb, &a, zone, none, &|_, _| true, &mut |k| alloc.rule_id(k));
+    Ok(changes)
+}
+
+/// Makes the host match the load balancer with what `allocate` gave it;
+/// releases the rule ids it no longer uses once the host stopped using them.
+pub fn ensure(
+    engine: &mut Engine,
+    bridge: &str,
+    lb: &Lb,
+    health: &health::Health,
+    alloc: &mut Allocations,
+) -> Result<Vec<String>> {
+    let mut changes = Vec::new();
+    let zone_key = naming::lb_zone_key(&lb.id);
+    let zone = *alloc.zones.get(&zone_key).ok_or_else(|| AllocError::NotAllocated(zone_key.clone()))?;
+    let a =
+        alloc.lbs.get(&lb.id).cloned().ok_or_else(|| AllocError::NotAllocated(format!("addresses of {zone_key}")))?;
 
     let plumb::Plumbed { ovn, proxy, ovs } = plumb::ensure(lb, &a, bridge, &mut changes).context("plumbing")?;
     let site = site(&lb.id);
     let up = |listener: &str, backend: &str| health.is_up(&lb.id, listener, backend);
-    let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, alloc);
+    let mut ids = Allocated::new(&alloc.rule_ids);
+    let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, &mut |k| ids.get(k));
+    ids.check()?;
     engine.sync_zone(zone, &want, None, &mut changes)?;
     // Attached after the rules are written: a program that replaces an
     // older build's (an upgrade, `dataplane::migrate`) never runs against

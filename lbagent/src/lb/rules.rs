@@ -13,7 +13,7 @@
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use crate::{
-    alloc::{Allocations, LbAlloc},
+    alloc::LbAlloc,
     dataplane::tables::{AclSpec, DnatSpec, RuleSnat, SchedKind, SchedSpec},
     lb::sched,
     naming,
@@ -76,20 +76,22 @@ fn direct_backends(l: &Listener, up: &dyn Fn(&str, &str) -> bool) -> (Vec<(Ipv4A
 }
 
 /// `up(listener, backend)` says whether a direct listener's backend passes
-/// its health check (backends that are down get no new flows).
+/// its health check (backends that are down get no new flows); `ids` gives
+/// each rule key its id (allocating in `lb::allocate`, looking up in
+/// `lb::ensure`).
 pub fn rules(
     lb: &Lb,
     a: &LbAlloc,
     zone: u16,
     ifs: LbIfaces,
     up: &dyn Fn(&str, &str) -> bool,
-    alloc: &mut Allocations,
+    ids: &mut dyn FnMut(&str) -> u32,
 ) -> (Vec<DnatSpec>, BTreeSet<String>) {
     let mut out = Vec::new();
     let mut keys = BTreeSet::new();
     let vip = lb.network.ip;
     let mut id = |key: String| {
-        let id = alloc.rule_id(&key);
+        let id = ids(&key);
         keys.insert(key);
         id
     };
@@ -116,7 +118,7 @@ pub fn rules(
         });
     }
     for (_, b) in lb.backends() {
-        // Every backend has its port once `alloc.lb_ports` ran (`lb::ensure`).
+        // Every backend has its port once `alloc.lb_ports` ran (`lb::allocate`).
         if let Some(port) = a.ports.get(&b.id) {
             for p in Protocol::ALL {
                 let (proto, rule_id) = (p.number(), id(naming::lb_backend_key(&lb.id, &b.id, p)));
@@ -140,7 +142,10 @@ pub fn rules(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Format, load_str};
+    use crate::{
+        alloc::Allocations,
+        state::{Format, load_str},
+    };
 
     #[test]
     fn seed_rules_and_direct_listeners() {
@@ -151,7 +156,7 @@ mod tests {
         a.lb_addresses(&lb.id, &Default::default()).unwrap();
         a.lb_ports(&lb.id, &["b1", "b2", "d1"]).unwrap();
         let la = a.lbs[&lb.id].clone();
-        let (r, keys) = rules(lb, &la, 9, LbIfaces { ovn: 2, proxy: 3 }, &|_, _| true, &mut a);
+        let (r, keys) = rules(lb, &la, 9, LbIfaces { ovn: 2, proxy: 3 }, &|_, _| true, &mut |k| a.rule_id(k));
         // 4 listeners + 3 backends × 2 protocols.
         assert_eq!(r.len(), 10);
         assert_eq!(keys.len(), 10);
@@ -167,7 +172,7 @@ mod tests {
         let dns = r.iter().find(|d| d.port == 53).unwrap();
         assert_eq!(dns.sched.as_ref().map(|s| s.kind), Some(SchedKind::Source), "sch: Maglev by source");
         assert_eq!(direct.snat.unwrap().to, Some(std::net::Ipv4Addr::new(10, 10, 0, 5)));
-        let (down, _) = rules(lb, &la, 9, LbIfaces { ovn: 2, proxy: 3 }, &|_, b| b != "b2", &mut a);
+        let (down, _) = rules(lb, &la, 9, LbIfaces { ovn: 2, proxy: 3 }, &|_, b| b != "b2", &mut |k| a.rule_id(k));
         let direct = down.iter().find(|d| d.port == 5000).unwrap();
         assert_eq!(direct.backends.len(), 1, "b2 is down: only b1 left");
         assert!(

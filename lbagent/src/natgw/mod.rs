@@ -9,7 +9,7 @@ pub mod rules;
 use anyhow::{Context, Result};
 
 use crate::{
-    alloc::Allocations,
+    alloc::{AllocError, Allocated, Allocations},
     dataplane::engine::Engine,
     naming,
     state::spec::Gw,
@@ -26,6 +26,23 @@ fn site(name: &str) -> Site {
     }
 }
 
+/// Allocates everything the gateway needs (zone, rule ids, QoS buckets),
+/// changing nothing on the host: the reconciler persists the result before
+/// `ensure` uses it.
+pub fn allocate(gw: &Gw, alloc: &mut Allocations) -> Result<Vec<String>> {
+    let mut changes = Vec::new();
+    let site = site(&gw.name);
+    if !alloc.zones.contains_key(&site.zone_key) {
+        changes.push(format!("zone {}", alloc.zone(&site.zone_key)?));
+    }
+    let zone = alloc.zone(&site.zone_key)?;
+    rules::rules(gw, zone, rules::Ifaces { lan: 0, ext: 0 }, &mut |k| alloc.rule_id(k));
+    qos::allocate(gw, alloc)?;
+    Ok(changes)
+}
+
+/// Makes the host match the gateway with what `allocate` gave it; releases
+/// what the gateway no longer uses once the host stopped using it.
 pub fn ensure(
     engine: &mut Engine,
     bridge: &str,
@@ -35,9 +52,11 @@ pub fn ensure(
 ) -> Result<Vec<String>> {
     let mut changes = Vec::new();
     let site = site(&gw.name);
-    let zone = alloc.zone(&site.zone_key)?;
+    let zone = *alloc.zones.get(&site.zone_key).ok_or_else(|| AllocError::NotAllocated(site.zone_key.clone()))?;
     let plumb::Plumbed { lan, ext, bridges } = plumb::ensure(gw, bridge, &mut changes)?;
-    let want = rules::rules(gw, zone, rules::Ifaces { lan, ext }, alloc);
+    let mut ids = Allocated::new(&alloc.rule_ids);
+    let want = rules::rules(gw, zone, rules::Ifaces { lan, ext }, &mut |k| ids.get(k));
+    ids.check()?;
     engine.sync_zone(zone, &want.dnats, Some(&want.snats), &mut changes)?;
     let t = engine.tables()?;
     // Flush what the reference flushes, after the rules changed.
@@ -51,9 +70,9 @@ pub fn ensure(
     }
     let q = qos::qos(gw, rules::Ifaces { lan, ext }, alloc)?;
     changes.extend(t.sync_qos(zone, &q.zone)?);
-    alloc.release_qos(&naming::gw_qos_prefix(&gw.name), &q.keys);
     // Attached after rules and QoS are written (see `lb::ensure`).
     zone::attach(engine, zone, &site)?;
+    alloc.release_qos(&naming::gw_qos_prefix(&gw.name), &q.keys);
     zone::release_unused_rules(engine, alloc, &site, &want.keys, &mut changes)?;
     // Last: an OVS outage must not hold back rule updates.
     bridges.context("bridge ports (the rules were updated)")?;

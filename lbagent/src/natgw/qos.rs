@@ -22,7 +22,7 @@ use super::{
     rules::Ifaces,
 };
 use crate::{
-    alloc::Allocations,
+    alloc::{Allocated, Allocations},
     dataplane::qos::QosZone,
     naming::{self, QosTarget},
     state::spec::{Direction, Gw, GwSide, QosMatch as Match, QosRule},
@@ -69,18 +69,24 @@ pub fn interface(r: &QosRule) -> &'static str {
     }
 }
 
-/// The gateway's QoS entries, allocating buckets.
-pub fn qos(gw: &Gw, ifs: Ifaces, alloc: &mut Allocations) -> Result<GwQos> {
+/// Allocates a bucket for every rule instance of the gateway (before any
+/// host change; `natgw::allocate`).
+pub fn allocate(gw: &Gw, alloc: &mut Allocations) -> Result<()> {
     let mut exhausted = None;
-    let q = build(gw, ifs, &mut |k| {
+    build(gw, Ifaces { lan: 0, ext: 0 }, &mut |k| {
         alloc.qos_bucket(k).unwrap_or_else(|e| {
             exhausted = Some(e);
             0
         })
     })?;
-    if let Some(e) = exhausted {
-        bail!("{e}");
-    }
+    exhausted.map_or(Ok(()), |e| bail!("{e}"))
+}
+
+/// The gateway's QoS entries with the buckets `allocate` gave them.
+pub fn qos(gw: &Gw, ifs: Ifaces, alloc: &Allocations) -> Result<GwQos> {
+    let mut ids = Allocated::new(&alloc.qos_buckets);
+    let q = build(gw, ifs, &mut |k| ids.get(k))?;
+    ids.check()?;
     Ok(q)
 }
 

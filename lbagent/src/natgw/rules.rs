@@ -71,10 +71,12 @@ fn identities(gw: &Gw) -> BTreeMap<Identity, (Vec<(Ipv4Addr, u16)>, DnatMode)> {
     out
 }
 
-pub fn rules(gw: &Gw, zone: u16, ifs: Ifaces, alloc: &mut Allocations) -> GwRules {
+/// `ids` gives each rule key its id (allocating in `natgw::allocate`,
+/// looking up in `natgw::ensure`).
+pub fn rules(gw: &Gw, zone: u16, ifs: Ifaces, ids: &mut dyn FnMut(&str) -> u32) -> GwRules {
     let mut r = GwRules::default();
     let mut id = |key: String, r: &mut GwRules| {
-        let id = alloc.rule_id(&key);
+        let id = ids(&key);
         r.keys.insert(key);
         id
     };
@@ -173,7 +175,7 @@ mod tests {
     #[test]
     fn rules_of_the_example() {
         let mut a = Allocations::default();
-        let r = rules(&gw(), 5, IFS, &mut a);
+        let r = rules(&gw(), 5, IFS, &mut |k| a.rule_id(k));
         // FIP eip1 (address-wide) + two identities (eip2 tcp/2222, eip3 tcp/80 shared by two backends).
         assert_eq!(r.dnats.len(), 3);
         let fip = r.dnats.iter().find(|d| d.proto == 0).unwrap();
@@ -185,14 +187,14 @@ mod tests {
         assert!(r.snats.iter().any(|s| s.cidr.1 == 32 && !s.random && s.to == Ipv4Addr::new(198, 51, 100, 10)));
         assert!(r.snats.iter().any(|s| s.cidr.1 == 24 && s.random && s.ifindex == 3), "keyed on net1");
         // Stable ids on repeat.
-        assert_eq!(rules(&gw(), 5, IFS, &mut a), r);
+        assert_eq!(rules(&gw(), 5, IFS, &mut |k| a.rule_id(k)), r);
     }
 
     #[test]
     fn flush_rules_follow_the_reference() {
         let mut a = Allocations::default();
         let prev = gw();
-        rules(&prev, 5, IFS, &mut a);
+        rules(&prev, 5, IFS, &mut |k| a.rule_id(k));
         let fip_id = a.rule_ids[&naming::gw_fip_key("gw1", Ipv4Addr::new(198, 51, 100, 10))];
         let ssh_id = a.rule_ids[&naming::gw_dnat_key("gw1", Ipv4Addr::new(198, 51, 100, 11), Protocol::Tcp, 2222)];
         let snat_id = a.rule_ids[&naming::gw_snat_key("gw1", (Ipv4Addr::new(10, 10, 0, 0), 24))];
@@ -227,7 +229,7 @@ mod tests {
         let mut g = gw();
         let eip2 = g.eips.iter().find(|e| e.name == "eip2").map(|e| EipRef { name: e.name.clone(), ip: e.ip }).unwrap();
         g.snats.push(crate::state::spec::Snat { eip: eip2, internal_cidr: (Ipv4Addr::new(10, 10, 0, 21), 32) });
-        let r = rules(&g, 5, IFS, &mut Allocations::default());
+        let r = rules(&g, 5, IFS, &mut |k| Allocations::default().rule_id(k));
         let at_32: Vec<_> = r.snats.iter().filter(|s| s.cidr == (Ipv4Addr::new(10, 10, 0, 21), 32)).collect();
         assert_eq!(at_32.len(), 1);
         assert_eq!(at_32[0].to, Ipv4Addr::new(198, 51, 100, 10));

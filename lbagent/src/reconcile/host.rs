@@ -8,7 +8,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{Applied, Finish, Realizer};
+use super::{Applied, Finish, Realizer, Spec};
 use crate::{
     alloc::Allocations,
     dataplane::{attach::AttachMode, engine::Engine},
@@ -39,6 +39,13 @@ impl Host {
 }
 
 impl Realizer for Host {
+    fn allocate(&mut self, spec: Spec, alloc: &mut Allocations) -> Result<Vec<String>> {
+        match spec {
+            Spec::Lb(l) => lb::allocate(l, alloc),
+            Spec::Gw(g) => natgw::allocate(g, alloc),
+        }
+    }
+
     fn ensure_lb(&mut self, l: &Lb, alloc: &mut Allocations) -> Result<Vec<String>> {
         let health = self.health.lock().unwrap();
         lb::ensure(&mut self.engine, &self.bridge, l, &health, alloc)

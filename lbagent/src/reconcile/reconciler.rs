@@ -1,5 +1,9 @@
-//! Executes plans. Every step is idempotent; after each one the allocations
-//! and the applied specs are persisted, so a crash mid-plan resumes cleanly.
+//! Executes plans. Every step is idempotent. An ensure records the object
+//! as begun and makes its allocations, and both are persisted before the
+//! host changes; after each step both are persisted again. A crash at any
+//! point therefore leaves nothing on the host that the next run cannot
+//! find: an object removed while the agent was down is cleaned up with the
+//! ids and addresses it had.
 
 use std::{path::Path, time::SystemTime};
 
@@ -33,6 +37,10 @@ pub trait Realizer {
     fn finish(&mut self, _applied: &Applied, _alloc: &Allocations) -> Result<Finish> {
         Ok(Finish::default())
     }
+    /// Makes every allocation the object needs and nothing else (no host
+    /// change): the reconciler persists them before `ensure_*` runs, which
+    /// only looks them up (and releases what the object stopped using).
+    fn allocate(&mut self, spec: Spec, alloc: &mut Allocations) -> Result<Vec<String>>;
     fn ensure_lb(&mut self, lb: &Lb, alloc: &mut Allocations) -> Result<Vec<String>>;
     fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
     /// `prev`: the spec applied before (for deciding which flows to flush).
@@ -127,11 +135,13 @@ impl<R: Realizer> Reconciler<R> {
                 let spec = spec(desired, *kind, key).expect("planned ensures come from desired");
                 let prev = self.applied.gws.get(key).cloned();
                 self.applied.begin(key, spec);
+                let allocated = self.realizer.allocate(spec, &mut self.alloc);
                 self.persist()?;
-                let mut changes = match spec {
+                let mut changes = allocated?;
+                changes.extend(match spec {
                     Spec::Lb(lb) => self.realizer.ensure_lb(lb, &mut self.alloc)?,
                     Spec::Gw(gw) => self.realizer.ensure_gw(gw, prev.as_ref(), &mut self.alloc)?,
-                };
+                });
                 if *reason != Reason::Repair {
                     changes.insert(0, format!("{} {}", verb(*reason), kind.noun()));
                 }

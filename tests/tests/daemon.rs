@@ -461,6 +461,43 @@ fn a_crash_mid_ensure_leaks_nothing() {
     assert!(routes[0].starts_with(&inner), "{routes:?}");
 }
 
+/// A repair pass over a host that already matches changes nothing and
+/// reports nothing (every OVS port, address, route, rule and the proxy are
+/// checked, none re-made).
+#[test]
+fn a_repair_pass_with_nothing_to_do_does_nothing() {
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brn")).unwrap();
+    let env = Env::new();
+    let state = lb_state(
+        &bridge.name,
+        &lb_id(),
+        62,
+        [
+            "{id: direct, type: tcp, port: 9000, backend_group: g}",
+            "{id: proxied, type: tcp, port: 7000, backend_group: g, mode: proxy}",
+        ],
+        "[{id: b, address: 10.62.0.21, port: 9000}]",
+    );
+    std::fs::write(env.state(), &state).unwrap();
+    let d = env.start();
+    let first = env.status().unwrap()["last_apply"]["time"].as_u64().unwrap();
+    // Two repair passes later (every 2 s here).
+    let mut last = Value::Null;
+    wait(
+        || {
+            last = env.status().unwrap()["last_apply"].clone();
+            last["time"].as_u64().unwrap() >= first + 4
+        },
+        "two repair passes",
+    );
+    assert_eq!(last["ok"], true, "{last}");
+    assert_eq!(last["changes"], serde_json::json!([]), "{last}\n{}", d.log());
+}
+
 /// haproxy's master re-executes itself on a reload; on a loaded host (or an
 /// emulated guest) starting the new worker takes longer than the agent's
 /// 5 s wait. The reload must then be left to finish, not signalled again by

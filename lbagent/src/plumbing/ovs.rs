@@ -75,7 +75,9 @@ pub fn bridge_exists(bridge: &str) -> Result<bool> {
 /// Adds `port` to `bridge` with `external_ids:iface-id`, or fixes both if the
 /// port exists elsewhere or with another id. Returns whether anything changed.
 pub fn ensure_port(bridge: &str, port: &str, iface_id: &str) -> Result<bool> {
-    let current = query(&["--if-exists", "port-to-br", port])?;
+    // `port-to-br` takes no `--if-exists`: it fails for a missing port,
+    // which `query` turns into "".
+    let current = query(&["port-to-br", port])?;
     let id = query(&["--if-exists", "get", "Interface", port, "external_ids:iface-id"])?;
     if current == bridge && id.trim_matches('"') == iface_id {
         return Ok(false);

@@ -44,7 +44,7 @@ fn incompatible_pins_are_refused_with_a_clear_message() {
     // A map named `ct` with another value size sits where ours would go.
     let p = TestPins::new();
     pins::ensure_bpffs(&p.root).unwrap();
-    let path = pins::versioned_dir(&p.root).join(MAP_CT);
+    let path = pins::ensure_versioned_dir(&p.root).unwrap().join(MAP_CT);
     sh(&[
         "bpftool",
         "map",
@@ -126,6 +126,33 @@ fn a_newer_layout_is_refused_as_a_downgrade() {
     let err = format!("{:#}", ZoneProgram::load(&e.pins.root, 1).err().expect("must refuse"));
     assert!(err.contains(&format!("layout version {} (a newer lbagent)", LAYOUT_VERSION + 1)), "{err}");
     assert!(err.contains("downgrade refused"), "{err}");
+}
+
+/// The agent itself, started on a dataplane of a newer layout, refuses
+/// before it creates anything: no directory of its own layout appears (a
+/// later newer agent would otherwise find this layout's directory).
+#[test]
+fn a_refused_downgrade_creates_nothing() {
+    if !require_root() {
+        return;
+    }
+    let p = TestPins::new();
+    pins::ensure_bpffs(&p.root).unwrap();
+    pin_meta(&p.root, LAYOUT_VERSION + 1, (LAYOUT_VERSION + 1) as u8);
+    let dir = std::env::temp_dir().join(lbagent_tests::unique("lbadg"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("state.yaml"), "version: 1\n").unwrap();
+    let arg = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let out = std::process::Command::new(lbagent_tests::lbagent_bin())
+        .args(["run", "--state", &arg(&dir.join("state.yaml")), "--metrics", "off"])
+        .args(["--state-dir", &arg(&dir.join("sd")), "--bpffs", &arg(&p.root)])
+        .args(["--api-socket", &arg(&dir.join("api.sock"))])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("downgrade refused"), "{err}");
+    assert!(!pins::versioned_dir(&p.root).exists(), "{} was created", pins::versioned_dir(&p.root).display());
 }
 
 #[test]

@@ -133,6 +133,7 @@ pub fn attach(prog: &mut SchedClassifier, bpffs: &Path, hook: &Hook<'_>, mode: A
     })
     .with_context(ctx)?;
     if let Some(link) = new_link {
+        pins::ensure_links_dir(bpffs).with_context(ctx)?;
         link.pin(&pin).with_context(|| format!("pinning tcx link at {}", pin.display())).with_context(ctx)?;
     }
     Ok(mode)

@@ -71,6 +71,8 @@ impl Engine {
             return Ok(vec![]);
         }
         pins::ensure_bpffs(&self.bpffs)?;
+        pins::check_meta(&self.bpffs)?;
+        pins::ensure_versioned_dir(&self.bpffs)?;
         let prog = self.programs.values_mut().next().expect("checked non-empty");
         let mut ids = Vec::new();
         for direction in Direction::BOTH {

@@ -31,7 +31,7 @@ impl ZoneProgram {
         raise_memlock();
         pins::ensure_bpffs(root)?;
         pins::check_meta(root)?;
-        let dir = pins::versioned_dir(root);
+        let dir = pins::ensure_versioned_dir(root)?;
         let mut loader = EbpfLoader::new();
         let log_level = super::logs::level();
         loader.default_map_pin_directory(&dir).override_global("ZONE", &zone, true).override_global(

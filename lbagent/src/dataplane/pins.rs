@@ -29,6 +29,8 @@ pub fn links_dir(root: &Path) -> PathBuf {
 /// Mounts bpffs at /sys/fs/bpf (mode 0700) when `root` is not on a bpffs,
 /// then creates `root` (mode 0700) and checks that it is the agent's and
 /// writable by nobody else: whoever can write the pins steers the dataplane.
+/// Nothing under `root` is created here: a build that `check_meta` refuses
+/// must leave no directory of its layout behind.
 pub fn ensure_bpffs(root: &Path) -> Result<()> {
     let probe = root.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
     if !is_bpffs(probe)? {
@@ -45,9 +47,22 @@ pub fn ensure_bpffs(root: &Path) -> Result<()> {
                 .context("mounting bpffs at /sys/fs/bpf")?;
         }
     }
-    crate::files::ensure_private_dir(root).context("--bpffs")?;
-    fs::create_dir_all(links_dir(root)).with_context(|| format!("creating {}", root.display()))?;
-    Ok(())
+    crate::files::ensure_private_dir(root).context("--bpffs")
+}
+
+/// `versioned_dir(root)`, created when missing (after `check_meta`, before
+/// maps are pinned there).
+pub fn ensure_versioned_dir(root: &Path) -> Result<PathBuf> {
+    let dir = versioned_dir(root);
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// `links_dir(root)`, created when missing (before a link is pinned there).
+pub fn ensure_links_dir(root: &Path) -> Result<PathBuf> {
+    let dir = links_dir(root);
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
 }
 
 fn is_bpffs(path: &Path) -> Result<bool> {

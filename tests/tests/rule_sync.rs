@@ -104,3 +104,84 @@ fn a_changed_acl_flushes_the_flows_it_now_refuses() {
     let (rc, _) = e.run(&frame(&Ip::new(CLIENT, VIP), &tcp(SYN, 24000, 80, b""))).unwrap();
     assert_eq!(rc, lbagent_tests::engine::TC_ACT_SHOT, "refused now");
 }
+
+/// A narrowed ACL flushes only the flows it now refuses: an allowed
+/// client's open flow stays (and keeps flowing), a refused one's goes; a
+/// deny list and a removed ACL likewise flush only what they refuse.
+#[test]
+fn a_changed_acl_keeps_the_flows_it_still_accepts() {
+    let Some(mut e) = engine() else { return };
+    let acl = |allow: bool, cidrs: &[([u8; 4], u8)]| {
+        let mut d = dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080)]);
+        let cidrs = cidrs.iter().map(|(x, l)| (a(*x), *l)).collect();
+        d.acl = Some(lbagent::dataplane::tables::AclSpec { allow, cidrs });
+        d
+    };
+    let open = |e: &mut Engine, client: [u8; 4]| {
+        let (rc, _) = e.run(&frame(&Ip::new(client, VIP), &tcp(SYN, 24000, 80, b""))).unwrap();
+        assert_eq!(rc, lbagent_tests::engine::TC_ACT_OK);
+    };
+    let clients = |e: &Engine| -> Vec<[u8; 4]> {
+        let mut c: Vec<_> = e
+            .tables
+            .conntrack()
+            .unwrap()
+            .into_iter()
+            .filter(|(_, x)| x.flags & CT_F_REPLY == 0)
+            .map(|(k, _)| k.saddr)
+            .collect();
+        c.sort();
+        c
+    };
+    sync_dnat(&e, &[acl(true, &[(CLIENT, 32), (CLIENT2, 32)])]);
+    open(&mut e, CLIENT);
+    open(&mut e, CLIENT2);
+    assert_eq!(clients(&e), vec![CLIENT, CLIENT2]);
+    // Allow list narrowed to CLIENT: CLIENT2's flow goes, CLIENT's stays.
+    let changes = sync_dnat(&e, &[acl(true, &[(CLIENT, 32)])]);
+    assert!(changes.iter().any(|c| c == "ACL changed: flushed 1 flows"), "{changes:?}");
+    assert_eq!(clients(&e), vec![CLIENT]);
+    expect(
+        &mut e,
+        frame(&Ip::new(CLIENT, VIP), &tcp(packet::ACK, 24000, 80, b"still")),
+        frame(&Ip::new(SNAT, SERVER), &tcp(packet::ACK, 24000, 8080, b"still")),
+    );
+    // A deny list that does not list CLIENT: nothing to flush.
+    let changes = sync_dnat(&e, &[acl(false, &[(CLIENT2, 32)])]);
+    assert!(changes.iter().any(|c| c == "ACL changed: flushed 0 flows"), "{changes:?}");
+    assert_eq!(clients(&e), vec![CLIENT]);
+    // ACL removed: everyone is accepted, nothing flushed.
+    sync_dnat(&e, &[dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080)])]);
+    assert_eq!(clients(&e), vec![CLIENT]);
+    // A deny list of CLIENT's /24: flushed.
+    sync_dnat(&e, &[acl(false, &[([10, 0, 1, 0], 24)])]);
+    assert!(clients(&e).is_empty());
+}
+
+/// Two listeners that swap ports in one change keep their backends after
+/// that one pass (the rule ids move with them; neither write may delete the
+/// other's backends).
+#[test]
+fn listeners_that_swap_ports_keep_their_backends() {
+    let Some(mut e) = engine() else { return };
+    let rules =
+        |p1: u16, p2: u16| [dnat(PROTO_TCP, p1, 41, &[(SERVER, 8080)]), dnat(PROTO_TCP, p2, 42, &[(SERVER2, 8081)])];
+    sync_dnat(&e, &rules(5000, 5001));
+    sync_dnat(&e, &rules(5001, 5000));
+    let stored = e.tables.dnat_rules().unwrap();
+    for (port, id) in [(5001, 41), (5000, 42)] {
+        let (_, r, backends) = stored.iter().find(|(k, _, _)| k.port == port && k.zone == ZONE).unwrap();
+        assert_eq!((r.rule_id, backends.len()), (id, 1), "port {port}: {stored:?}");
+    }
+    let client = [192, 0, 2, 7];
+    expect(
+        &mut e,
+        frame(&Ip::new(client, VIP), &tcp(SYN, 33000, 5001, b"")),
+        frame(&Ip::new(client, SERVER), &tcp(SYN, 33000, 8080, b"")),
+    );
+    expect(
+        &mut e,
+        frame(&Ip::new(client, VIP), &tcp(SYN, 33001, 5000, b"")),
+        frame(&Ip::new(client, SERVER2), &tcp(SYN, 33001, 8081, b"")),
+    );
+}

@@ -26,18 +26,14 @@ fn summarise(kind: &str, lines: Vec<String>, changes: &mut Vec<String>) {
 /// Upserts changed DNAT rules of `zone`, removes the ones not wanted, and
 /// flushes the UDP flows of backends that left a rule.
 ///
-/// Removals run first: a rule id that moved to another key (a listener's
-/// port, type or VIP changed) shares its backend entries with the new key,
-/// and removing the old key afterwards would delete them.
+/// Upserts run first, then removals, and neither touches the backends,
+/// table or ACL of a rule id still wanted under another key: a rule id that
+/// moved (a listener's port, type or VIP changed, two listeners swapped
+/// ports) keeps what it has through the pass.
 pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<String>) -> Result<()> {
     let mut changes = Vec::new();
     let wanted: HashSet<DnatKey> = want.iter().map(|d| d.key()).collect();
-    for (k, _, _) in have {
-        if !wanted.contains(k) {
-            t.remove_dnat(k)?;
-            changes.push(format!("removed dnat {} proto {} port {}", Ipv4Addr::from(k.addr), k.proto, k.port));
-        }
-    }
+    let in_use: HashSet<u32> = want.iter().map(|d| d.rule_id).collect();
     for d in want {
         let same = have.iter().find(|(k, _, _)| *k == d.key()).is_some_and(|(_, r, bs)| {
             *r == d.rule() && bs.iter().map(|b| (Ipv4Addr::from(b.addr), b.port)).collect::<Vec<_>>() == d.backends
@@ -53,19 +49,31 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
                 Some(s) => t.sched_digest(d.rule_id)? == Some(super::tables::table_digest(&s.table)),
             };
         if !same {
-            t.set_dnat(d)?;
+            t.set_dnat_keeping(d, &in_use)?;
             changes.push(format!("dnat {} proto {} port {} -> {:?}", d.addr, d.proto, d.port, d.backends));
         }
     }
-    // A changed ACL applies to flows already open, too (fail closed): they
-    // are flushed and reopen only if the new ACL accepts them.
-    let acl_changed: HashSet<u32> = want
+    for (k, _, _) in have {
+        if !wanted.contains(k) {
+            t.remove_dnat_keeping(k, &in_use)?;
+            changes.push(format!("removed dnat {} proto {} port {}", Ipv4Addr::from(k.addr), k.proto, k.port));
+        }
+    }
+    // A changed ACL applies to flows already open, too (fail closed): the
+    // flows whose client the new ACL refuses are flushed (they would not
+    // reopen); the clients it still accepts keep theirs.
+    let acl_changed: std::collections::HashMap<u32, Option<&super::tables::AclSpec>> = want
         .iter()
         .filter(|d| have.iter().any(|(_, r, _)| r.rule_id == d.rule_id && r.acl_digest != d.rule().acl_digest))
-        .map(|d| d.rule_id)
+        .map(|d| (d.rule_id, d.acl.as_ref()))
         .collect();
     if !acl_changed.is_empty() {
-        let n = t.flush_conntrack(|_, e| acl_changed.contains(&e.dnat_rule))?;
+        let n = t.flush_conntrack(|k, e| {
+            e.flags & CT_F_REPLY == 0
+                && acl_changed
+                    .get(&e.dnat_rule)
+                    .is_some_and(|acl| acl.is_some_and(|a| !a.accepts(Ipv4Addr::from(k.saddr))))
+        })?;
         changes.push(format!("ACL changed: flushed {n} flows"));
     }
     let gone = udp_backends_gone(have, want);

@@ -1,7 +1,7 @@
 //! Rule maps: DNAT rules and their backends, SNAT (LPM by interface and
 //! source), listener ACLs.
 
-use std::net::Ipv4Addr;
+use std::{collections::HashSet, net::Ipv4Addr};
 
 use anyhow::Result;
 use aya::maps::{LpmTrie, Map, MapData, lpm_trie::Key};
@@ -85,6 +85,13 @@ impl AclSpec {
         keys.sort_by_key(|k| (k.prefix_len(), k.data().addr));
         keys.dedup_by_key(|k| (k.prefix_len(), k.data().addr));
         keys
+    }
+
+    /// Whether a new flow from `saddr` passes, as the program decides it
+    /// (`rules::acl_accepts`).
+    pub fn accepts(&self, saddr: Ipv4Addr) -> bool {
+        let listed = self.cidrs.iter().any(|(net, len)| u32::from(saddr) & mask(*len) == u32::from(*net) & mask(*len));
+        listed == self.allow
     }
 
     /// FNV-1a over the mode and the masked prefixes: equal ACLs, equal digests.
@@ -226,6 +233,14 @@ impl Tables {
     /// allow-list fails closed meanwhile); surplus backends of a shrunk rule
     /// are removed afterwards.
     pub fn set_dnat(&self, spec: &DnatSpec) -> Result<()> {
+        self.set_dnat_keeping(spec, &HashSet::new())
+    }
+
+    /// `set_dnat`, leaving alone what belongs to the rule ids in `in_use`
+    /// (rules wanted under other keys): the rule this one replaces under its
+    /// key may have moved to another key in the same change (two listeners
+    /// that swap ports), and its backends, table and ACL are then its own.
+    pub fn set_dnat_keeping(&self, spec: &DnatSpec, in_use: &HashSet<u32>) -> Result<()> {
         let mut rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
         let mut backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
         let old = rules.get(&spec.key(), 0).ok();
@@ -237,6 +252,12 @@ impl Tables {
         for (i, (addr, port)) in spec.backends.iter().enumerate() {
             let b = Backend { addr: addr.octets(), port: *port, _pad0: 0 };
             backends.insert(&BackendKey { rule_id: spec.rule_id, index: i as u32 }, &b, 0)?;
+        }
+        // This rule id's backends past the new count (they are numbered
+        // from 0 without gaps, wherever the rule was before).
+        let mut index = spec.backends.len() as u32;
+        while backends.remove(&BackendKey { rule_id: spec.rule_id, index }).is_ok() {
+            index += 1;
         }
         match &spec.sched {
             Some(s) if s.kind == SchedKind::Least => self.set_least(spec.rule_id, &spec.backends, &s.weights)?,
@@ -250,18 +271,23 @@ impl Tables {
         self.set_acl(spec.rule_id, &acl_keys)?;
         if let Some(old) = old {
             // The old rule's table or counts go unless this rule id keeps
-            // the same kind of scheduler.
+            // the same kind of scheduler, or the old rule lives on elsewhere.
             let same_id = old.rule_id == spec.rule_id;
+            let moved = !same_id && in_use.contains(&old.rule_id);
             let table_bits = DNAT_F_SCHED_MASK & !DNAT_F_SCHED_LEAST;
-            if old.flags & table_bits != 0 && !(same_id && rule.flags & table_bits != 0) {
+            if !moved && old.flags & table_bits != 0 && !(same_id && rule.flags & table_bits != 0) {
                 self.remove_sched_table(old.rule_id)?;
             }
-            if old.flags & DNAT_F_SCHED_LEAST != 0 && !(same_id && rule.flags & DNAT_F_SCHED_LEAST != 0) {
+            if !moved && old.flags & DNAT_F_SCHED_LEAST != 0 && !(same_id && rule.flags & DNAT_F_SCHED_LEAST != 0) {
                 self.set_least(old.rule_id, &[], &[])?;
             }
-            let start = if old.rule_id == spec.rule_id { spec.backends.len() as u32 } else { 0 };
-            for index in start..old.backend_count {
-                let _ = backends.remove(&BackendKey { rule_id: old.rule_id, index });
+            if !same_id && !moved {
+                for index in 0..old.backend_count {
+                    let _ = backends.remove(&BackendKey { rule_id: old.rule_id, index });
+                }
+                if old.flags & (DNAT_F_ACL_ALLOW | DNAT_F_ACL_DENY) != 0 {
+                    self.set_acl(old.rule_id, &[])?;
+                }
             }
         }
         Ok(())
@@ -270,10 +296,19 @@ impl Tables {
     /// Removes a DNAT rule, its backends and its ACL entries (existing
     /// flows keep their entries).
     pub fn remove_dnat(&self, key: &DnatKey) -> Result<()> {
+        self.remove_dnat_keeping(key, &HashSet::new())
+    }
+
+    /// `remove_dnat`, removing only the key when its rule id is in `in_use`
+    /// (the rule moved to another key: its backends, table and ACL go with it).
+    pub fn remove_dnat_keeping(&self, key: &DnatKey, in_use: &HashSet<u32>) -> Result<()> {
         let mut rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
         let mut backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
         if let Ok(old) = rules.get(key, 0) {
             rules.remove(key)?;
+            if in_use.contains(&old.rule_id) {
+                return Ok(());
+            }
             for index in 0..old.backend_count {
                 let _ = backends.remove(&BackendKey { rule_id: old.rule_id, index });
             }

@@ -8,8 +8,10 @@
 //! entry is older than `FRAG_TIMEOUT_S`) cannot be matched to a flow: it is
 //! dropped when it would need translation (its source is in a SNAT rule, or
 //! its destination is a floating IP), so a private address never leaks, and
-//! passed otherwise. Like Cilium, and unlike Linux (which reassembles), the
-//! first fragment must come first.
+//! passed otherwise. A later fragment whose first fragment is on record but
+//! opened no flow (it was dropped: an ACL, no free port, a taken tuple) is
+//! dropped when a rule would have translated its datagram. Like Cilium, and
+//! unlike Linux (which reassembles), the first fragment must come first.
 
 use aya_ebpf::{bindings::BPF_ANY, programs::TcContext};
 use lbagent_common::*;
@@ -20,7 +22,7 @@ use crate::{
     maps::FRAGS,
     parse::Packet,
     rewrite::rewrite_addresses,
-    verdict::{untracked_fragment, verdict},
+    verdict::{orphan_fragment, untracked_fragment, verdict},
 };
 
 #[inline(always)]
@@ -52,8 +54,10 @@ pub fn later(ctx: &TcContext, p: &Packet) -> i32 {
     t.sport = first.sport;
     t.dport = first.dport;
     let Some(e) = conntrack::peek(&t, now) else {
-        // The first fragment was not translated either.
-        return verdict(Counter::PassFragment);
+        // The first fragment opened no flow: it was untranslated, or dropped
+        // (an ACL refused it, no free port, its tuple taken). Its datagram
+        // goes the same way as what it would have needed.
+        return orphan_fragment(ctx, p, &t);
     };
     count_flow(e.dnat_rule, e.snat_rule, ctx.len() as u64);
     match rewrite_addresses(ctx, p, &e.xlate) {

@@ -59,6 +59,26 @@ pub fn acl_accepts(rule: &DnatRule, saddr: [u8; 4]) -> bool {
     if rule.flags & DNAT_F_ACL_ALLOW != 0 { listed } else { !listed }
 }
 
+/// Whether a DNAT rule with backends would translate a new flow of `t`,
+/// without picking a backend: by port, by protocol alone (an address-only
+/// protocol's rule), then address-wide.
+#[inline(always)]
+pub fn dnat_applies(t: &Tuple) -> bool {
+    let mut key = DnatKey { addr: t.daddr, port: t.dport, proto: t.proto, _pad0: 0, zone: t.zone, _pad1: 0 };
+    for step in 0..3 {
+        if step == 1 {
+            key.port = 0;
+        } else if step == 2 {
+            key.proto = 0;
+        }
+        // SAFETY: map values are plain data, read at once.
+        if let Some(r) = unsafe { DNAT_RULES.get(&key) } {
+            return r.backend_count > 0;
+        }
+    }
+    false
+}
+
 /// Whether `addr` has an address-wide DNAT rule (a floating IP).
 #[inline(always)]
 pub fn address_wide_dnat(zone: u16, addr: [u8; 4]) -> bool {

@@ -36,6 +36,18 @@ pub fn untracked_fragment(ctx: &TcContext, p: &Packet) -> i32 {
     verdict(Counter::PassFragment)
 }
 
+/// A later fragment whose first fragment is on record but opened no flow
+/// (`t`: its tuple with the first fragment's ports): dropped when a rule
+/// would have translated the datagram (the first fragment was then dropped,
+/// and passing the rest would send them untranslated), passed otherwise.
+#[inline(always)]
+pub fn orphan_fragment(ctx: &TcContext, p: &Packet, t: &lbagent_common::Tuple) -> i32 {
+    if snat_covers(ctx, p) || rules::dnat_applies(t) {
+        return verdict(Counter::DropFragUntracked);
+    }
+    verdict(Counter::PassFragment)
+}
+
 /// Whether a SNAT rule covers the packet's source on the interface it will
 /// leave by (nothing covers what is delivered to the namespace itself).
 #[inline(always)]

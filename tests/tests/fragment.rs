@@ -7,7 +7,7 @@ use lbagent_common::*;
 use lbagent_tests::{
     engine::{Engine, TC_ACT_OK, TC_ACT_SHOT},
     fixture::*,
-    packet::{self, Ip, L4, fragments},
+    packet::{self, Ip, L4, fragments, frame},
 };
 
 const OTHER: [u8; 4] = [203, 0, 113, 5];
@@ -99,4 +99,34 @@ fn a_later_fragment_without_its_first_never_leaks_a_private_source() {
     }
     assert_eq!(e.tables.counter(Counter::PassFragment).unwrap(), 2);
     assert!(e.tables.conntrack().unwrap().is_empty());
+}
+
+/// When the first fragment is dropped (its client refused by an ACL, or no
+/// free SNAT port), the later fragments of its datagram are dropped too:
+/// they never leave untranslated, with a private source.
+#[test]
+fn later_fragments_follow_a_dropped_first_fragment() {
+    let Some(mut e) = engine() else { return };
+    let data = payload(4000);
+    let dropped_all = |e: &mut Engine, q: &[Vec<u8>]| {
+        for (i, f) in q.iter().enumerate() {
+            let (rc, _) = e.run(f).unwrap();
+            assert_eq!(rc, TC_ACT_SHOT, "fragment {i}");
+        }
+    };
+    // An ACL that refuses CLIENT on the UDP listener.
+    let mut refused = dnat(PROTO_UDP, 53, 2, &[(SERVER, 5353)]);
+    refused.acl = Some(lbagent::dataplane::tables::AclSpec { allow: true, cidrs: vec![(a(CLIENT2), 32)] });
+    e.tables.set_dnat(&refused).unwrap();
+    let q = fragments(&Ip { id: 0x1111, ..Ip::new(CLIENT, VIP) }, &udp(25000, 53, &data), 1480);
+    dropped_all(&mut e, &q);
+    assert_eq!(e.tables.counter(Counter::DropAcl).unwrap(), 1);
+    // No free SNAT port: one port, taken by an open flow.
+    e.tables.set_snat(&snat((CLIENT, 32), SNAT, (40000, 40000), false, 11)).unwrap();
+    let (rc, _) = e.run(&frame(&Ip::new(CLIENT, OTHER), &udp(5000, 9999, b"takes the port"))).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    let q = fragments(&Ip { id: 0x2222, ..Ip::new(CLIENT, OTHER) }, &udp(5001, 9999, &data), 1480);
+    dropped_all(&mut e, &q);
+    assert_eq!(e.tables.counter(Counter::DropFragUntracked).unwrap(), 4, "the later fragments of both");
+    assert_eq!(e.tables.counter(Counter::PassFragment).unwrap(), 0);
 }

@@ -110,9 +110,14 @@ pub fn lb_listener_key(id: &str, listener: &str) -> String {
     format!("{}listener/{listener}", lb_rule_prefix(id))
 }
 
+/// A backend of a load balancer, whatever its group: `lb/<id>/backend/<backend>`.
+pub fn lb_backend(id: &str, backend: &str) -> String {
+    format!("{}backend/{backend}", lb_rule_prefix(id))
+}
+
 /// A backend's mapped-port rule for one protocol: `lb/<id>/backend/<backend>/<tcp|udp>`.
 pub fn lb_backend_key(id: &str, backend: &str, proto: Protocol) -> String {
-    format!("{}backend/{backend}/{proto}", lb_rule_prefix(id))
+    format!("{}/{proto}", lb_backend(id, backend))
 }
 
 /// Prefix of every rule key of a gateway.

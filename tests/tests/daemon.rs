@@ -1268,3 +1268,20 @@ mod cli_reads_what_runs {
         assert!(v["rule_stats"][&key]["packets"].as_u64().is_some_and(|p| p > 0), "{v}");
     }
 }
+
+/// A clean stop in file mode is prompt: the state-file source ends on the
+/// stop instead of being waited out.
+#[test]
+fn a_file_mode_stop_is_prompt() {
+    if !root() {
+        return;
+    }
+    let env = Env::new();
+    std::fs::write(env.state(), "version: 1\n").unwrap();
+    let mut daemon = env.start();
+    let t = std::time::Instant::now();
+    assert!(daemon.stop(), "clean exit on SIGTERM:\n{}", daemon.log());
+    let took = t.elapsed();
+    eprintln!("file-mode stop took {took:?}");
+    assert!(took < Duration::from_millis(1500), "stopped in {took:?}:\n{}", daemon.log());
+}

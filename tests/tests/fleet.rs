@@ -456,7 +456,7 @@ fn only_the_newest_document_is_applied_and_one_agent_holds_a_host() {
     let mut b = Agent::new(&host);
     b.start(&ep);
     wait_for(
-        || b.status().is_some_and(|s| s["source_problem"].as_str().is_some_and(|p| p.contains("another agent holds"))),
+        || b.status().is_some_and(|s| s["alive_problem"].as_str().is_some_and(|p| p.contains("another agent holds"))),
         "the second agent refused",
     );
     std::thread::sleep(Duration::from_secs(3));
@@ -875,4 +875,210 @@ mod cli_as_documented {
         let (ok, out, err) = lbagent(&flags_after(&plain, &["status", &format!("malformed-{tag}")]));
         assert!(ok && out.contains("UNREADABLE status") && out.contains("EOF"), "{out}{err}");
     }
+}
+
+/// Every problem the agent's etcd source reports: the desired-state
+/// reader's (`source_problem`) and the alive key and status writer's
+/// (`alive_problem`).
+fn problems(st: &Value) -> String {
+    format!("{} | {}", st["source_problem"].as_str().unwrap_or(""), st["alive_problem"].as_str().unwrap_or(""))
+}
+
+/// An empty document told apart by `n` (no objects: two agents of one host
+/// may both run it on this machine).
+fn empty(n: u32) -> String {
+    format!("version: 1\n# document {n}\n")
+}
+
+/// Puts `doc` for `host` and returns its revision.
+fn put_rev(etcd: &Etcd, host: &str, dir: &std::path::Path, doc: &str) -> String {
+    let (ok, out, err) = put(etcd, host, dir, doc, false);
+    assert!(ok, "{out}{err}");
+    let rev = out.split_once(": revision ").map(|(_, r)| r.split_whitespace().next().unwrap_or("").to_string());
+    rev.unwrap_or_else(|| panic!("no revision in {out}"))
+}
+
+fn running_rev(a: &Agent) -> Option<String> {
+    a.status().and_then(|s| s["revision_running"].as_str().map(String::from))
+}
+
+/// Whose pid the alive key names (`None`: nobody holds it).
+fn alive_pid(etcd: &Etcd, host: &str) -> Option<i64> {
+    let v = etcd.ctl(&["get", "--print-value-only", &format!("/lbagent/v1/alive/{host}")]).unwrap();
+    serde_json::from_str::<Value>(v.trim()).ok()?["pid"].as_i64()
+}
+
+/// The alive key is verified, not believed: taken from the holder behind
+/// its back (deleted by hand, then held on another lease), the agent stops
+/// applying documents from etcd, says so, and takes the key back once it
+/// is free (never while another holds it). A second agent refused for the
+/// same host retries with a growing backoff, not every 2 s.
+#[test]
+fn a_lost_alive_key_stops_the_agent_until_it_is_free_again() {
+    if !lbagent_tests::require_root() || !etcd::available() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let tag = unique("lbfk");
+    let etcd = Etcd::start(&tag).unwrap();
+    let ep = etcd.endpoint();
+    let host = format!("k-{tag}");
+    let alive = format!("/lbagent/v1/alive/{host}");
+    let mut a = Agent::new(&host);
+    a.start(&ep);
+    let (ok, out, err) = put(&etcd, &host, &a.dir, &empty(1), true);
+    assert!(ok, "{out}{err}\n{}", a.log());
+    let r1 = running_rev(&a).unwrap();
+    let a_pid = a.process.as_ref().unwrap().pid().as_raw() as i64;
+
+    // A second agent for the host: refused, retrying with a growing backoff.
+    let mut b = Agent::new(&host);
+    b.start(&ep);
+    wait_for(|| b.status().is_some_and(|s| problems(&s).contains("another agent holds")), "B refused");
+    let t = Instant::now();
+    std::thread::sleep(Duration::from_secs(25));
+    let tries = count(&b.log(), "another agent holds");
+    eprintln!("refused agent: {tries} attempts in {:?}", t.elapsed());
+    // Every 2 s: 13 or more; backing off from 0.5 s: at most 8.
+    assert!(tries <= 8, "{tries} attempts in 25 s: no backoff\n{}", b.log());
+    b.kill();
+
+    // The key taken behind A's back: deleted, then held on another lease.
+    let granted = etcd.ctl(&["lease", "grant", "300"]).unwrap();
+    let lease = granted.split_whitespace().nth(1).unwrap().to_string();
+    etcd.ctl(&["del", &alive]).unwrap();
+    etcd.ctl(&["put", "--lease", &lease, &alive, r#"{"pid":1,"machine":"intruder","version":"0"}"#]).unwrap();
+    wait_long(
+        || a.status().is_some_and(|s| problems(&s).contains("no longer held")),
+        25,
+        "A noticing that it lost the alive key",
+    );
+    let r2 = put_rev(&etcd, &host, &a.dir, &empty(2));
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(running_rev(&a).as_deref(), Some(r1.as_str()), "A applied a document without the key:\n{}", a.log());
+    assert_eq!(alive_pid(&etcd, &host), Some(1), "A took the key from its holder");
+
+    // The other holder gone: A takes the key back and applies the newest.
+    etcd.ctl(&["lease", "revoke", &lease]).unwrap();
+    wait_long(|| running_rev(&a).as_deref() == Some(r2.as_str()), 40, "A running again once the key is free");
+    assert_eq!(alive_pid(&etcd, &host), Some(a_pid));
+    wait_for(|| a.status().is_some_and(|s| s["alive_problem"].is_null()), "the problem cleared");
+
+    // A real second agent while the key is deleted by hand: whichever
+    // takes it, only that one applies the next document.
+    let mut b = Agent::new(&host);
+    b.start(&ep);
+    wait_for(|| b.status().is_some_and(|s| problems(&s).contains("another agent holds")), "B refused");
+    etcd.ctl(&["del", &alive]).unwrap();
+    wait_long(|| alive_pid(&etcd, &host).is_some(), 40, "the key held again");
+    std::thread::sleep(Duration::from_secs(12));
+    let holder = alive_pid(&etcd, &host).unwrap();
+    let (on, off) = if holder == a_pid { (&a, &b) } else { (&b, &a) };
+    let r3 = put_rev(&etcd, &host, &a.dir, &empty(3));
+    wait_long(|| running_rev(on).as_deref() == Some(r3.as_str()), 30, "the holder applying the next document");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_ne!(running_rev(off).as_deref(), Some(r3.as_str()), "both agents applied it:\n{}", off.log());
+    assert!(off.status().is_some_and(|s| !problems(&s).trim().eq("|")), "the other says why");
+}
+
+/// A document the mass-removal guard refuses is never cached, is evaluated
+/// again on SIGHUP, and is applied once the refusal no longer holds (the
+/// agent restarted with a higher `--max-removal`). Objects updated in place
+/// (a backend whose group is renamed) are not removals.
+#[test]
+fn a_refused_document_is_not_cached_and_applies_once_allowed() {
+    if !lbagent_tests::require_root() || !etcd::available() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let tag = unique("lbfg");
+    let etcd = Etcd::start(&tag).unwrap();
+    let ep = etcd.endpoint();
+    let bridge = OvsBridge::new(&unique("brg")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.62.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.62.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let host = format!("g-{tag}");
+    let id = lb_id();
+    let vip = |port| -> std::net::SocketAddr { format!("10.62.0.5:{port}").parse().unwrap() };
+    let strict = ["--etcd-insecure".to_string(), "--max-removal".into(), "10".into()];
+    let mut a = Agent::new(&host);
+    a.start_with(&ep, &strict);
+    let (ok, out, err) = put(&etcd, &host, &a.dir, &document(&bridge.name, &id, &[9000, 9001]), true);
+    assert!(ok, "{out}{err}\n{}", a.log());
+    let cache = a.dir.join("sd").join("fleet-desired.json");
+    let cached_rev = || -> i64 {
+        let c: Value = serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
+        c["revision"].as_i64().unwrap()
+    };
+
+    // The backend group renamed: the backend is updated in place, not removed.
+    let renamed = document(&bridge.name, &id, &[9000, 9001])
+        .replace("backend_group: g}", "backend_group: g2}")
+        .replace("{id: g, backends", "{id: g2, backends");
+    let (ok, out, err) = put(&etcd, &host, &a.dir, &renamed, true);
+    assert!(ok, "a renamed group is no removal: {out}{err}\n{}", a.log());
+    let accepted = running_rev(&a).unwrap();
+    assert_eq!(cached_rev().to_string(), accepted);
+    assert!(ask_tcp(&client.ns.name, vip(9001)).unwrap().starts_with("b "));
+
+    // One listener of four objects removed: refused (over 10 %), not cached.
+    let smaller = renamed.replace("      - {id: l9001, type: tcp, port: 9001, backend_group: g2}\n", "");
+    assert_ne!(smaller, renamed);
+    let refused = put_rev(&etcd, &host, &a.dir, &smaller);
+    wait_for(|| a.status().is_some_and(|s| s["revision_seen"] == refused.as_str()), "the refusal");
+    let st = a.status().unwrap();
+    assert!(st["rejected_state"].to_string().contains("removes 1 of the 4"), "{st}");
+    assert_eq!(cached_rev().to_string(), accepted, "the refused document was cached");
+
+    // SIGHUP evaluates it again (still refused: nothing changed).
+    let before = count(&a.log(), "SIGHUP: desired state refused");
+    a.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for(|| count(&a.log(), "SIGHUP: desired state refused") > before, "the refused revision evaluated again");
+    assert!(ask_tcp(&client.ns.name, vip(9001)).unwrap().starts_with("b "));
+
+    // Restarted with a higher bound: the same revision is applied.
+    assert!(a.process.as_mut().unwrap().stop());
+    a.start_with(&ep, &["--etcd-insecure".to_string(), "--max-removal".into(), "50".into()]);
+    wait_long(
+        || a.status().is_some_and(|s| s["revision_running"] == refused.as_str() && s["last_apply"]["ok"] == true),
+        40,
+        "the refused revision applied after the restart",
+    );
+    assert_eq!(cached_rev().to_string(), refused);
+    assert!(ask_tcp(&client.ns.name, vip(9001)).is_err(), "listener 9001 removed");
+}
+
+/// The desired-state reader and the alive key's holder each report their
+/// own problem: an identity that may take its alive key but neither read
+/// its document nor write its status shows both at once.
+#[test]
+fn the_readers_and_the_holders_problems_are_both_visible() {
+    if !lbagent_tests::require_root() || !etcd::available() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let tag = unique("lbfq");
+    let h = format!("q-{tag}");
+    let etcd = auth_cluster(&tag, &[], &[&h]);
+    let pki = etcd.pki.as_ref().unwrap();
+    let user = format!("lbagent-{h}");
+    etcd.ctl(&["role", "add", &user]).unwrap();
+    etcd.ctl(&["role", "grant-permission", &user, "readwrite", &format!("/lbagent/v1/alive/{h}")]).unwrap();
+    etcd.ctl(&["user", "grant-role", &user, &user]).unwrap();
+    let mut a = Agent::new(&h);
+    a.start_with(&etcd.endpoint(), &tls_flags(pki.ca(), pki.cert(&user), pki.key(&user)));
+    wait_long(
+        || {
+            a.status().is_some_and(|s| {
+                let p = problems(&s);
+                p.contains("writing the status") && p.contains("get")
+            })
+        },
+        30,
+        "both problems reported at once",
+    );
+    let st = a.status().unwrap();
+    let text = a.cli(&["status"]);
+    assert!(text.contains("writing the status") && text.contains("get:"), "{text}\n{st}");
 }

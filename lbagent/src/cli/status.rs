@@ -121,6 +121,9 @@ pub fn render(doc: &StatusDoc) -> String {
     if let Some(p) = &doc.source_problem {
         out += &format!("desired-state source: {p}\n");
     }
+    if let Some(p) = &doc.alive_problem {
+        out += &format!("alive key and status: {p}\n");
+    }
     if let Some(r) = &doc.rejected_state {
         out += "newest state file REFUSED (still running the last good one):\n";
         for p in r {

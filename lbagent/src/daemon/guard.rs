@@ -6,8 +6,12 @@
 //! guard keeps it from tearing the host down.
 //!
 //! Objects are load balancers, their listeners and backends, NAT gateways
-//! and their EIPs, FIPs, DNATs and SNATs, each known by its identity (a
-//! changed field is not a removal).
+//! and their EIPs, FIPs, DNATs and SNATs, each known by its identity: a
+//! changed field is not a removal. A backend is known by its load balancer
+//! and id (moved to another or a renamed group, it is updated in place); a
+//! DNAT by its EIP, protocol and port, each further member of a shared one
+//! by its position (re-pointed to another internal address, it is updated
+//! in place; a share that loses a member loses an object).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -31,8 +35,8 @@ fn objects(lbs: &BTreeMap<String, Lb>, gws: &BTreeMap<String, Gw>) -> BTreeSet<S
         for l in &lb.listeners {
             out.insert(naming::lb_listener_key(&lb.id, &l.id));
         }
-        for (g, b) in lb.backends() {
-            out.insert(format!("{zone}/group/{}/backend/{}", g.id, b.id));
+        for (_, b) in lb.backends() {
+            out.insert(naming::lb_backend(&lb.id, &b.id));
         }
         out.insert(zone);
     }
@@ -44,12 +48,12 @@ fn objects(lbs: &BTreeMap<String, Lb>, gws: &BTreeMap<String, Gw>) -> BTreeSet<S
         for f in &gw.fips {
             out.insert(naming::gw_fip_key(&gw.name, f.eip.ip));
         }
+        let mut members: BTreeMap<String, usize> = BTreeMap::new();
         for n in &gw.dnats {
-            out.insert(format!(
-                "{}/{}",
-                naming::gw_dnat_key(&gw.name, n.eip.ip, n.protocol, n.external_port),
-                n.internal_ip
-            ));
+            let key = naming::gw_dnat_key(&gw.name, n.eip.ip, n.protocol, n.external_port);
+            let seen = members.entry(key.clone()).or_default();
+            out.insert(if *seen == 0 { key } else { format!("{key}#{seen}") });
+            *seen += 1;
         }
         for s in &gw.snats {
             out.insert(naming::gw_snat_key(&gw.name, s.internal_cidr));
@@ -117,5 +121,55 @@ mod tests {
         // Adding and keeping are never refused.
         assert!(refuse(&running(&empty), &four, false, 50).is_none());
         assert!(refuse(&four_running, &four, false, 0).is_none());
+    }
+
+    fn gateway(dnats: &[(&str, u16)]) -> Desired {
+        let dnats: String = dnats
+            .iter()
+            .map(|(ip, port)| {
+                format!(
+                    "      - {{eip: e0, protocol: tcp, external_port: {port}, internal_ip: {ip}, internal_port: 22, mode: share}}\n"
+                )
+            })
+            .collect();
+        let doc = format!(
+            "version: 1\nnat_gateways:\n  - name: g0\n    lan: {{ip: 10.0.0.254, prefix_len: 24, mac: \"02:00:0a:0a:00:01\", gateway: 10.0.0.1}}\n    external: {{bridge: br-ext, prefix_len: 24, gateway: 203.0.0.1}}\n    eips: [{{name: e0, ip: 203.0.0.10}}]\n    dnats:\n{dnats}"
+        );
+        accept_str(&doc, Format::Yaml).map_err(|p| format!("{p:?}")).unwrap().desired
+    }
+
+    #[test]
+    fn a_dnat_pointed_elsewhere_is_no_removal() {
+        let before = running(&gateway(&[("10.0.0.21", 2222), ("10.0.0.22", 2223)]));
+        // Both re-pointed: updated in place, nothing removed (guard at 0 %).
+        assert!(refuse(&before, &gateway(&[("10.0.0.31", 2222), ("10.0.0.32", 2223)]), false, 0).is_none());
+        // One gone: removed.
+        let why = refuse(&before, &gateway(&[("10.0.0.21", 2222)]), false, 0).expect("a DNAT removed");
+        assert!(why.contains("removes 1 of the 4") && why.contains("dnat/203.0.0.10/tcp/2223"), "{why}");
+        // A shared DNAT: a member re-pointed is kept, a member dropped is removed.
+        let shared = running(&gateway(&[("10.0.0.21", 80), ("10.0.0.22", 80)]));
+        assert!(refuse(&shared, &gateway(&[("10.0.0.21", 80), ("10.0.0.23", 80)]), false, 0).is_none());
+        assert!(refuse(&shared, &gateway(&[("10.0.0.21", 80)]), false, 0).is_some());
+    }
+
+    fn balancer(group: &str, backends: &[&str]) -> Desired {
+        let backends: Vec<String> = backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| format!("{{id: {b}, address: 10.1.0.{}, port: 80}}", i + 20))
+            .collect();
+        let doc = format!(
+            "version: 1\nagent: {{integration_bridge: br-int}}\nload_balancers:\n  - id: lb-guard-test1\n    network: {{ip: 10.1.0.5, mac: \"02:00:0a:01:00:05\", prefix_len: 24, gateway: 10.1.0.1}}\n    listeners: [{{id: l1, type: tcp, port: 80, backend_group: {group}}}]\n    backend_groups: [{{id: {group}, backends: [{}]}}]\n",
+            backends.join(", ")
+        );
+        accept_str(&doc, Format::Yaml).map_err(|p| format!("{p:?}")).unwrap().desired
+    }
+
+    #[test]
+    fn a_backend_in_a_renamed_group_is_no_removal() {
+        let before = running(&balancer("g", &["b1", "b2"]));
+        assert!(refuse(&before, &balancer("g2", &["b1", "b2"]), false, 0).is_none());
+        let why = refuse(&before, &balancer("g2", &["b1"]), false, 0).expect("a backend removed");
+        assert!(why.contains("removes 1 of the 4") && why.contains("lb/lb-guard-test1/backend/b2"), "{why}");
     }
 }

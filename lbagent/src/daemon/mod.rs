@@ -78,7 +78,7 @@ impl Daemon {
 
     /// Takes a document from the source: applies it when valid, otherwise
     /// logs every problem and keeps what runs.
-    fn reload(&mut self, update: source::Update) {
+    fn reload(&mut self, mut update: source::Update) {
         let why = update.why;
         self.status.lock().unwrap().document.revision_seen = Some(update.revision.clone());
         let guarded = match &update.state {
@@ -107,6 +107,9 @@ impl Daemon {
                     warn!("  {w}");
                 }
                 self.status.lock().unwrap().set_rejected(None);
+                if let Some(accepted) = update.on_accept.take() {
+                    accepted();
+                }
                 self.last_good = Some(s.desired);
                 self.apply(false, Some(update.revision));
             }

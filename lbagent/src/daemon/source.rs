@@ -25,11 +25,14 @@ pub struct Update {
     pub revision: String,
     /// The accepted document (typed), or every problem with its path.
     pub state: Result<Accepted, Problems>,
+    /// Called by the daemon once it takes the document (valid and allowed
+    /// by the mass-removal guard): the etcd source caches it then.
+    pub on_accept: Option<Box<dyn FnOnce() + Send>>,
 }
 
 /// The daemon's status, shared with its source: `changed` is notified after
 /// every apply or refusal (a source that reports status back reads it then;
-/// a source may also set `source_problem` in it). `stop` turns true when
+/// a source may also set `source_problem` and `alive_problem` in it). `stop` turns true when
 /// the daemon stops: a source that holds something (etcd's alive lease)
 /// releases it then.
 #[derive(Clone)]
@@ -68,7 +71,12 @@ impl FileSource {
     }
 
     fn read(&self, why: &'static str) -> Update {
-        Update { why, revision: revision(fingerprint(&self.path).as_deref()), state: state::accept_file(&self.path) }
+        Update {
+            why,
+            revision: revision(fingerprint(&self.path).as_deref()),
+            state: state::accept_file(&self.path),
+            on_accept: None,
+        }
     }
 }
 
@@ -81,8 +89,10 @@ impl Source for FileSource {
         self: Box<Self>,
         updates: UnboundedSender<Update>,
         refresh: std::sync::Arc<Notify>,
-        _feedback: Feedback,
+        feedback: Feedback,
     ) -> tokio::task::JoinHandle<()> {
+        // Nothing to release: the source ends as soon as the daemon stops.
+        let mut stop = feedback.stop;
         tokio::spawn(async move {
             let mut seen = fingerprint(&self.path);
             if updates.send(self.read("start")).is_err() {
@@ -95,6 +105,7 @@ impl Source for FileSource {
             poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let update = tokio::select! {
+                    _ = stop.changed() => return,
                     _ = poll.tick() => {
                         // A changed file is read once it has stayed the same for
                         // a whole poll interval: an editor's truncate-and-rewrite
@@ -118,7 +129,10 @@ impl Source for FileSource {
                         // the same across one poll interval: a signal sent
                         // in the middle of a write waits for the write.
                         let now = fingerprint(&self.path);
-                        tokio::time::sleep(self.poll).await;
+                        tokio::select! {
+                            _ = stop.changed() => return,
+                            _ = tokio::time::sleep(self.poll) => {}
+                        }
                         if fingerprint(&self.path) != now {
                             pending = Some(now);
                             continue;

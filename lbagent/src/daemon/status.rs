@@ -35,11 +35,16 @@ pub struct StatusDoc {
     /// Problems of the newest document when it was refused.
     pub rejected_state: Option<Vec<String>>,
     /// Why the desired-state source gives no new documents right now (etcd
-    /// unreachable or refusing this agent's credentials, the alive key held
-    /// by another agent, a cached document too old to apply); the running
-    /// state stays.
+    /// unreachable or refusing this agent's credentials, a cached document
+    /// too old to apply); the running state stays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_problem: Option<String>,
+    /// Fleet mode: why this agent does not hold its alive key or cannot
+    /// write its status (held by another agent, lost, etcd refusing the
+    /// lease or the status write). Reported beside `source_problem`, never
+    /// in its place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alive_problem: Option<String>,
     pub load_balancers: Vec<LbStatus>,
     pub nat_gateways: Vec<GwStatus>,
     /// Rule key → rule id.

@@ -6,15 +6,24 @@
 //!   nobody holds it, or when the holder's lease is the one this state dir's
 //!   previous agent held (a restart after a crash takes over at once). While
 //!   another agent holds it, this one applies nothing from etcd and says so
-//!   in its status. Only the holder writes `/lbagent/v1/status/<H>`
-//!   (`HostStatus`, on change). A clean stop revokes the lease.
+//!   in its status (`alive_problem`), trying again with the connection
+//!   backoff or as soon as the key is deleted. The holder does not trust its
+//!   belief: every 10 s, and whenever a fenced read fails, it checks that
+//!   the key still exists on its own lease; when it does not (deleted or its
+//!   lease revoked from outside) it stops vouching, says so, and takes the
+//!   key back only if nobody holds it. Only the holder writes
+//!   `/lbagent/v1/status/<H>` (`HostStatus`, on change, in a transaction on
+//!   its lease). A clean stop revokes the lease.
 //! - the reader applies only the newest document: on every connect, on
-//!   every watch event and on SIGHUP it reads the key itself (a linearizable
-//!   get) rather than replaying the events in between, so a burst of writes,
+//!   every watch event and on SIGHUP it reads the key itself, in a
+//!   transaction that succeeds only while the alive key is on this agent's
+//!   lease (the fence), rather than replaying the events in between, so a burst of writes,
 //!   a stall or a reconnect yields the newest revision only (a drain that
 //!   was reverted meanwhile is never seen), and no history is replayed
-//!   however large. A deleted key changes nothing (only a document that
-//!   drains says so). Every accepted document is cached on disk with its
+//!   however large. SIGHUP sends the revision even when it was sent before:
+//!   a document the daemon refused is evaluated again. A deleted key
+//!   changes nothing (only a document that drains says so). Every document
+//!   the daemon accepts is cached on disk with its
 //!   host and cluster id; the cache's age is the time since etcd last
 //!   confirmed it current (its modification time, refreshed every 10 s).
 //!   At start, when no endpoint answers, the cache is applied only if it is
@@ -53,8 +62,9 @@ const KEEPALIVE_EVERY: Duration = Duration::from_secs(10);
 /// How often the reader confirms that the running document is still the
 /// newest (a keys-only read), which refreshes the cache's age.
 const CONFIRM_EVERY: Duration = Duration::from_secs(10);
-/// How often an agent that does not hold the alive key tries again.
-const HELD_ELSEWHERE_RETRY: Duration = Duration::from_secs(2);
+/// How long the reader waits for the reporter's verdict after a fenced
+/// read failed, before reading again.
+const FENCE_RECHECK: Duration = Duration::from_secs(1);
 
 /// The default `--etcd-cache-max-age`: two alive leases.
 pub const DEFAULT_CACHE_MAX_AGE: Duration = Duration::from_secs(60);
@@ -110,36 +120,54 @@ impl EtcdSource {
         naming::fleet_desired_key(&self.host)
     }
 
+    /// The reader's problem (`source_problem`).
     fn problem(feedback: &Feedback, problem: Option<String>) {
+        Self::set(feedback, problem, |d| &mut d.source_problem);
+    }
+
+    /// The reporter's problem (`alive_problem`).
+    fn alive_problem(feedback: &Feedback, problem: Option<String>) {
+        Self::set(feedback, problem, |d| &mut d.alive_problem);
+    }
+
+    fn set(
+        feedback: &Feedback,
+        problem: Option<String>,
+        field: impl FnOnce(&mut crate::daemon::status::StatusDoc) -> &mut Option<String>,
+    ) {
         let mut st = feedback.status.lock().unwrap();
-        if st.document.source_problem != problem {
-            st.document.source_problem = problem;
+        let slot = field(&mut st.document);
+        if *slot != problem {
+            *slot = problem;
             drop(st);
             feedback.changed.notify_one();
         }
     }
 
-    /// An update from a key-value; caches it when accepted.
+    /// An update from a key-value; cached once the daemon accepts it.
     fn update(&self, why: &'static str, kv: &KeyValue, cluster_id: u64) -> Update {
         let revision = kv.mod_revision();
-        let state = match std::str::from_utf8(kv.value()) {
+        let (state, on_accept) = match std::str::from_utf8(kv.value()) {
             Ok(text) => {
-                let accepted = state::accept_str(text, format_of(text));
-                if accepted.is_ok() {
-                    let cached = Cached { host: self.host.clone(), cluster_id, revision, document: text.to_string() };
-                    let bytes = serde_json::to_vec(&cached).expect("plain data serializes");
-                    if let Err(e) = crate::files::write_private(&self.cache, &bytes, true) {
-                        warn!("caching the accepted document in {}: {e:#}", self.cache.display());
+                let cached = Cached { host: self.host.clone(), cluster_id, revision, document: text.to_string() };
+                let bytes = serde_json::to_vec(&cached).expect("plain data serializes");
+                let path = self.cache.clone();
+                let cache = move || {
+                    if let Err(e) = crate::files::write_private(&path, &bytes, true) {
+                        warn!("caching the accepted document in {}: {e:#}", path.display());
                     }
-                }
-                accepted
+                };
+                (state::accept_str(text, format_of(text)), Some(Box::new(cache) as Box<dyn FnOnce() + Send>))
             }
-            Err(_) => Err(state::Problems(vec![state::Problem {
-                path: String::new(),
-                message: "the document is not UTF-8 text".into(),
-            }])),
+            Err(_) => (
+                Err(state::Problems(vec![state::Problem {
+                    path: String::new(),
+                    message: "the document is not UTF-8 text".into(),
+                }])),
+                None,
+            ),
         };
-        Update { why, revision: revision.to_string(), state }
+        Update { why, revision: revision.to_string(), state, on_accept }
     }
 
     /// The cached document, when it may be applied without etcd: this
@@ -168,6 +196,7 @@ impl EtcdSource {
             why: "cached document (etcd unreachable)",
             revision: c.revision.to_string(),
             state: state::accept_str(&c.document, format_of(&c.document)),
+            on_accept: None,
         })
     }
 
@@ -178,33 +207,45 @@ impl EtcdSource {
         }
     }
 
-    /// Reads the key and sends it when it is newer than what was sent.
+    /// Reads the key, fenced: in one transaction that succeeds only while
+    /// the alive key is on this agent's lease (a document read while another
+    /// agent held the key may be stale). Sends it when it is newer than what
+    /// was sent, or always when `again` (SIGHUP).
     async fn read(
         &self,
         c: &mut Client,
         r: &mut Reader,
         why: &'static str,
+        again: bool,
         updates: &Sender<'_>,
         feedback: &Feedback,
     ) -> Result<i64> {
-        // Fenced before the read, not after: a document read while another
-        // agent held the key may be stale by the time this one holds it.
-        updates.held().await?;
-        let resp = c.get(self.key(), None).await.context("get")?;
+        let resp = loop {
+            let lease = updates.held().await?;
+            let alive = naming::fleet_alive_key(&self.host);
+            let fenced = Txn::new()
+                .when([Compare::lease(alive, CompareOp::Equal, lease)])
+                .and_then([TxnOp::get(self.key(), None)]);
+            let resp = c.txn(fenced).await.context("get")?;
+            if resp.succeeded() {
+                break resp;
+            }
+            // The key is not on this agent's lease: the reporter checks it
+            // and stops vouching; read again once it has said.
+            updates.fence_failed().await?;
+        };
         Self::problem(feedback, None);
         let store = resp.header().map_or(0, |h| h.revision());
-        match resp.kvs().first() {
-            Some(kv) if kv.mod_revision() != r.sent => {
-                if !updates.is_held() {
-                    // The key was lost during the get: what was read may be
-                    // stale once it is held again, so it is read again then.
-                    return Box::pin(self.read(c, r, why, updates, feedback)).await;
-                }
+        let kv = resp.op_responses().into_iter().find_map(|op| match op {
+            etcd_client::TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+            _ => None,
+        });
+        match kv {
+            Some(kv) if kv.mod_revision() != r.sent || again => {
                 r.sent = kv.mod_revision();
-                updates.send_unfenced(self.update(why, kv, r.cluster))?;
+                updates.send_unfenced(self.update(why, &kv, r.cluster))?;
             }
-            Some(_) if updates.is_held() => self.confirm_cache(),
-            Some(_) => {}
+            Some(_) => self.confirm_cache(),
             None => warn!("no desired state at {} yet; the running state stays", self.key()),
         }
         Ok(store)
@@ -221,13 +262,13 @@ impl EtcdSource {
         refresh: &Notify,
         feedback: &Feedback,
     ) -> Result<()> {
-        let rev = self.read(c, r, "etcd: read", updates, feedback).await?;
+        let rev = self.read(c, r, "etcd: read", false, updates, feedback).await?;
         let opts = WatchOptions::new().with_start_revision(rev + 1);
         let mut stream = c.watch(self.key(), Some(opts)).await.context("watch")?;
         let mut confirm = tokio::time::interval(CONFIRM_EVERY);
         confirm.tick().await;
         loop {
-            let why = tokio::select! {
+            let (why, again) = tokio::select! {
                 msg = stream.message() => {
                     let Some(resp) = msg.context("watch")? else { bail!("the watch stream ended") };
                     if resp.canceled() && resp.compact_revision() == 0 {
@@ -236,7 +277,7 @@ impl EtcdSource {
                     if resp.compact_revision() > 0 {
                         // The events are gone, the key is not: read it.
                         warn!("etcd compacted to revision {}; reading the key again", resp.compact_revision());
-                        self.read(c, r, "etcd: read after compaction", updates, feedback).await?;
+                        self.read(c, r, "etcd: read after compaction", false, updates, feedback).await?;
                         return Ok(());
                     }
                     for ev in resp.events() {
@@ -250,9 +291,9 @@ impl EtcdSource {
                     if !resp.events().iter().any(|e| e.event_type() == EventType::Put) {
                         continue;
                     }
-                    "etcd: changed"
+                    ("etcd: changed", false)
                 }
-                _ = refresh.notified() => "SIGHUP",
+                _ = refresh.notified() => ("SIGHUP", true),
                 _ = confirm.tick() => {
                     let resp = c.get(self.key(), Some(GetOptions::new().with_keys_only())).await.context("get")?;
                     match resp.kvs().first() {
@@ -263,12 +304,12 @@ impl EtcdSource {
                             }
                             continue;
                         }
-                        Some(_) => "etcd: changed",
+                        Some(_) => ("etcd: changed", false),
                         None => continue,
                     }
                 }
             };
-            self.read(c, r, why, updates, feedback).await?;
+            self.read(c, r, why, again, updates, feedback).await?;
         }
     }
 
@@ -338,8 +379,8 @@ impl EtcdSource {
 
     /// Takes the alive key with `lease`: succeeds when nobody holds it or
     /// when its lease is the one this state dir's previous agent held.
-    /// `Err(holder)` names the agent that holds it.
-    async fn acquire(&self, c: &mut Client, lease: i64) -> Result<std::result::Result<(), String>> {
+    /// `Err(held)` names the agent that holds it.
+    async fn acquire(&self, c: &mut Client, lease: i64) -> Result<std::result::Result<(), Held>> {
         let key = naming::fleet_alive_key(&self.host);
         let machine = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
         let me = Alive { pid: std::process::id(), machine, version: env!("CARGO_PKG_VERSION").into() };
@@ -353,108 +394,220 @@ impl EtcdSource {
         if resp.succeeded() {
             return Ok(Ok(()));
         }
+        let revision = resp.header().map_or(0, |h| h.revision());
         let holder = resp.op_responses().into_iter().find_map(|op| match op {
             etcd_client::TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (kv.lease(), kv.value().to_vec())),
             _ => None,
         });
-        let Some((held_by, value_held)) = holder else { return Ok(Err("the alive key vanished".into())) };
+        let Some((held_by, value_held)) = holder else {
+            return Ok(Err(Held { who: "the alive key vanished while taking it".into(), revision }));
+        };
         let ours = std::fs::read_to_string(&self.lease_file).ok().and_then(|s| s.trim().parse::<i64>().ok());
-        if ours == Some(held_by) && held_by != 0 {
+        if ours == Some(held_by) && held_by != 0 && held_by != lease {
             // This state dir's previous agent (killed, or restarted): take over.
             let take = Txn::new().when([Compare::lease(key.clone(), CompareOp::Equal, held_by)]).and_then([put()]);
             if c.txn(take).await.context("taking over the alive key")?.succeeded() {
                 let _ = c.lease_revoke(held_by).await;
                 return Ok(Ok(()));
             }
-            return Ok(Err("the alive key changed hands while taking it over".into()));
+            return Ok(Err(Held { who: "the alive key changed hands while taking it over".into(), revision }));
         }
         let who = serde_json::from_slice::<Alive>(&value_held)
             .map(|a| format!("pid {} on {} (lbagent {})", a.pid, a.machine, a.version))
             .unwrap_or_else(|_| "an unknown holder".into());
-        Ok(Err(format!("another agent holds {key}: {who}, lease {held_by:x}")))
+        Ok(Err(Held { who: format!("another agent holds {key}: {who}, lease {held_by:x}"), revision }))
+    }
+
+    /// Whether the alive key exists on `lease` now.
+    async fn verify(&self, c: &mut Client, lease: i64) -> Result<bool> {
+        let resp = c.get(naming::fleet_alive_key(&self.host), None).await.context("checking the alive key")?;
+        Ok(resp.kvs().first().is_some_and(|kv| kv.lease() == lease))
+    }
+
+    /// Writes the status, only while the alive key is on `lease`: `false`
+    /// when it is not.
+    async fn write_status(&self, c: &mut Client, lease: i64, st: &HostStatus) -> Result<bool> {
+        let alive = naming::fleet_alive_key(&self.host);
+        let put = TxnOp::put(naming::fleet_status_key(&self.host), serde_json::to_string(st)?, None);
+        let txn = Txn::new().when([Compare::lease(alive, CompareOp::Equal, lease)]).and_then([put]);
+        Ok(c.txn(txn).await.context("writing the status")?.succeeded())
     }
 
     /// Holds the liveness lease and writes status changes on one connection,
-    /// until an error or a stop (then the lease is revoked).
+    /// until an error, the key held by another agent, or a stop (then the
+    /// lease is revoked).
     async fn report(
         &self,
         c: &mut Client,
         feedback: &Feedback,
         last: &mut Option<HostStatus>,
-        held: &watch::Sender<bool>,
+        lost: &mut Option<String>,
+        fence: &Fence,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Reported> {
         let lease = c.lease_grant(ALIVE_TTL_SECS, None).await.context("lease grant")?.id();
-        if let Err(holder) = self.acquire(c, lease).await? {
+        if let Err(held) = self.acquire(c, lease).await? {
             let _ = c.lease_revoke(lease).await;
-            return Ok(Reported::HeldElsewhere(holder));
+            return Ok(Reported::HeldElsewhere(held));
         }
         crate::files::write_private(&self.lease_file, format!("{lease}\n").as_bytes(), true)
             .context("recording the alive lease")?;
-        held.send_replace(true);
-        Self::problem(feedback, None);
+        fence.held.send_replace(Some(lease));
+        Self::alive_problem(feedback, None);
+        *last = None;
+        *lost = None;
         let (mut keeper, mut answers) = c.lease_keep_alive(lease).await.context("lease keep-alive")?;
         let mut tick = tokio::time::interval(KEEPALIVE_EVERY);
+        tick.tick().await;
         loop {
             let now = HostStatus::of(&feedback.status.lock().unwrap().document);
+            let mut gone = false;
             if last.as_ref() != Some(&now) {
-                let text = serde_json::to_string(&now)?;
-                c.put(naming::fleet_status_key(&self.host), text, None).await.context("writing the status")?;
-                *last = Some(now);
-            }
-            tokio::select! {
-                _ = feedback.changed.notified() => {}
-                _ = stop.changed() => {
-                    held.send_replace(false);
-                    // Kept when the revoke failed: the next start takes the
-                    // key back from this lease instead of waiting it out.
-                    if c.lease_revoke(lease).await.is_ok() {
-                        let _ = std::fs::remove_file(&self.lease_file);
+                match self.write_status(c, lease, &now).await {
+                    Ok(true) => {
+                        *last = Some(now);
+                        Self::alive_problem(feedback, None);
                     }
-                    return Ok(Reported::Stopped);
+                    Ok(false) => gone = true,
+                    // Not fatal: the key is still held; retried at the next
+                    // change or keep-alive.
+                    Err(e) => {
+                        warn!("status to etcd: {e:#}");
+                        Self::alive_problem(feedback, Some(format!("{e:#}")));
+                    }
                 }
-                _ = tick.tick() => {
-                    keeper.keep_alive().await.context("lease keep-alive")?;
-                    match answers.message().await.context("lease keep-alive")? {
-                        Some(r) if r.ttl() > 0 => {}
-                        _ => bail!("the alive lease expired"),
+            }
+            if !gone {
+                tokio::select! {
+                    _ = feedback.changed.notified() => {}
+                    _ = stop.changed() => {
+                        fence.held.send_replace(None);
+                        // Kept when the revoke failed: the next start takes the
+                        // key back from this lease instead of waiting it out.
+                        if c.lease_revoke(lease).await.is_ok() {
+                            let _ = std::fs::remove_file(&self.lease_file);
+                        }
+                        return Ok(Reported::Stopped);
+                    }
+                    _ = fence.check.notified() => gone = !self.verify(c, lease).await?,
+                    _ = tick.tick() => {
+                        keeper.keep_alive().await.context("lease keep-alive")?;
+                        match answers.message().await.context("lease keep-alive")? {
+                            Some(r) if r.ttl() > 0 => {}
+                            _ => bail!("the alive lease expired"),
+                        }
+                        gone = !self.verify(c, lease).await?;
+                    }
+                }
+            }
+            if gone {
+                // Deleted, or held on another lease: stop vouching, then take
+                // it back only if nobody holds it.
+                fence.held.send_replace(None);
+                let key = naming::fleet_alive_key(&self.host);
+                let note = format!(
+                    "the alive key {key} is no longer held on this agent's lease {lease:x} (deleted or taken \
+                     from outside)"
+                );
+                warn!("{note}: nothing from etcd is applied until it is taken back");
+                Self::alive_problem(feedback, Some(format!("{note}: nothing from etcd is applied")));
+                // Said with every refusal until the key is held again.
+                *lost = Some(note);
+                if let Err(held) = self.acquire(c, lease).await? {
+                    let _ = c.lease_revoke(lease).await;
+                    return Ok(Reported::HeldElsewhere(held));
+                }
+                info!("took the alive key {key} back");
+                fence.held.send_replace(Some(lease));
+                Self::alive_problem(feedback, None);
+                *last = None;
+                *lost = None;
+            } else {
+                // The reader waits for a verdict after a failed fenced read.
+                fence.held.send_replace(Some(lease));
+            }
+        }
+    }
+
+    async fn report_loop(&self, feedback: Feedback, fence: Fence) {
+        let (mut next, mut backoff) = (0usize, Backoff::default());
+        let (mut last, mut lost) = (None, None);
+        let mut stop = feedback.stop.clone();
+        loop {
+            let (mut c, _) = tokio::select! {
+                c = self.etcd.connect_retrying(&mut next, &mut backoff, "status") => c,
+                _ = stop.changed() => return,
+            };
+            let since = Instant::now();
+            let outcome = self.report(&mut c, &feedback, &mut last, &mut lost, &fence, &mut stop).await;
+            fence.held.send_replace(None);
+            // Refusals back off like failures: the step grows until a
+            // session stayed up for `Backoff::STABLE`.
+            backoff.settle(since);
+            let wait = backoff.wait();
+            match outcome {
+                Ok(Reported::Stopped) => return,
+                Ok(Reported::HeldElsewhere(held)) => {
+                    let who = match &lost {
+                        Some(note) => format!("{note}; {}", held.who),
+                        None => held.who,
+                    };
+                    warn!(
+                        "{who}; this agent applies nothing from etcd until it is released (again in {wait:.1?}, \
+                         or when the key is deleted)"
+                    );
+                    Self::alive_problem(&feedback, Some(format!("{who}: nothing from etcd is applied")));
+                    tokio::select! {
+                        _ = self.released(&mut c, held.revision) => {}
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop.changed() => return,
+                    }
+                }
+                Err(e) => {
+                    Self::alive_problem(&feedback, Some(format!("status and alive key in etcd: {e:#}")));
+                    next += 1;
+                    warn!("status to etcd: {e:#}; again in {wait:.1?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop.changed() => return,
                     }
                 }
             }
         }
     }
 
-    async fn report_loop(&self, feedback: Feedback, held: watch::Sender<bool>) {
-        let (mut next, mut backoff) = (0usize, Backoff::default());
-        let mut last = None;
-        let mut stop = feedback.stop.clone();
-        loop {
-            let (mut c, _) = self.etcd.connect_retrying(&mut next, &mut backoff, "status").await;
-            let since = Instant::now();
-            match self.report(&mut c, &feedback, &mut last, &held, &mut stop).await {
-                Ok(Reported::Stopped) => return,
-                Ok(Reported::HeldElsewhere(holder)) => {
-                    warn!("{holder}; this agent applies nothing from etcd until it is released");
-                    Self::problem(&feedback, Some(format!("{holder}: nothing from etcd is applied")));
-                    tokio::time::sleep(HELD_ELSEWHERE_RETRY).await;
-                }
-                Err(e) => {
-                    held.send_replace(false);
-                    Self::problem(&feedback, Some(format!("status and alive key in etcd: {e:#}")));
-                    next += 1;
-                    backoff.settle(since);
-                    let wait = backoff.wait();
-                    warn!("status to etcd: {e:#}; again in {wait:.1?}");
-                    tokio::time::sleep(wait).await;
+    /// Returns once the alive key is deleted after `revision` (never when
+    /// the watch fails: the backoff decides then).
+    async fn released(&self, c: &mut Client, revision: i64) {
+        let opts = WatchOptions::new().with_start_revision(revision + 1);
+        if let Ok(mut stream) = c.watch(naming::fleet_alive_key(&self.host), Some(opts)).await {
+            while let Ok(Some(resp)) = stream.message().await {
+                if resp.events().iter().any(|e| e.event_type() == EventType::Delete) {
+                    return;
                 }
             }
         }
+        std::future::pending().await
     }
 }
 
 enum Reported {
     Stopped,
-    HeldElsewhere(String),
+    HeldElsewhere(Held),
+}
+
+/// Who holds the alive key, as of store revision `revision`.
+struct Held {
+    who: String,
+    revision: i64,
+}
+
+/// The reporter's word to the reader: the lease the alive key is held on
+/// (`None`: not held), and the reader's request to check it.
+#[derive(Clone)]
+struct Fence {
+    held: Arc<watch::Sender<Option<i64>>>,
+    check: Arc<Notify>,
 }
 
 /// The daemon is gone (its receiver dropped).
@@ -469,23 +622,37 @@ impl std::fmt::Display for Gone {
 
 impl std::error::Error for Gone {}
 
-/// The reader's way to the daemon: documents from etcd wait until this
-/// agent holds the alive key (fencing); the cached document does not.
+/// The reader's way to the daemon: documents from etcd are read only while
+/// this agent holds the alive key (fencing); the cached document is sent
+/// without.
 struct Sender<'a> {
     updates: UnboundedSender<Update>,
-    held: &'a watch::Receiver<bool>,
+    held: &'a watch::Receiver<Option<i64>>,
+    check: Arc<Notify>,
 }
 
 impl Sender<'_> {
-    /// Waits until this agent holds the alive key.
-    async fn held(&self) -> Result<()> {
+    /// Waits until this agent holds the alive key; its lease.
+    async fn held(&self) -> Result<i64> {
         let mut held = self.held.clone();
-        held.wait_for(|h| *h).await.map_err(|_| Gone)?;
-        Ok(())
+        let lease = held.wait_for(|h| h.is_some()).await.map_err(|_| Gone)?;
+        Ok(lease.expect("waited for"))
     }
 
     fn is_held(&self) -> bool {
-        *self.held.borrow()
+        self.held.borrow().is_some()
+    }
+
+    /// A fenced read failed: asks the reporter to check the alive key and
+    /// waits (a bounded time) for its verdict.
+    async fn fence_failed(&self) -> Result<()> {
+        let mut held = self.held.clone();
+        held.mark_unchanged();
+        self.check.notify_one();
+        if let Ok(Err(_)) = tokio::time::timeout(FENCE_RECHECK, held.changed()).await {
+            return Err(Gone.into());
+        }
+        Ok(())
     }
 
     fn send_unfenced(&self, u: Update) -> Result<()> {
@@ -505,13 +672,14 @@ impl Source for EtcdSource {
         feedback: Feedback,
     ) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            let (held_tx, held_rx) = watch::channel(false);
-            let sender = Sender { updates, held: &held_rx };
+            let (held_tx, held_rx) = watch::channel(None);
+            let fence = Fence { held: Arc::new(held_tx), check: Arc::new(Notify::new()) };
+            let sender = Sender { updates, held: &held_rx, check: fence.check.clone() };
             // One task: the reporter returns after revoking the lease on a
             // stop; the reader is dropped with it.
             tokio::select! {
                 _ = self.read_loop(sender, refresh, &feedback) => {}
-                _ = self.report_loop(feedback.clone(), held_tx) => {}
+                _ = self.report_loop(feedback.clone(), fence) => {}
             }
         })
     }

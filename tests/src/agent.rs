@@ -56,7 +56,8 @@ impl AgentDirs {
     /// The running agent's status, asked with `bin` (`None` when no agent
     /// answers).
     pub fn status_by(&self, bin: &Path) -> Option<Value> {
-        let out = Command::new(bin).args(["status", "--json"]).args(self.flags()).envs(self.envs.clone()).output().ok()?;
+        let out =
+            Command::new(bin).args(["status", "--json"]).args(self.flags()).envs(self.envs.clone()).output().ok()?;
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
     }
 
@@ -68,7 +69,12 @@ impl AgentDirs {
     /// `lbagent ARGS` with these directories; its stdout. Panics with the
     /// command's stderr when it fails.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(lbagent_bin()).args(args).args(self.flags()).envs(self.envs.clone()).output().expect("running lbagent");
+        let out = Command::new(lbagent_bin())
+            .args(args)
+            .args(self.flags())
+            .envs(self.envs.clone())
+            .output()
+            .expect("running lbagent");
         assert!(out.status.success(), "lbagent {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).expect("UTF-8 output")
     }

@@ -76,6 +76,16 @@ fn host_sh(uid: Option<&str>, script: &str) -> Option<String> {
 
 #[test]
 fn only_haproxy_reaches_the_inner_address() {
+    only_haproxy_reaches(Bed::new);
+}
+
+/// The same with netlink clsact filters (kernels before 6.6).
+#[test]
+fn only_haproxy_reaches_the_inner_address_netlink() {
+    only_haproxy_reaches(|| Bed::with_attach(lbagent::dataplane::attach::AttachMode::Netlink));
+}
+
+fn only_haproxy_reaches(bed: impl FnOnce() -> anyhow::Result<Bed>) {
     if !require_root() {
         return;
     }
@@ -84,7 +94,7 @@ fn only_haproxy_reaches_the_inner_address() {
     let client = TestHost::on(|p| bridge.add_port(p), "10.63.0.10", 24, "").unwrap();
     let backend = TestHost::on(|p| bridge.add_port(p), "10.63.0.21", 24, "").unwrap();
     let seen = recording_backend(&backend.ns.name, 7070);
-    let mut bed = Bed::new().unwrap();
+    let mut bed = bed().unwrap();
     let id = lb_id();
     bed.apply(&lb_state(
         &bridge.name,

@@ -19,7 +19,9 @@ pub const MAP_NAT_CONFIG: &str = "nat_config";
 pub const MAP_COUNTERS: &str = "counters";
 pub const MAP_META: &str = "meta";
 pub const MAP_RULE_STATS: &str = "rule_stats";
-pub const ALL_MAPS: [&str; 21] = [
+pub const MAP_PROXY_GUARD: &str = "proxy_guard";
+pub const MAP_PROXY_GUARD_DROPS: &str = "proxy_guard_drops";
+pub const ALL_MAPS: [&str; 23] = [
     MAP_CT,
     MAP_CT_NEW,
     MAP_FRAGS,
@@ -41,6 +43,8 @@ pub const ALL_MAPS: [&str; 21] = [
     crate::sched::MAP_SCHED_TABLES,
     crate::sched::MAP_SCHED_TURNS,
     crate::sched::MAP_SCHED_ACTIVE,
+    MAP_PROXY_GUARD,
+    MAP_PROXY_GUARD_DROPS,
 ];
 
 /// Default sizes (`max_entries`). `ct` holds established flows, `ct_new`
@@ -472,7 +476,7 @@ mod user {
 
     pod!(
         Tuple, CtEntry, FragKey, FragEntry, AclKey, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule,
-        NatConfig, Meta, RuleStats
+        NatConfig, Meta, RuleStats, ProxyGuard
     );
 }
 
@@ -493,4 +497,19 @@ const _: () = {
     assert!(core::mem::size_of::<NatConfig>() == 32);
     assert!(core::mem::size_of::<Meta>() == 8);
     assert!(core::mem::size_of::<RuleStats>() == 24);
+    assert!(core::mem::size_of::<ProxyGuard>() == 8);
 };
+
+/// `proxy_guard[0]`: whose sockets may open connections through a load
+/// balancer's host-side link `h…1` (toward its inner address, where the
+/// engine DNATs mapped ports to the VPC backends). Root's are always
+/// allowed (root on the host is trusted); `uid` is haproxy's workers'.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyGuard {
+    pub uid: u32,
+    /// `PROXY_GUARD_F_UID`: `uid` is set (until then only root may open).
+    pub flags: u32,
+}
+
+pub const PROXY_GUARD_F_UID: u32 = 1;

@@ -29,6 +29,7 @@ mod icmp_error;
 mod maps;
 mod nat;
 mod parse;
+mod proxy_guard;
 mod qos;
 mod rewrite;
 mod route;
@@ -69,6 +70,14 @@ pub fn lbagent_nat(ctx: TcContext) -> i32 {
 #[inline(always)]
 pub fn lbagent_nat_egress(ctx: TcContext) -> i32 {
     egress::process(&ctx)
+}
+
+/// At clsact egress of a load balancer's host-side link `h…1`: only
+/// haproxy (and root) may open connections into the namespace.
+#[classifier]
+#[inline(always)]
+pub fn lbagent_proxy_guard(ctx: TcContext) -> i32 {
+    proxy_guard::process(&ctx)
 }
 
 /// Measurement probe (never attached by the agent): see `xdp.rs`.

@@ -50,6 +50,15 @@ pub static COUNTERS: PerCpuArray<u64, { COUNTER_COUNT as usize }> = PerCpuArray:
 #[btf_map(name = "rule_stats", pin_by_name)]
 pub static RULE_STATS: LruPerCpuHashMap<u32, RuleStats, { RULE_STATS_MAX as usize }> = LruPerCpuHashMap::new();
 
+/// Whose sockets may open connections through a load balancer's `h…1`
+/// (`proxy_guard.rs`); written by the agent.
+#[btf_map(name = "proxy_guard", pin_by_name)]
+pub static PROXY_GUARD: Array<ProxyGuard, 1> = Array::new();
+
+/// Packets the proxy guard dropped (per CPU).
+#[btf_map(name = "proxy_guard_drops", pin_by_name)]
+pub static PROXY_GUARD_DROPS: PerCpuArray<u64, 1> = PerCpuArray::new();
+
 /// Layout version of the pins (checked by the agent, unused by the program).
 #[btf_map(name = "meta", pin_by_name)]
 pub static META: Array<Meta, 1> = Array::new();

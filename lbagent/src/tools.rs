@@ -43,7 +43,16 @@ pub fn command(name: &str) -> Result<std::process::Command> {
     Ok(std::process::Command::new(path(name)?))
 }
 
-/// Whether `exe` (a `/proc/<pid>/exe` target) is tool `name`.
+/// Whether `exe` (a `/proc/<pid>/exe` target) is tool `name`. A process
+/// whose binary was replaced on disk since it started (a package upgrade
+/// renames the new file over the old) reads `<path> (deleted)`: it still
+/// runs the tool that was at that path.
 pub fn is(exe: &Path, name: &str) -> bool {
-    path(name).ok().and_then(|p| p.canonicalize().ok()).is_some_and(|p| p == exe)
+    let Some(tool) = path(name).ok().and_then(|p| p.canonicalize().ok()) else { return false };
+    let exe = exe.as_os_str().as_encoded_bytes();
+    let exe = exe.strip_suffix(DELETED).unwrap_or(exe);
+    exe == tool.as_os_str().as_encoded_bytes()
 }
+
+/// What the kernel appends to `/proc/<pid>/exe` once the file is gone.
+const DELETED: &[u8] = b" (deleted)";

@@ -19,6 +19,9 @@ use crate::{lbagent_bin, unique};
 pub struct AgentDirs {
     pub dir: PathBuf,
     pub bpffs: PathBuf,
+    /// Environment of every command run on these directories (the agent,
+    /// the CLI, the teardown).
+    pub envs: Vec<(String, String)>,
 }
 
 impl AgentDirs {
@@ -28,7 +31,7 @@ impl AgentDirs {
         let dir = std::env::temp_dir().join(&tag);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a temporary directory");
-        AgentDirs { dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag) }
+        AgentDirs { dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag), envs: Vec::new() }
     }
 
     /// `--state-dir`, `--bpffs` and `--api-socket`: every command of this
@@ -53,7 +56,8 @@ impl AgentDirs {
     /// The running agent's status, asked with `bin` (`None` when no agent
     /// answers).
     pub fn status_by(&self, bin: &Path) -> Option<Value> {
-        let out = Command::new(bin).args(["status", "--json"]).args(self.flags()).output().ok()?;
+        let out =
+            Command::new(bin).args(["status", "--json"]).args(self.flags()).envs(self.envs.clone()).output().ok()?;
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
     }
 
@@ -65,7 +69,12 @@ impl AgentDirs {
     /// `lbagent ARGS` with these directories; its stdout. Panics with the
     /// command's stderr when it fails.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(lbagent_bin()).args(args).args(self.flags()).output().expect("running lbagent");
+        let out = Command::new(lbagent_bin())
+            .args(args)
+            .args(self.flags())
+            .envs(self.envs.clone())
+            .output()
+            .expect("running lbagent");
         assert!(out.status.success(), "lbagent {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).expect("UTF-8 output")
     }
@@ -85,6 +94,7 @@ impl AgentDirs {
             .args(args)
             .args(self.flags())
             .envs(env.iter().copied())
+            .envs(self.envs.clone())
             .stderr(file)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
@@ -94,7 +104,7 @@ impl AgentDirs {
 
 impl Drop for AgentDirs {
     fn drop(&mut self) {
-        let _ = Command::new(lbagent_bin()).arg("teardown").args(self.flags()).output();
+        let _ = Command::new(lbagent_bin()).arg("teardown").args(self.flags()).envs(self.envs.clone()).output();
         let _ = std::fs::remove_dir_all(&self.bpffs);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -154,4 +164,23 @@ impl Drop for AgentProcess {
 /// Whether a status says the last apply succeeded.
 pub fn applied(status: &Value) -> bool {
     status["last_apply"]["ok"] == true
+}
+
+/// Pids of the haproxy masters running `config`: processes with it on
+/// their command line whose parent has not (the others are workers).
+pub fn haproxy_masters(config: &Path) -> Vec<i32> {
+    let runs = |pid: i32| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == config.as_os_str().as_encoded_bytes()))
+    };
+    let parent = |pid: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    };
+    let mut pids: Vec<i32> = std::fs::read_dir("/proc")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    pids.retain(|&p| runs(p) && parent(p).is_none_or(|pp| !runs(pp)));
+    pids.sort_unstable();
+    pids
 }

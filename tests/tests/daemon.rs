@@ -15,7 +15,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use lbagent_tests::{
-    agent::{AgentDirs, AgentProcess, applied},
+    agent::{AgentDirs, AgentProcess, applied, haproxy_masters},
     bed::{HostLock, lb_id, lb_state},
     hosts::TestHost,
     lbagent_bin,
@@ -529,8 +529,8 @@ fn a_slow_haproxy_reload_is_left_to_finish() {
     let open = OpenConn::open(&client.ns.name, vip(7000)).unwrap();
     assert!(open.ping("1").unwrap().starts_with("b "));
 
-    let pidfile = env.dir.join("sd/haproxy/haproxy.pid");
-    let master: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    let config = env.dir.join("sd/haproxy/haproxy.cfg");
+    let master = the_master(&config);
     let throttle = match lbagent_tests::cgroup::CpuThrottle::new(&unique("lbat"), 3) {
         Ok(t) => t,
         Err(e) => {
@@ -571,10 +571,101 @@ fn a_slow_haproxy_reload_is_left_to_finish() {
         t.elapsed()
     );
     assert_eq!(log.matches("signalled haproxy to reload").count(), 1, "one reload signal:\n{log}");
-    let still: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
-    assert_eq!(still, master, "the same master (re-executed), not a restarted haproxy");
+    // The pid file is rewritten by the re-executed master (unlinked first):
+    // the processes tell which masters run, not the file.
+    assert_eq!(haproxy_masters(&config), vec![master as i32], "the same master (re-executed), one master:\n{log}");
     assert!(ask_tcp(&client.ns.name, vip(7001)).unwrap().starts_with("b "), "the new listener serves");
     assert!(open.ping("2").unwrap().starts_with("b "), "the open connection outlived the reload");
+}
+
+/// The one haproxy master running `config` (waits for it: right after a
+/// start or a reload there may be none yet); panics on more than one.
+fn the_master(config: &std::path::Path) -> u32 {
+    wait(|| !haproxy_masters(config).is_empty(), "a haproxy master");
+    let masters = haproxy_masters(config);
+    assert_eq!(masters.len(), 1, "one haproxy master of {}: {masters:?}", config.display());
+    masters[0] as u32
+}
+
+/// Waits until the daemon applied a document written after `before` (its
+/// `revision_running`) without errors.
+fn wait_applied_after(env: &Env, before: &Value, limit: Duration) {
+    let t = Instant::now();
+    let mut seen_at = None;
+    loop {
+        assert!(
+            t.elapsed() < limit,
+            "the new document was never applied:\n{}",
+            std::fs::read_to_string(env.dir.join("daemon.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let Some(s) = env.status() else { continue };
+        let applies = s["applies"].as_u64().unwrap();
+        match seen_at {
+            None if s["revision_running"] != *before => seen_at = Some(applies),
+            Some(n) if applies > n && s["last_apply"]["ok"] == true => return,
+            _ => {}
+        }
+    }
+}
+
+/// A package upgrade renames a new haproxy binary over the one the master
+/// runs (`/proc/<master>/exe` then reads "... (deleted)"). The agent still
+/// knows its master: the next change reloads it (SIGUSR2: it re-executes
+/// the new binary from the same path) and no second master starts. The
+/// agent runs haproxy from a directory of the test's (`LBAGENT_TOOL_DIRS`).
+#[test]
+fn a_replaced_haproxy_binary_is_reloaded_not_doubled() {
+    use std::os::unix::fs::MetadataExt;
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brb")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.62.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.62.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let mut env = Env::new();
+    let tools = env.dir.join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    let system_haproxy = lbagent::tools::path(lbagent::tools::HAPROXY).unwrap();
+    let haproxy = tools.join(lbagent::tools::HAPROXY);
+    std::fs::copy(&system_haproxy, &haproxy).unwrap();
+    std::os::unix::fs::symlink(lbagent::tools::path(lbagent::tools::OVS_VSCTL).unwrap(), tools.join("ovs-vsctl"))
+        .unwrap();
+    env.dirs.envs.push(("LBAGENT_TOOL_DIRS".into(), tools.display().to_string()));
+    let id = lb_id();
+    let with = |ports: &[u16]| {
+        let listeners =
+            ports.iter().map(|p| format!("{{id: p{p}, type: tcp, port: {p}, backend_group: g, mode: proxy}}"));
+        lb_state(&bridge.name, &id, 62, listeners, "[{id: b, address: 10.62.0.21, port: 9000}]")
+    };
+    std::fs::write(env.state(), with(&[7000])).unwrap();
+    let _daemon = env.start();
+    let vip = |port| -> std::net::SocketAddr { format!("10.62.0.5:{port}").parse().unwrap() };
+    wait(|| ask_tcp(&client.ns.name, vip(7000)).is_ok_and(|a| a.starts_with("b ")), "the proxy listener serves");
+    let config = env.dir.join("sd/haproxy/haproxy.cfg");
+    let master = the_master(&config);
+    let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).unwrap().display().to_string();
+    assert_eq!(exe(master), haproxy.display().to_string(), "the agent runs the test's binary");
+
+    // The upgrade: a new file renamed over the binary.
+    let staged = tools.join("haproxy.dpkg-new");
+    std::fs::copy(&system_haproxy, &staged).unwrap();
+    std::fs::rename(&staged, &haproxy).unwrap();
+    let new_ino = std::fs::metadata(&haproxy).unwrap().ino();
+    assert!(exe(master).ends_with(" (deleted)"), "{}", exe(master));
+
+    let before = env.status().unwrap()["revision_running"].clone();
+    std::fs::write(env.state(), with(&[7000, 7001])).unwrap();
+    wait_applied_after(&env, &before, Duration::from_secs(60) * lbagent_tests::slowdown());
+    let log = std::fs::read_to_string(env.dir.join("daemon.log")).unwrap_or_default();
+    assert_eq!(haproxy_masters(&config), vec![master as i32], "one master, the same one:\n{log}");
+    assert_eq!(log.matches("signalled haproxy to reload").count(), 1, "reloaded, not restarted:\n{log}");
+    // The re-executed master runs the new binary.
+    wait(|| std::fs::metadata(format!("/proc/{master}/exe")).is_ok_and(|m| m.ino() == new_ino), "the new binary");
+    assert_eq!(exe(master), haproxy.display().to_string());
+    assert!(ask_tcp(&client.ns.name, vip(7001)).unwrap().starts_with("b "), "the new listener serves");
 }
 
 #[test]

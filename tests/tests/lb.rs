@@ -385,7 +385,7 @@ fn a_link_the_agent_did_not_make_is_never_deleted() {
 /// The running haproxy: workers unprivileged in a chroot; a section haproxy
 /// refuses holds back no other load balancer; a refused whole config never
 /// replaces the running one; what was loaded (not the file on disk) is
-/// compared; a pid file naming another process never gets it signalled.
+/// compared; a pid file naming another process never gets it signalled, nor hides the real master.
 #[test]
 fn haproxy_is_confined_isolated_and_identified() {
     use lbagent::lb::haproxy::{Rendered, config::section_of};
@@ -446,18 +446,18 @@ fn haproxy_is_confined_isolated_and_identified() {
     assert_eq!(tag_and_ip(&http_get(&client, at("10.30.0.6", 80)).unwrap()).0, "h23");
     assert_eq!(hp.apply(&orig).unwrap().action, None, "unchanged: no reload");
 
-    // A pid file naming another process: not ours, never signalled.
+    // A pid file naming another process: that one is never signalled; the
+    // real master is still found among the processes, and stop ends it.
     let mut other = std::process::Command::new("sleep").arg("30").spawn().unwrap();
     std::fs::write(hp.dir.join("haproxy.pid"), format!("{}\n", other.id())).unwrap();
-    assert!(!hp.running());
-    let stopped = hp.stop().unwrap();
-    assert!(!stopped);
+    let config = hp.config_path();
+    assert_eq!(lbagent_tests::agent::haproxy_masters(&config), vec![master]);
+    assert!(hp.running(), "the real master is found without the pid file");
+    assert!(hp.stop().unwrap());
     assert!(other.try_wait().unwrap().is_none(), "the other process was signalled");
     let _ = other.kill();
     let _ = other.wait();
-    // The real master (orphaned by the test) goes.
-    // SAFETY: signals the test's own haproxy master group.
-    unsafe { libc::kill(-master, libc::SIGTERM) };
+    lbagent_tests::wait_for(|| lbagent_tests::agent::haproxy_masters(&config).is_empty(), "the master gone");
 }
 
 /// ovsdb frozen (SIGSTOP, as a hung or overloaded ovsdb-server): a pass

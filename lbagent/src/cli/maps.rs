@@ -317,6 +317,21 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             }
             Value::Array(arr)
         }
+        MAP_PROXY_GUARD => {
+            let g = t.proxy_guard()?;
+            let uid = g.filter(|g| g.flags & PROXY_GUARD_F_UID != 0).map(|g| g.uid);
+            text += &match (g, uid) {
+                (None, _) => "not loaded (no load balancer yet)\n".to_string(),
+                (_, Some(uid)) => format!("opens allowed for root and uid {uid}\n"),
+                (_, None) => "opens allowed for root only\n".to_string(),
+            };
+            json!({"loaded": g.is_some(), "uid": uid})
+        }
+        MAP_PROXY_GUARD_DROPS => {
+            let n = t.proxy_guard_drops()?;
+            text += &format!("dropped {n}\n");
+            json!({"dropped": n})
+        }
         MAP_META => bail!("`{MAP_META}` describes the pin directory, not the tables: see `maps::meta`"),
         other => bail!("unknown map {other}"),
     };

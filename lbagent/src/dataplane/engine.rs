@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::{
     attach::{self, AttachMode, Direction, Hook},
-    loader::ZoneProgram,
+    loader::{GuardProgram, ZoneProgram},
     pins,
     sync::{self, DnatEntry, SnatEntry},
     tables::{DnatSpec, SnatSpec, Tables},
@@ -22,6 +22,8 @@ pub struct Engine {
     /// Conntrack size (entries, two per flow); `None` = the built-in size.
     pub ct_max: Option<u32>,
     programs: HashMap<u16, ZoneProgram>,
+    /// The proxy guard, loaded on first use, shared by every load balancer.
+    guard: Option<GuardProgram>,
     /// Every zone's rule entries, read from the maps at the first sync of a
     /// pass and kept equal to what the syncs write; `None` = read again.
     rules: Option<ZoneRules>,
@@ -49,7 +51,7 @@ impl ZoneRules {
 
 impl Engine {
     pub fn new(bpffs: PathBuf, mode: AttachMode) -> Self {
-        Engine { bpffs, mode, ct_max: None, programs: HashMap::new(), rules: None }
+        Engine { bpffs, mode, ct_max: None, programs: HashMap::new(), guard: None, rules: None }
     }
 
     /// Starts a pass: the next sync reads the maps again (one read for all
@@ -67,16 +69,20 @@ impl Engine {
     /// repair pass with the same programs. Returns the re-pinned maps.
     pub fn repair_pins(&mut self) -> Result<Vec<String>> {
         let dir = pins::versioned_dir(&self.bpffs);
-        if dir.join(lbagent_common::MAP_CT).exists() || self.programs.is_empty() {
+        if dir.join(lbagent_common::MAP_CT).exists() || (self.programs.is_empty() && self.guard.is_none()) {
             return Ok(vec![]);
         }
         pins::ensure_bpffs(&self.bpffs)?;
         pins::check_meta(&self.bpffs)?;
         pins::ensure_versioned_dir(&self.bpffs)?;
-        let prog = self.programs.values_mut().next().expect("checked non-empty");
         let mut ids = Vec::new();
-        for direction in Direction::BOTH {
-            ids.extend(prog.program_for(direction).info()?.map_ids()?.unwrap_or_default());
+        if let Some(prog) = self.programs.values_mut().next() {
+            for direction in Direction::BOTH {
+                ids.extend(prog.program_for(direction).info()?.map_ids()?.unwrap_or_default());
+            }
+        }
+        if let Some(guard) = &mut self.guard {
+            ids.extend(guard.program().info()?.map_ids()?.unwrap_or_default());
         }
         ids.sort_unstable();
         ids.dedup();
@@ -173,6 +179,24 @@ impl Engine {
             attach::attach(prog.program_for(direction), &self.bpffs, &hook, self.mode)?;
         }
         Ok(())
+    }
+
+    /// Attaches (or replaces in place) the proxy guard at egress of the
+    /// host's link `ifname`, after letting haproxy's workers (`uid`) through.
+    pub fn attach_proxy_guard(&mut self, ifname: &str, uid: Option<u32>) -> Result<()> {
+        // The guard's maps are pinned by the first load of the guard.
+        if self.guard.is_none() {
+            self.guard = Some(GuardProgram::load(&self.bpffs, self.ct_max)?);
+        }
+        self.tables()?.set_proxy_guard(uid)?;
+        let hook = Hook { netns: None, ifname, direction: Direction::Egress };
+        attach::attach(self.guard.as_mut().unwrap().program(), &self.bpffs, &hook, self.mode)?;
+        Ok(())
+    }
+
+    /// Removes the proxy guard from the host's link `ifname` (absent is fine).
+    pub fn detach_proxy_guard(&self, ifname: &str) -> Result<()> {
+        attach::detach(&self.bpffs, &Hook { netns: None, ifname, direction: Direction::Egress })
     }
 
     /// Detaches from interfaces of a namespace about to go (and its `lo`)

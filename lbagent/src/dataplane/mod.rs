@@ -21,6 +21,8 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 pub const PROGRAM: &str = "lbagent_nat";
 /// Name of its companion at clsact egress (ICMP errors the namespace generates).
 pub const PROGRAM_EGRESS: &str = "lbagent_nat_egress";
+/// The proxy guard, at clsact egress of a load balancer's host-side link.
+pub const PROGRAM_PROXY_GUARD: &str = "lbagent_proxy_guard";
 
 /// Default bpffs directory for lbagent's pins.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/lbagent";

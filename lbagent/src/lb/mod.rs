@@ -19,7 +19,9 @@ use crate::{
     zone::{self, Site},
 };
 
-/// The load balancer's zone: programs on `o…0` (VPC side) and `h…0` (proxy side).
+/// The load balancer's zone: programs on `o…0` (VPC side) and `h…0` (proxy
+/// side); the proxy guard on the host's `h…1` is attached apart (one
+/// program for every load balancer, `Engine::attach_proxy_guard`).
 fn site(id: &str) -> Site {
     let (o0, _) = naming::lb_ovn_veth(id);
     let (h0, _) = naming::lb_host_veth(id);
@@ -73,6 +75,10 @@ pub fn ensure(
         alloc.lbs.get(&lb.id).cloned().ok_or_else(|| AllocError::NotAllocated(format!("addresses of {zone_key}")))?;
 
     let plumb::Plumbed { ovn, proxy, ovs } = plumb::ensure(lb, &a, bridge, &mut changes).context("plumbing")?;
+    // Before the rules that DNAT the inner address to the VPC: only
+    // haproxy (and root) may open connections through `h…1`.
+    let (_, h1) = naming::lb_host_veth(&lb.id);
+    engine.attach_proxy_guard(&h1, haproxy::config::worker_uid()).context("proxy guard")?;
     let site = site(&lb.id);
     let up = |listener: &str, backend: &str| health.is_up(&lb.id, listener, backend);
     let mut ids = Allocated::new(&alloc.rule_ids);
@@ -94,6 +100,8 @@ pub fn remove(engine: &mut Engine, id: &str, alloc: &mut Allocations) -> Result<
     let mut changes = Vec::new();
     let site = site(id);
     zone::clear(engine, alloc, &site, &mut changes)?;
+    let (_, h1) = naming::lb_host_veth(id);
+    engine.detach_proxy_guard(&h1)?;
     plumb::remove(id, &mut changes)?;
     if let Some(a) = alloc.release_lb(id) {
         changes.push(format!("released inner {}, outer {}, {} mapped ports", a.inner, a.outer, a.ports.len()));

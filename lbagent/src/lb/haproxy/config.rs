@@ -79,6 +79,25 @@ pub fn run_as() -> (String, String) {
     ("nobody".into(), "nogroup".into())
 }
 
+/// The uid of the account haproxy's workers run as (`run_as`), if it
+/// exists: the proxy guard lets its sockets reach the load balancers'
+/// inner addresses. `nobody` is shared with other services: they get the
+/// same reach (warned once).
+pub fn worker_uid() -> Option<u32> {
+    let (user, _) = run_as();
+    let uid = nix::unistd::User::from_name(&user).ok().flatten().map(|u| u.uid.as_raw());
+    if user == "nobody" {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                "haproxy's workers run as `nobody` (no `haproxy` user): every process running as nobody can \
+                 reach the load balancers' VPC backends through their inner addresses; create a `haproxy` user"
+            )
+        });
+    }
+    uid
+}
+
 /// haproxy `balance` for a scheduler (weights are always rendered; `rr`
 /// gives every server weight 1).
 fn balance(s: Option<Scheduler>) -> &'static str {

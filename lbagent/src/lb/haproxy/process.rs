@@ -3,8 +3,11 @@
 //! master: old workers finish their connections).
 //!
 //! The master is identified by more than its pid file: the pid is opened as
-//! a pidfd, and the process behind it must run the haproxy binary with this
-//! agent's configuration file; signals go through the pidfd, so a pid reused
+//! a pidfd, and the process behind it must run the haproxy binary (also
+//! once a package upgrade replaced it on disk) with this agent's
+//! configuration file; when the pid file names none (a master re-executing
+//! itself unlinks and rewrites it), the master is looked for among the
+//! processes, so a reload under way is never mistaken for no haproxy; signals go through the pidfd, so a pid reused
 //! by another process is never signalled. What is compared before a reload
 //! is the hash of the configuration this agent last made haproxy load, not
 //! the file on disk (an edit of the file does not count as loaded).
@@ -84,6 +87,12 @@ impl Master {
     }
 }
 
+/// The parent of `pid` (`/proc/<pid>/stat`, after the command name).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn hash(text: &str) -> u64 {
     let mut h = DefaultHasher::new();
     text.hash(&mut h);
@@ -113,10 +122,43 @@ impl Haproxy {
         Ok(())
     }
 
-    /// The running master, if the pid file names a live haproxy running
-    /// this agent's configuration.
+    /// The running master: the one the pid file names, or else the one
+    /// found among the processes. The pid file alone is not enough: a
+    /// master re-executing itself on SIGUSR2 unlinks and rewrites it, and
+    /// an agent that believed it absent would start a second master.
     fn master(&self) -> Option<Master> {
-        let pid: i32 = fs::read_to_string(self.dir.join("haproxy.pid")).ok()?.lines().next()?.trim().parse().ok()?;
+        let named = fs::read_to_string(self.dir.join("haproxy.pid"))
+            .ok()
+            .and_then(|t| t.lines().next().and_then(|l| l.trim().parse::<i32>().ok()));
+        named.and_then(|pid| self.open_master(pid)).or_else(|| self.masters().into_iter().next())
+    }
+
+    /// Every live master of this agent's configuration, by pid: haproxy
+    /// processes running it whose parent does not (a parent that does is
+    /// their master: they are its workers).
+    fn masters(&self) -> Vec<Master> {
+        let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+        let mut pids: Vec<i32> =
+            dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|p| *p > 1).collect();
+        pids.sort_unstable();
+        pids.into_iter()
+            .filter(|&pid| self.runs_ours(pid) && parent_of(pid).is_none_or(|pp| !self.runs_ours(pp)))
+            .filter_map(|pid| self.open_master(pid))
+            .collect()
+    }
+
+    /// Whether `pid` runs the haproxy binary with this agent's configuration
+    /// (a binary replaced on disk since it started still counts).
+    fn runs_ours(&self, pid: i32) -> bool {
+        let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else { return false };
+        let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+        let config = self.config_path();
+        tools::is(&exe, tools::HAPROXY)
+            && cmdline.split(|b| *b == 0).any(|a| a == config.as_os_str().as_encoded_bytes())
+    }
+
+    /// `pid` held by a pidfd, if it is a live haproxy of this agent.
+    fn open_master(&self, pid: i32) -> Option<Master> {
         if pid <= 1 {
             return None;
         }
@@ -129,11 +171,7 @@ impl Haproxy {
         let m = Master { pid, fd: unsafe { OwnedFd::from_raw_fd(fd as i32) } };
         // Checked after the pidfd is open: if the pid was reused before, the
         // checks see the new process and fail; after, the pidfd stays dead.
-        let exe = fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let config = self.config_path();
-        let runs_ours = cmdline.split(|b| *b == 0).any(|a| a == config.as_os_str().as_encoded_bytes());
-        (tools::is(&exe, tools::HAPROXY) && runs_ours && m.alive()).then_some(m)
+        (self.runs_ours(pid) && m.alive()).then_some(m)
     }
 
     /// Whether haproxy (this agent's) is running.
@@ -315,25 +353,35 @@ impl Haproxy {
         Ok(outcome)
     }
 
-    /// Stops haproxy (if running) and removes its files. SIGTERM to the
-    /// master (it stops its workers), then SIGKILL to its process group for
-    /// whatever is still there after 2.5 s — only while the pidfd shows the
-    /// master alive, so the group id cannot have been reused.
+    /// Stops haproxy (if running) and removes its files. SIGTERM to each
+    /// master of this agent's configuration (it stops its workers; a master
+    /// left by an earlier fault is found among the processes too), then
+    /// SIGKILL to its process group for whatever is still there after
+    /// 2.5 s — only while the pidfd shows the master alive, so the group id
+    /// cannot have been reused.
     pub fn stop(&self) -> Result<bool> {
         self.loaded.set(None);
         self.pending.set(None);
-        let Some(m) = self.master() else {
+        let mut masters: Vec<Master> = self.master().into_iter().collect();
+        for m in self.masters() {
+            if masters.iter().all(|k| k.pid != m.pid) {
+                masters.push(m);
+            }
+        }
+        if masters.is_empty() {
             let _ = fs::remove_dir_all(&self.dir);
             return Ok(false);
-        };
-        m.signal(libc::SIGTERM);
+        }
+        for m in &masters {
+            m.signal(libc::SIGTERM);
+        }
         for _ in 0..50 {
-            if !m.alive() {
+            if masters.iter().all(|m| !m.alive()) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        if m.alive() {
+        for m in masters.iter().filter(|m| m.alive()) {
             // The group of a master the pidfd shows alive.
             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(m.pid), nix::sys::signal::Signal::SIGKILL);
         }

@@ -1,0 +1,41 @@
+//! The proxy guard (`proxy_guard.rs` of the program): whose sockets may
+//! open connections through a load balancer's host-side link, and what it
+//! dropped.
+
+use anyhow::Result;
+use lbagent_common::*;
+
+use super::Tables;
+
+impl Tables {
+    /// Lets haproxy's workers (`uid`; `None` = root only) open connections
+    /// toward the load balancers' inner addresses.
+    pub fn set_proxy_guard(&self, uid: Option<u32>) -> Result<()> {
+        let want = match uid {
+            Some(uid) => ProxyGuard { uid, flags: PROXY_GUARD_F_UID },
+            None => ProxyGuard::default(),
+        };
+        let mut map = self.array::<ProxyGuard>(MAP_PROXY_GUARD)?;
+        if map.get(&0, 0)? != want {
+            map.set(0, &want, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The guard's setting; `None` before the guard was first loaded (its
+    /// maps are pinned with it: a host without load balancers has none).
+    pub fn proxy_guard(&self) -> Result<Option<ProxyGuard>> {
+        if !self.dir.join(MAP_PROXY_GUARD).exists() {
+            return Ok(None);
+        }
+        Ok(Some(self.array::<ProxyGuard>(MAP_PROXY_GUARD)?.get(&0, 0)?))
+    }
+
+    /// Packets the guard dropped, summed over CPUs (0 before it was loaded).
+    pub fn proxy_guard_drops(&self) -> Result<u64> {
+        if !self.dir.join(MAP_PROXY_GUARD_DROPS).exists() {
+            return Ok(0);
+        }
+        Ok(self.per_cpu_array::<u64>(MAP_PROXY_GUARD_DROPS)?.get(&0, 0)?.iter().sum())
+    }
+}

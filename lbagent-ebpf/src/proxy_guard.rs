@@ -22,7 +22,7 @@ use lbagent_common::*;
 use crate::{
     TC_ACT_OK, TC_ACT_SHOT,
     maps::{PROXY_GUARD, PROXY_GUARD_DROPS},
-    parse::{ETH_LEN, TCP_SYN},
+    parse::{ETH_LEN, TCP_ACK, TCP_SYN},
 };
 
 const ETH_P_IP: [u8; 2] = [0x08, 0x00];
@@ -76,8 +76,9 @@ fn trusted(ctx: &TcContext) -> bool {
     }
 }
 
-/// A first fragment or whole packet that opens nothing: TCP without SYN,
-/// or an ICMP error.
+/// A first fragment or whole packet that opens nothing: TCP without SYN or
+/// with SYN and ACK (a SYN-ACK answers a handshake; under SYN cookies the
+/// kernel sends it with no socket), or an ICMP error.
 #[inline(always)]
 fn cannot_open(ctx: &TcContext) -> bool {
     let Ok(ip) = ctx.load::<[u8; 20]>(ETH_LEN) else { return false };
@@ -86,7 +87,7 @@ fn cannot_open(ctx: &TcContext) -> bool {
         return false;
     }
     match ip[9] {
-        PROTO_TCP => ctx.load::<u8>(ETH_LEN + ihl + TCP_FLAGS).is_ok_and(|f| f & TCP_SYN == 0),
+        PROTO_TCP => ctx.load::<u8>(ETH_LEN + ihl + TCP_FLAGS).is_ok_and(|f| f & TCP_SYN == 0 || f & TCP_ACK != 0),
         PROTO_ICMP => ctx.load::<u8>(ETH_LEN + ihl).is_ok_and(|t| ICMP_ERRORS.contains(&t)),
         _ => false,
     }

@@ -542,7 +542,7 @@ impl EtcdSource {
             let outcome = self.report(&mut c, &feedback, &mut last, &mut lost, &fence, &mut stop).await;
             fence.held.send_replace(None);
             // Refusals back off like failures: the step grows until a
-            // session stayed up for `Backoff::STABLE`.
+            // connection stayed up for `Backoff::STABLE`.
             backoff.settle(since);
             let wait = backoff.wait();
             match outcome {

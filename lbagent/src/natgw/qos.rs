@@ -69,11 +69,16 @@ pub fn interface(r: &QosRule) -> &'static str {
     }
 }
 
+/// Stand-ins for the gateway's ifindexes where they are not known yet (before
+/// plumbing, in status): distinct, so rules of the two sides stay on hooks
+/// of their own, as they will on the host.
+pub const IFACES_UNKNOWN: Ifaces = Ifaces { lan: 1, ext: 2 };
+
 /// Allocates a bucket for every rule instance of the gateway (before any
 /// host change; `natgw::allocate`).
 pub fn allocate(gw: &Gw, alloc: &mut Allocations) -> Result<()> {
     let mut exhausted = None;
-    build(gw, Ifaces { lan: 0, ext: 0 }, &mut |k| {
+    build(gw, IFACES_UNKNOWN, &mut |k| {
         alloc.qos_bucket(k).unwrap_or_else(|e| {
             exhausted = Some(e);
             0
@@ -93,8 +98,9 @@ pub fn qos(gw: &Gw, ifs: Ifaces, alloc: &Allocations) -> Result<GwQos> {
 /// The gateway's bound rules with their bucket ids as allocated (0 when
 /// not allocated yet), for status; allocates nothing.
 pub fn bound(gw: &Gw, alloc: &Allocations) -> Vec<Bound> {
-    let ifs = Ifaces { lan: 0, ext: 0 };
-    build(gw, ifs, &mut |k| alloc.qos_buckets.get(k).copied().unwrap_or(0)).map(|q| q.bound).unwrap_or_default()
+    build(gw, IFACES_UNKNOWN, &mut |k| alloc.qos_buckets.get(k).copied().unwrap_or(0))
+        .map(|q| q.bound)
+        .unwrap_or_default()
 }
 
 fn build(gw: &Gw, ifs: Ifaces, id: &mut dyn FnMut(&str) -> u32) -> Result<GwQos> {
@@ -172,4 +178,33 @@ fn build(gw: &Gw, ifs: Ifaces, id: &mut dyn FnMut(&str) -> u32) -> Result<GwQos>
     // EIP rules act on the external interface.
     out.zone.finish(ifs.ext);
     Ok(out)
+}
+
+#[cfg(test)]
+mod side_tests {
+    use super::*;
+    use crate::state::{Format, load_str};
+
+    /// A policy with the most rules each side allows (per interface and
+    /// direction) allocates and builds: the two sides never share a hook.
+    #[test]
+    fn full_hooks_on_both_sides_allocate() {
+        let s = load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap();
+        let mut gw = crate::state::Desired::from_state(&s).unwrap().gws["gw1"].clone();
+        let template = gw.policy.as_ref().and_then(|p| p.rules.first().cloned()).expect("the example's gateway policy");
+        let rules = (0..2 * QOS_HOOK_RULES)
+            .map(|i| QosRule {
+                name: format!("r{i}"),
+                direction: Direction::Egress,
+                priority: i as u32,
+                side: if i % 2 == 0 { GwSide::Lan } else { GwSide::External },
+                ..template.clone()
+            })
+            .collect();
+        gw.policy.as_mut().unwrap().rules = rules;
+        let mut a = Allocations::default();
+        allocate(&gw, &mut a).unwrap();
+        assert_eq!(qos(&gw, Ifaces { lan: 7, ext: 8 }, &a).unwrap().zone.hooks.len(), 2);
+        assert_eq!(bound(&gw, &a).iter().filter(|b| b.target == "gateway").count(), 2 * QOS_HOOK_RULES);
+    }
 }

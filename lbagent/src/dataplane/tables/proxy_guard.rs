@@ -22,8 +22,9 @@ impl Tables {
         Ok(())
     }
 
-    /// The guard's setting; `None` before the guard was first loaded (its
-    /// maps are pinned with it: a host without load balancers has none).
+    /// The guard's setting; `None` on pins made by a build without the
+    /// guard (any load of this build's object pins its maps, unset until a
+    /// load balancer's ensure writes the uid).
     pub fn proxy_guard(&self) -> Result<Option<ProxyGuard>> {
         if !self.dir.join(MAP_PROXY_GUARD).exists() {
             return Ok(None);

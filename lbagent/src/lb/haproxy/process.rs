@@ -148,13 +148,26 @@ impl Haproxy {
     }
 
     /// Whether `pid` runs the haproxy binary with this agent's configuration
-    /// (a binary replaced on disk since it started still counts).
+    /// as `-f <config>` (a binary replaced on disk since it started still
+    /// counts).
     fn runs_ours(&self, pid: i32) -> bool {
         let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else { return false };
         let Ok(cmdline) = fs::read(format!("/proc/{pid}/cmdline")) else { return false };
         let config = self.config_path();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
         tools::is(&exe, tools::HAPROXY)
-            && cmdline.split(|b| *b == 0).any(|a| a == config.as_os_str().as_encoded_bytes())
+            && args.windows(2).any(|w| w[0] == b"-f" && w[1] == config.as_os_str().as_encoded_bytes())
+    }
+
+    /// Whether `pid` is a master this agent could have started: ours by
+    /// `runs_ours`, in master-worker mode (`-W`), and root's (the master
+    /// stays root; a look-alike an unprivileged user started is not
+    /// adopted, signalled or waited for).
+    fn is_master(&self, pid: i32) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let root = fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == 0);
+        let mode = fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"-W"));
+        root && mode && self.runs_ours(pid)
     }
 
     /// `pid` held by a pidfd, if it is a live haproxy of this agent.
@@ -171,7 +184,7 @@ impl Haproxy {
         let m = Master { pid, fd: unsafe { OwnedFd::from_raw_fd(fd as i32) } };
         // Checked after the pidfd is open: if the pid was reused before, the
         // checks see the new process and fail; after, the pidfd stays dead.
-        (self.runs_ours(pid) && m.alive()).then_some(m)
+        (self.is_master(pid) && m.alive()).then_some(m)
     }
 
     /// Whether haproxy (this agent's) is running.

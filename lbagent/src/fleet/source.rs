@@ -200,8 +200,14 @@ impl EtcdSource {
         })
     }
 
-    /// Marks the cache as confirmed current now.
-    fn confirm_cache(&self) {
+    /// Marks the cache as confirmed current now, when it holds `revision`
+    /// (etcd's revision of the key): a cache of an older accepted document
+    /// (the newest was refused) is not current and ages out.
+    fn confirm_cache(&self, revision: i64) {
+        let cached = std::fs::read(&self.cache).ok().and_then(|b| serde_json::from_slice::<Cached>(&b).ok());
+        if cached.is_none_or(|c| c.revision != revision) {
+            return;
+        }
         if let Ok(f) = std::fs::File::options().append(true).open(&self.cache) {
             let _ = f.set_modified(SystemTime::now());
         }
@@ -245,7 +251,7 @@ impl EtcdSource {
                 r.sent = kv.mod_revision();
                 updates.send_unfenced(self.update(why, &kv, r.cluster))?;
             }
-            Some(_) => self.confirm_cache(),
+            Some(kv) => self.confirm_cache(kv.mod_revision()),
             None => warn!("no desired state at {} yet; the running state stays", self.key()),
         }
         Ok(store)
@@ -300,7 +306,7 @@ impl EtcdSource {
                         Some(kv) if kv.mod_revision() == r.sent => {
                             // Only the holder of the alive key vouches for the cache.
                             if updates.is_held() {
-                                self.confirm_cache();
+                                self.confirm_cache(kv.mod_revision());
                             }
                             continue;
                         }

@@ -411,6 +411,25 @@ mod traffic {
         assert!((low..=high).contains(&ratio), "{what}: {:.1} % of the limit, expected {low}–{high}", ratio * 100.0);
     }
 
+    /// A UDP flow offered at twice the limit: the rate it gets must be
+    /// within `low`–`high` of the limit. Above is a failure at once; below
+    /// can be the sender starved of CPU on a loaded 2-core machine (one CI
+    /// run measured 83 % while every other flow held its rate), so a low
+    /// result is measured again, twice at most, and every try is printed.
+    fn check_udp(what: &str, mbps: f64, low: f64, high: f64, mut measure_once: impl FnMut() -> f64) {
+        for attempt in 1..=3 {
+            let got = measure_once();
+            let ratio = got / (mbps * 1e6);
+            if ratio >= low || attempt == 3 {
+                return check(what, got, mbps, low, high);
+            }
+            eprintln!(
+                "{what}: {:.1} % of the limit on try {attempt} (sender starved?); measuring again",
+                ratio * 100.0
+            );
+        }
+    }
+
     /// Layer-2 rate at `rx_ns` of an iperf3 flow `from` → `to` (extra args),
     /// measured after `skip` for `window`.
     fn measure(from: &str, to: &str, rx_ns: &str, extra: &[&str], skip: f64, window: f64) -> f64 {
@@ -446,8 +465,9 @@ mod traffic {
             let offered = format!("{}M", 2.0 * mbps);
             let udp = ["-u", "-b", offered.as_str(), "-l", "1400"];
             // Ingress (to the EIP, before DNAT): internet → .21.
-            let r = measure(&inet, FIP1, &vpc, &udp, 1.5, 3.0);
-            check(&format!("ingress UDP at {mbps}"), r, mbps, 0.90, 1.05);
+            check_udp(&format!("ingress UDP at {mbps}"), mbps, 0.90, 1.05, || {
+                measure(&inet, FIP1, &vpc, &udp, 1.5, 3.0)
+            });
             // One TCP flow (CUBIC, Linux's default; ECN on) gets close to its
             // rate: its resends are never dropped twice, so it seldom stalls
             // in a retransmission timeout (it got 44–89 % at 100 Mbit/s while
@@ -462,8 +482,9 @@ mod traffic {
             b.internet.ns.sysctl("net.ipv4.tcp_ecn", "1").unwrap();
             check(&format!("ingress TCP (no ECN) at {mbps}"), r, mbps, 0.65, 1.05);
             // Egress (from the EIP, after SNAT): .21 → internet.
-            let r = measure(&vpc, INTERNET_IP, &inet, &udp, 1.5, 3.0);
-            check(&format!("egress UDP at {mbps}"), r, mbps, 0.90, 1.05);
+            check_udp(&format!("egress UDP at {mbps}"), mbps, 0.90, 1.05, || {
+                measure(&vpc, INTERNET_IP, &inet, &udp, 1.5, 3.0)
+            });
             let r = measure(&vpc, INTERNET_IP, &inet, &TCP, 1.5, TCP_WINDOW);
             check(&format!("egress TCP (ECN) at {mbps}"), r, mbps, 0.70, 1.05);
         }

@@ -1,7 +1,7 @@
-//! From a load balancer spec to engine rules (pure). The seed's iptables
+//! From a load balancer spec to engine rules (pure). The reference's iptables
 //! rules, one for one:
 //!
-//! | seed (in `lb-<id>`)                                         | engine |
+//! | reference (in `lb-<id>`)                                         | engine |
 //! |-------------------------------------------------------------|--------|
 //! | `-i o…0 -d VIP --dport L -j DNAT --to outer:L` (+ `-o h…0 SNAT inner`) | `dnat {VIP, L}` → `outer:L`, rule SNAT on `o…0` to `inner` |
 //! | `-i h…0 -d inner --dport M -j DNAT --to addr:port` (+ `-o o…0 SNAT VIP`) | `dnat {inner, M}` (tcp and udp) → `addr:port`, rule SNAT on `h…0` to the VIP |
@@ -148,7 +148,7 @@ mod tests {
     };
 
     #[test]
-    fn seed_rules_and_direct_listeners() {
+    fn reference_rules_and_direct_listeners() {
         let s = load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap();
         let d = crate::state::Desired::from_state(&s).unwrap();
         let lb = d.lbs.values().next().unwrap();

@@ -1,5 +1,5 @@
 //! From a gateway spec to engine rules (pure), and which flows a change must
-//! flush (DESIGN §2.2):
+//! flush:
 //! - FIP: address-wide DNAT `eip → internal` + SNAT `internal/32 → eip`
 //!   keeping ports; hairpin on the LAN interface;
 //! - DNAT: exact `(eip, proto, port)`, several backends when `share`;

@@ -1,4 +1,4 @@
-//! haproxy for proxy-mode listeners (the seed's path): one haproxy in the
+//! haproxy for proxy-mode listeners (the reference path): one haproxy in the
 //! host namespace, master-worker mode, frontends on each load balancer's
 //! outer address, servers at `inner:mapped_port`.
 //!

@@ -54,8 +54,10 @@ pub fn allocate(lb: &Lb, alloc: &mut Allocations) -> Result<Vec<String>> {
     let a = alloc.lbs[&lb.id].clone();
     changes.extend(added.iter().map(|b| format!("backend {b}: mapped port {}", a.ports[b])));
     changes.extend(released.iter().map(|b| format!("backend {b}: mapped port released")));
+    // Rule keys do not depend on health: with every backend down no
+    // scheduler table is built for ids alone.
     let none = rules::LbIfaces { ovn: 0, proxy: 0 };
-    rules::rules(lb, &a, zone, none, &|_, _| true, &mut |k| alloc.rule_id(k));
+    rules::rules(lb, &a, zone, none, &|_, _| false, &mut |k| alloc.rule_id(k));
     Ok(changes)
 }
 

@@ -47,6 +47,15 @@ pub const ALL_MAPS: [&str; 23] = [
     MAP_PROXY_GUARD_DROPS,
 ];
 
+/// The kernel keeps this many characters of a map's name (`BPF_OBJ_NAME_LEN`
+/// less the terminating NUL); pins keep the whole name.
+pub const KERNEL_NAME_LEN: usize = 15;
+
+/// The pin name (one of [`ALL_MAPS`]) of the map the kernel calls `kernel_name`.
+pub fn pin_name_of(kernel_name: &str) -> Option<&'static str> {
+    ALL_MAPS.iter().copied().find(|m| m[..m.len().min(KERNEL_NAME_LEN)] == *kernel_name)
+}
+
 /// Default sizes (`max_entries`). `ct` holds established flows, `ct_new`
 /// flows that have not completed their handshake (see [`ct_new_max`]).
 pub const CT_MAX: u32 = 262_144;

@@ -95,3 +95,39 @@ pub fn dataplane_offloads_all(ns: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// The id of every lbagent program attached in namespace `ns`, by
+/// (interface, direction): from each hook's pinned tcx link under the
+/// agent's pin root `bpffs` when it has one, else from the netlink filter
+/// (`tc filter show`). Two reads that agree mean no program was replaced.
+pub fn attached_programs(ns: &str, bpffs: &std::path::Path) -> Result<Vec<(String, &'static str, u32)>> {
+    use lbagent::dataplane::{
+        attach::{Direction, Hook},
+        pins,
+    };
+    let links: serde_json::Value = serde_json::from_str(&in_ns(ns, &["ip", "-j", "link", "show"])?)?;
+    let mut out = Vec::new();
+    for ifname in links.as_array().into_iter().flatten().filter_map(|l| l["ifname"].as_str()) {
+        for (direction, side) in [(Direction::Ingress, "ingress"), (Direction::Egress, "egress")] {
+            let hook = Hook { netns: Some(ns), ifname, direction };
+            let pin = pins::links_dir(bpffs).join(hook.link_pin_name());
+            let id = if pin.exists() {
+                let link: serde_json::Value =
+                    serde_json::from_str(&sh(&["bpftool", "-j", "link", "show", "pinned", pin.to_str().unwrap()])?)?;
+                link["prog_id"].as_u64()
+            } else {
+                let filters = in_ns(ns, &["tc", "filter", "show", "dev", ifname, side])?;
+                filters
+                    .split_whitespace()
+                    .skip_while(|w| *w != "lbagent_nat" && !w.starts_with("lbagent_nat_"))
+                    .skip_while(|w| *w != "id")
+                    .nth(1)
+                    .and_then(|id| id.parse().ok())
+            };
+            if let Some(id) = id {
+                out.push((ifname.to_string(), side, id as u32));
+            }
+        }
+    }
+    Ok(out)
+}

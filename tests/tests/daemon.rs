@@ -19,6 +19,7 @@ use lbagent_tests::{
     bed::{HostLock, lb_id, lb_state},
     hosts::TestHost,
     lbagent_bin,
+    net::attached_programs,
     ovs::OvsBridge,
     traffic::{OpenConn, ask_tcp, line_echo_server},
     unique,
@@ -320,6 +321,10 @@ fn kill_9_and_restart_keep_established_connections() {
     assert!(direct.ping("1").unwrap().starts_with("b 10.60.0.5:"));
     assert!(proxied.ping("1").unwrap().starts_with("b 10.60.0.5:"));
 
+    let ns = lbagent::naming::lb_netns(&id);
+    let programs = attached_programs(&ns, &env.bpffs).unwrap();
+    assert!(programs.len() >= 5, "both sides of both links and the loopback's egress: {programs:?}");
+
     // kill -9: the dataplane (maps, programs, haproxy) is not the daemon's.
     daemon.signal(Signal::SIGKILL);
     drop(daemon);
@@ -339,6 +344,13 @@ fn kill_9_and_restart_keep_established_connections() {
     });
     let st = env.status().unwrap();
     assert_eq!(st["last_apply"]["ok"], true, "{st}");
+    // The same build reuses the programs it pinned (no load, no verifier
+    // run: a restart over hundreds of zones takes seconds), and the repair
+    // passes that follow keep them.
+    assert_eq!(attached_programs(&ns, &env.bpffs).unwrap(), programs, "the programs attached before the kill");
+    let applies = st["applies"].as_u64().unwrap();
+    wait(|| env.status().unwrap()["applies"].as_u64().unwrap() > applies + 1, "two repair passes");
+    assert_eq!(attached_programs(&ns, &env.bpffs).unwrap(), programs, "still the same programs");
     assert!(direct.ping("3").unwrap().starts_with("b "));
     assert!(proxied.ping("3").unwrap().starts_with("b "));
     assert!(ask_tcp(&client.ns.name, vip(9000)).unwrap().starts_with("b "));

@@ -520,12 +520,22 @@ fn a_deleted_pin_directory_is_repaired_without_splitting_maps() {
     let dir = lbagent::dataplane::pins::versioned_dir(&root);
     let ct_id = |p: &std::path::Path| aya::maps::MapData::from_pin(p).unwrap().info().unwrap().id();
     let ct_before = ct_id(&dir.join(lbagent_common::MAP_CT));
+    let ids_before = lbagent::dataplane::pins::pinned_map_ids(&root).expect("every map pinned");
     sh(&["rm", "-rf", dir.to_str().unwrap()]).unwrap();
 
     let s = lbagent::state::load_str(&state, lbagent::state::Format::Yaml).unwrap();
     let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), true);
     assert!(report.ok(), "{:?}", report.errors);
     assert_eq!(ct_id(&dir.join(lbagent_common::MAP_CT)), ct_before, "a new conntrack map replaced the running one");
+    // Every map, also those whose kernel name is cut short (the guard's
+    // `proxy_guard_drops`): a new map in its place would split it.
+    let ids_after = lbagent::dataplane::pins::pinned_map_ids(&root).expect("every map pinned again");
+    // (`meta`, which no program uses, is written anew.)
+    let split: Vec<_> = ids_before
+        .iter()
+        .filter(|(name, id)| **name != lbagent_common::MAP_META && ids_after.get(*name) != Some(id))
+        .collect();
+    assert!(split.is_empty(), "maps replaced instead of re-pinned: {split:?}");
     assert!(b.bed.reconciler.realizer.engine.tables().unwrap().conntrack().unwrap().len() >= flows);
     assert_eq!(tag_and_ip(&conn.ping("2").unwrap()), first, "the established flow lost its backend");
     // Rule changes reach the running programs: the removed backend gets no new flows.

@@ -64,8 +64,8 @@ impl Engine {
     /// programs still hold the maps (every flow, every rule); the next load
     /// would otherwise create fresh, empty maps that the running programs
     /// never see — rules and flows split between two sets of maps. So the
-    /// maps are re-pinned from a loaded program (their kernel names are the
-    /// pin names); the links the deletion detached are re-attached by the
+    /// maps are re-pinned from a loaded program (by their kernel names,
+    /// `pin_name_of`); the links the deletion detached are re-attached by the
     /// repair pass with the same programs. Returns the re-pinned maps.
     pub fn repair_pins(&mut self) -> Result<Vec<String>> {
         let dir = pins::versioned_dir(&self.bpffs);
@@ -89,10 +89,11 @@ impl Engine {
         let mut repinned = Vec::new();
         for id in ids {
             let map = aya::maps::MapData::from_id(id)?;
-            let Some(name) = map.info()?.name_as_str().map(str::to_string) else { continue };
-            if lbagent_common::ALL_MAPS.contains(&name.as_str()) && !dir.join(&name).exists() {
-                map.pin(dir.join(&name))?;
-                repinned.push(name);
+            let info = map.info()?;
+            let Some(name) = info.name_as_str().and_then(lbagent_common::pin_name_of) else { continue };
+            if !dir.join(name).exists() {
+                map.pin(dir.join(name))?;
+                repinned.push(name.to_string());
             }
         }
         if !dir.join(lbagent_common::MAP_META).exists() {
@@ -208,5 +209,8 @@ impl Engine {
             }
         }
         self.programs.remove(&zone);
+        if let Err(e) = pins::remove_zone_programs(&self.bpffs, zone) {
+            tracing::warn!("zone {zone}: removing its pinned programs: {e:#}");
+        }
     }
 }

@@ -1,17 +1,17 @@
 //! Loading the eBPF object for one zone, reusing (or creating) the pinned maps.
 
-use std::path::Path;
+use std::{fs, path::Path};
 
 use anyhow::{Context, Result, bail};
 use aya::{Ebpf, EbpfError, EbpfLoader, maps::MapError, programs::SchedClassifier};
 
 use super::{OBJECT, attach::Direction, pins};
 
-/// The NAT program loaded for one zone. Dropping it does not detach anything
-/// (attachments are owned by the kernel; see `attach`).
+/// The NAT programs loaded for one zone. Dropping them does not detach
+/// anything (attachments are owned by the kernel; see `attach`).
 pub struct ZoneProgram {
     pub zone: u16,
-    ebpf: Ebpf,
+    programs: Programs,
 }
 
 impl ZoneProgram {
@@ -26,7 +26,7 @@ impl ZoneProgram {
     /// instead of the built-in sizes. Reusing pins of another size is refused.
     pub fn load_sized(root: &Path, zone: u16, ct_max: Option<u32>) -> Result<Self> {
         let names = [Direction::Ingress, Direction::Egress].map(Direction::program);
-        Ok(Self { zone, ebpf: load_programs(root, zone, ct_max, &names)? })
+        Ok(Self { zone, programs: load_programs(root, &pins::zone_owner(zone), zone, ct_max, &names)? })
     }
 
     /// The ingress program (the NAT engine).
@@ -35,7 +35,13 @@ impl ZoneProgram {
     }
 
     pub fn program_for(&mut self, dir: Direction) -> &mut SchedClassifier {
-        self.ebpf.program_mut(dir.program()).unwrap().try_into().unwrap()
+        self.programs.get(dir.program())
+    }
+
+    /// Whether the programs were taken from their pins (loaded and verified
+    /// by an earlier run of this build) rather than loaded now.
+    pub fn reused(&self) -> bool {
+        self.programs.reused
     }
 }
 
@@ -43,23 +49,54 @@ impl ZoneProgram {
 /// balancer's host-side link (it needs no zone: it reads only the socket's
 /// owner and `proxy_guard`).
 pub struct GuardProgram {
-    ebpf: Ebpf,
+    programs: Programs,
 }
 
 impl GuardProgram {
     pub fn load(root: &Path, ct_max: Option<u32>) -> Result<Self> {
-        Ok(Self { ebpf: load_programs(root, 0, ct_max, &[super::PROGRAM_PROXY_GUARD])? })
+        let names = [super::PROGRAM_PROXY_GUARD];
+        Ok(Self { programs: load_programs(root, pins::GUARD_OWNER, 0, ct_max, &names)? })
     }
 
     pub fn program(&mut self) -> &mut SchedClassifier {
-        self.ebpf.program_mut(super::PROGRAM_PROXY_GUARD).unwrap().try_into().unwrap()
+        self.programs.get(super::PROGRAM_PROXY_GUARD)
+    }
+}
+
+/// Loaded programs of one owner (a zone, or the guard): opened from their
+/// pins, or held by the object they were loaded from when eBPF logs are on
+/// (the object owns each instance's log ring, which a later run cannot
+/// take over, so those programs are neither pinned nor reused).
+struct Programs {
+    held: Held,
+    reused: bool,
+}
+
+enum Held {
+    Pinned(Vec<(&'static str, SchedClassifier)>),
+    Object(Box<Ebpf>),
+}
+
+impl Programs {
+    fn get(&mut self, name: &str) -> &mut SchedClassifier {
+        match &mut self.held {
+            Held::Pinned(progs) => &mut progs.iter_mut().find(|(n, _)| *n == name).expect("a loaded program").1,
+            Held::Object(ebpf) => ebpf.program_mut(name).unwrap().try_into().unwrap(),
+        }
     }
 }
 
 /// Loads the object with `ZONE = zone` and its programs `names` (the
 /// others stay unloaded), pinning its maps under `root` (or reusing
 /// compatible pins: conntrack and rules survive restarts).
-fn load_programs(root: &Path, zone: u16, ct_max: Option<u32>, names: &[&str]) -> Result<Ebpf> {
+///
+/// The programs are pinned under `pins::programs_dir` for `owner`, and a
+/// later run of the same object reuses them instead of loading (and the
+/// verifier checking) them again, when they still use the pinned maps: a
+/// restart over hundreds of zones then costs an open per program, not a
+/// verification each. Another object (an upgrade), other maps (a pin
+/// deleted while the agent was down) or eBPF logs on: loaded afresh.
+fn load_programs(root: &Path, owner: &str, zone: u16, ct_max: Option<u32>, names: &[&'static str]) -> Result<Programs> {
     if OBJECT.is_empty() {
         bail!("this lbagent was built without its eBPF object; build with `cargo xtask build`");
     }
@@ -67,8 +104,13 @@ fn load_programs(root: &Path, zone: u16, ct_max: Option<u32>, names: &[&str]) ->
     pins::ensure_bpffs(root)?;
     pins::check_meta(root)?;
     let dir = pins::ensure_versioned_dir(root)?;
-    let mut loader = EbpfLoader::new();
     let log_level = super::logs::level();
+    let logs = log_level != 0;
+    let build = pins::programs_dir(root, object_id());
+    if !logs && let Some(progs) = reuse(root, &build, owner, names) {
+        return Ok(Programs { held: Held::Pinned(progs), reused: true });
+    }
+    let mut loader = EbpfLoader::new();
     loader.default_map_pin_directory(&dir).override_global("ZONE", &zone, true).override_global(
         aya_log::LEVEL,
         &log_level,
@@ -87,14 +129,67 @@ fn load_programs(root: &Path, zone: u16, ct_max: Option<u32>, names: &[&str]) ->
     }
     // The loaded program holds its maps in the kernel and every user
     // opens them by pin: close this object's map fds, so a zone costs
-    // its two program fds and the object's BTF fd (plus a log ring when
-    // eBPF logs are on), not one fd per map (200 zones stay far below a
+    // its two program fds (plus, with eBPF logs on, the object's BTF fd
+    // and a log ring), not one fd per map (200 zones stay far below a
     // 1 024 fd limit).
     let maps: Vec<String> = ebpf.maps().map(|(name, _)| name.to_string()).collect();
     for name in maps {
         drop(ebpf.take_map(&name));
     }
-    Ok(ebpf)
+    if logs {
+        return Ok(Programs { held: Held::Object(Box::new(ebpf)), reused: false });
+    }
+    pins::remove_other_builds(root, &build)?;
+    fs::create_dir_all(&build).with_context(|| format!("creating {}", build.display()))?;
+    let mut progs = Vec::new();
+    for &name in names {
+        let path = build.join(pins::program_pin_name(owner, name));
+        // A pin that `reuse` refused (it uses other maps) is replaced.
+        if path.exists() {
+            fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+        let prog: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into()?;
+        prog.pin(&path).with_context(|| format!("pinning {name} at {}", path.display()))?;
+        progs.push((name, SchedClassifier::from_pin(&path)?));
+    }
+    Ok(Programs { held: Held::Pinned(progs), reused: false })
+}
+
+/// `owner`'s programs `names` from their pins in `build`, when every one
+/// is pinned and uses exactly the maps pinned now (by name and id); else
+/// `None` (and the caller loads them afresh).
+fn reuse(
+    root: &Path,
+    build: &Path,
+    owner: &str,
+    names: &[&'static str],
+) -> Option<Vec<(&'static str, SchedClassifier)>> {
+    let pinned = pins::pinned_map_ids(root)?;
+    let mut progs = Vec::new();
+    for &name in names {
+        let path = build.join(pins::program_pin_name(owner, name));
+        let prog = SchedClassifier::from_pin(&path).ok()?;
+        // The object's own maps (`.rodata`, `.bss`) are not pinned; every
+        // other map must be the one pinned under its name.
+        for id in prog.info().ok()?.map_ids().ok()??.into_iter() {
+            let info = aya::maps::MapData::from_id(id).ok()?.info().ok()?;
+            let pinned_id = info.name_as_str().and_then(lbagent_common::pin_name_of).and_then(|n| pinned.get(n));
+            if pinned_id.is_some_and(|&want| want != id) {
+                return None;
+            }
+        }
+        progs.push((name, prog));
+    }
+    Some(progs)
+}
+
+/// Identifies the embedded object (FNV-1a over its bytes, computed once):
+/// programs pinned by a run of the same object are reused.
+pub fn object_id() -> u64 {
+    static ID: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| {
+        OBJECT.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    })
 }
 
 fn explain(e: EbpfError, dir: &Path) -> anyhow::Error {

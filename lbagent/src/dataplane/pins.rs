@@ -26,6 +26,67 @@ pub fn links_dir(root: &Path) -> PathBuf {
     versioned_dir(root).join("links")
 }
 
+/// Directory of every build's pinned programs.
+fn programs_root(root: &Path) -> PathBuf {
+    versioned_dir(root).join("progs")
+}
+
+/// `<root>/v<N>/progs/<object id>`: the programs a build of that object
+/// pinned (`loader`), one directory per object so that a run of another
+/// build never takes them.
+pub fn programs_dir(root: &Path, object_id: u64) -> PathBuf {
+    programs_root(root).join(format!("{object_id:016x}"))
+}
+
+/// Who owns a pinned program: zone `zone`'s NAT programs…
+pub fn zone_owner(zone: u16) -> String {
+    format!("z{zone}")
+}
+
+/// …or the proxy guard (one instance for every load balancer).
+pub const GUARD_OWNER: &str = "guard";
+
+/// File name of `owner`'s pinned program `program`.
+pub fn program_pin_name(owner: &str, program: &str) -> String {
+    format!("{owner}_{program}")
+}
+
+/// Removes the programs other builds pinned (an upgrade leaves them; the
+/// interfaces that still run them hold them until re-attached).
+pub fn remove_other_builds(root: &Path, keep: &Path) -> Result<()> {
+    for entry in fs::read_dir(programs_root(root)).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path != keep {
+            fs::remove_dir_all(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes zone `zone`'s pinned programs, of every build (the zone is gone).
+pub fn remove_zone_programs(root: &Path, zone: u16) -> Result<()> {
+    let prefix = format!("{}_", zone_owner(zone));
+    for build in fs::read_dir(programs_root(root)).into_iter().flatten().flatten() {
+        for entry in fs::read_dir(build.path()).into_iter().flatten().flatten() {
+            if entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+                let path = entry.path();
+                fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The id of every map of this layout pinned under `root`, by pin name;
+/// `None` when one is missing.
+pub fn pinned_map_ids(root: &Path) -> Option<std::collections::HashMap<&'static str, u32>> {
+    let dir = versioned_dir(root);
+    lbagent_common::ALL_MAPS
+        .iter()
+        .map(|&name| Some((name, MapData::from_pin(dir.join(name)).ok()?.info().ok()?.id())))
+        .collect()
+}
+
 /// Mounts bpffs at /sys/fs/bpf (mode 0700) when `root` is not on a bpffs,
 /// then creates `root` (mode 0700) and checks that it is the agent's and
 /// writable by nobody else: whoever can write the pins steers the dataplane.

@@ -20,7 +20,7 @@ use etcd_client::{Client, EventType, WatchOptions};
 use lbagent_tests::{etcd::Etcd, lbagent_bin, ovs::OvsBridge, unique};
 
 /// A document with `n` load balancers (2 listeners, 2 backends each).
-fn document(bridge: &str, host: usize, n: usize, port: u16) -> String {
+pub fn document(bridge: &str, host: usize, n: usize, port: u16) -> String {
     let mut s = format!("version: 1\nagent: {{integration_bridge: {bridge}}}\nload_balancers:\n");
     for i in 0..n {
         let (a, b) = (i / 200, i % 200 + 2);

@@ -1,5 +1,4 @@
-//! `cargo xtask bench`: measurements side by side in one run (DESIGN §8,
-//! first part). Results are printed as Markdown and written to
+//! `cargo xtask bench`: measurements side by side in one run. Results are printed as Markdown and written to
 //! `target/bench/results.md`.
 //!
 //! 1. Per-packet program cost (BPF_PROG_TEST_RUN, the kernel's own timer)
@@ -30,10 +29,11 @@
 //! 9. Direct-mode schedulers (`sched.rs`); 10. fleet mode on etcd (`fleet.rs`);
 //! 11. XDP against the TC fast path (`xdp.rs`); 13. CPU per packet at equal
 //!     offered load (`load.rs`); 14. an established flow's cost with its
-//!     conntrack entries cold (50 000 flows, each timed once per sweep).
+//!     conntrack entries cold (50 000 flows, each timed once per sweep);
+//!     15. a restart over 10, 100 and 500 load balancers (`restart.rs`).
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold`
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart`
 //! picks sections; `profile` (only when named) records where the time of a
 //! TCP stream without TSO, 64-byte UDP and new connections goes (`profile.rs`).
 
@@ -41,6 +41,7 @@ mod fleet;
 mod load;
 mod profile;
 mod qos;
+mod restart;
 mod sched;
 mod xdp;
 
@@ -858,7 +859,7 @@ fn main() -> Result<()> {
     let quick = std::env::var_os("LBAGENT_BENCH_QUICK").is_some();
     let counts: &[usize] = if quick { &[10, 1_000, 10_000] } else { &[10, 1_000, 10_000, 100_000] };
     let reps = if quick { 1 } else { 3 };
-    // Section 4's ratios to plain routing are what issue 13 is judged by:
+    // Section 4's ratios to plain routing are the fast path's measure:
     // more rounds than the other sections.
     let throughput_reps = if quick { 1 } else { 5 };
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?.trim().to_string();
@@ -908,6 +909,9 @@ fn main() -> Result<()> {
     }
     if want("fleet") {
         fleet::fleet(quick, &mut out)?;
+    }
+    if want("restart") {
+        restart::restart(quick, &mut out)?;
     }
     // Opt-in only: it needs `perf` and prints profiles, not figures.
     if only.split(',').any(|s| s == "profile") {

@@ -107,7 +107,12 @@ fn load_programs(root: &Path, owner: &str, zone: u16, ct_max: Option<u32>, names
     let log_level = super::logs::level();
     let logs = log_level != 0;
     let build = pins::programs_dir(root, object_id());
-    if !logs && let Some(progs) = reuse(root, &build, owner, names) {
+    if !logs
+        && sizes_match(root, ct_max)
+        && let Some(progs) = reuse(root, &build, owner, names)
+    {
+        // As a load does: the layout check of older and newer builds reads it.
+        pins::write_meta(root)?;
         return Ok(Programs { held: Held::Pinned(progs), reused: true });
     }
     let mut loader = EbpfLoader::new();
@@ -181,6 +186,18 @@ fn reuse(
         progs.push((name, prog));
     }
     Some(progs)
+}
+
+/// Whether the pinned conntrack tables have the sizes asked for (`ct_max`,
+/// `None` = built-in). When they do not, nothing is reused: the load that
+/// follows refuses the pins with an error that says what to do, as every
+/// start with another `--conntrack-max` did before programs were pinned.
+fn sizes_match(root: &Path, ct_max: Option<u32>) -> bool {
+    let want = ct_max.unwrap_or(lbagent_common::CT_MAX);
+    let dir = pins::versioned_dir(root);
+    let size = |name: &str| aya::maps::MapData::from_pin(dir.join(name)).ok()?.info().ok().map(|i| i.max_entries());
+    size(lbagent_common::MAP_CT) == Some(want)
+        && size(lbagent_common::MAP_CT_NEW) == Some(lbagent_common::ct_new_max(want))
 }
 
 /// Identifies the embedded object (FNV-1a over its bytes, computed once):

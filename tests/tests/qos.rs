@@ -411,12 +411,13 @@ mod traffic {
         assert!((low..=high).contains(&ratio), "{what}: {:.1} % of the limit, expected {low}–{high}", ratio * 100.0);
     }
 
-    /// A UDP flow offered at twice the limit: the rate it gets must be
-    /// within `low`–`high` of the limit. Above is a failure at once; below
-    /// can be the sender starved of CPU on a loaded 2-core machine (one CI
-    /// run measured 83 % while every other flow held its rate), so a low
-    /// result is measured again, twice at most, and every try is printed.
-    fn check_udp(what: &str, mbps: f64, low: f64, high: f64, mut measure_once: impl FnMut() -> f64) {
+    /// A flow (UDP offered at twice the limit, or one TCP flow): the rate it
+    /// gets must be within `low`–`high` of the limit. Above is a failure at
+    /// once; below can be the sender starved of CPU on a loaded 2-core
+    /// machine (CI runs measured UDP at 83 % and TCP at 69.9 % while every
+    /// other flow held its rate), so a low result is measured again, twice
+    /// at most, and every try is printed.
+    fn check_retrying(what: &str, mbps: f64, low: f64, high: f64, mut measure_once: impl FnMut() -> f64) {
         for attempt in 1..=3 {
             let got = measure_once();
             let ratio = got / (mbps * 1e6);
@@ -465,7 +466,7 @@ mod traffic {
             let offered = format!("{}M", 2.0 * mbps);
             let udp = ["-u", "-b", offered.as_str(), "-l", "1400"];
             // Ingress (to the EIP, before DNAT): internet → .21.
-            check_udp(&format!("ingress UDP at {mbps}"), mbps, 0.90, 1.05, || {
+            check_retrying(&format!("ingress UDP at {mbps}"), mbps, 0.90, 1.05, || {
                 measure(&inet, FIP1, &vpc, &udp, 1.5, 3.0)
             });
             // One TCP flow (CUBIC, Linux's default; ECN on) gets close to its
@@ -473,20 +474,23 @@ mod traffic {
             // in a retransmission timeout (it got 44–89 % at 100 Mbit/s while
             // they were). Bounds are generous (one CI run measured 79.8 %);
             // the precise figures are the benchmark's.
-            let r = measure(&inet, FIP1, &vpc, &TCP, 1.5, TCP_WINDOW);
-            check(&format!("ingress TCP (ECN) at {mbps}"), r, mbps, 0.70, 1.05);
+            check_retrying(&format!("ingress TCP (ECN) at {mbps}"), mbps, 0.70, 1.05, || {
+                measure(&inet, FIP1, &vpc, &TCP, 1.5, TCP_WINDOW)
+            });
             // Without ECN only drops slow the sender: the case that stalled
             // (about 50 % at 100 Mbit/s before resends were protected).
             b.internet.ns.sysctl("net.ipv4.tcp_ecn", "0").unwrap();
-            let r = measure(&inet, FIP1, &vpc, &TCP, 1.5, TCP_WINDOW);
+            check_retrying(&format!("ingress TCP (no ECN) at {mbps}"), mbps, 0.65, 1.05, || {
+                measure(&inet, FIP1, &vpc, &TCP, 1.5, TCP_WINDOW)
+            });
             b.internet.ns.sysctl("net.ipv4.tcp_ecn", "1").unwrap();
-            check(&format!("ingress TCP (no ECN) at {mbps}"), r, mbps, 0.65, 1.05);
             // Egress (from the EIP, after SNAT): .21 → internet.
-            check_udp(&format!("egress UDP at {mbps}"), mbps, 0.90, 1.05, || {
+            check_retrying(&format!("egress UDP at {mbps}"), mbps, 0.90, 1.05, || {
                 measure(&vpc, INTERNET_IP, &inet, &udp, 1.5, 3.0)
             });
-            let r = measure(&vpc, INTERNET_IP, &inet, &TCP, 1.5, TCP_WINDOW);
-            check(&format!("egress TCP (ECN) at {mbps}"), r, mbps, 0.70, 1.05);
+            check_retrying(&format!("egress TCP (ECN) at {mbps}"), mbps, 0.70, 1.05, || {
+                measure(&vpc, INTERNET_IP, &inet, &TCP, 1.5, TCP_WINDOW)
+            });
         }
         // The limit's counters: passed, marked and dropped on both buckets.
         let t = b.bed.reconciler.realizer.engine.tables().unwrap();

@@ -21,7 +21,8 @@ pub const MAP_META: &str = "meta";
 pub const MAP_RULE_STATS: &str = "rule_stats";
 pub const MAP_PROXY_GUARD: &str = "proxy_guard";
 pub const MAP_PROXY_GUARD_DROPS: &str = "proxy_guard_drops";
-pub const ALL_MAPS: [&str; 23] = [
+pub const MAP_EGRESS_MTU: &str = "egress_mtu";
+pub const ALL_MAPS: [&str; 24] = [
     MAP_CT,
     MAP_CT_NEW,
     MAP_FRAGS,
@@ -45,6 +46,7 @@ pub const ALL_MAPS: [&str; 23] = [
     crate::sched::MAP_SCHED_ACTIVE,
     MAP_PROXY_GUARD,
     MAP_PROXY_GUARD_DROPS,
+    MAP_EGRESS_MTU,
 ];
 
 /// The kernel keeps this many characters of a map's name (`BPF_OBJ_NAME_LEN`
@@ -485,7 +487,7 @@ mod user {
 
     pod!(
         Tuple, CtEntry, FragKey, FragEntry, AclKey, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule,
-        NatConfig, Meta, RuleStats, ProxyGuard
+        NatConfig, Meta, RuleStats, ProxyGuard, MtuKey
     );
 }
 
@@ -507,6 +509,7 @@ const _: () = {
     assert!(core::mem::size_of::<Meta>() == 8);
     assert!(core::mem::size_of::<RuleStats>() == 24);
     assert!(core::mem::size_of::<ProxyGuard>() == 8);
+    assert!(core::mem::size_of::<MtuKey>() == 8);
 };
 
 /// `proxy_guard[0]`: whose sockets may open connections through a load
@@ -522,3 +525,22 @@ pub struct ProxyGuard {
 }
 
 pub const PROXY_GUARD_F_UID: u32 = 1;
+
+/// `egress_mtu` key: an interface of a zone's namespace (interface indexes
+/// repeat across namespaces). The value (`u32`) is the largest IPv4 packet
+/// that leaves by that interface unfragmented as `ip_forward` sees it: the
+/// smaller of the link's MTU and every route MTU through it. The agent
+/// writes every interface of a zone at each pass; the fast path
+/// (`lbagent-ebpf/src/route.rs`) forwards only packets whose every segment
+/// fits, and leaves the rest (and interfaces without an entry) to the stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MtuKey {
+    pub zone: u16,
+    pub _pad: u16,
+    pub ifindex: u32,
+}
+
+/// `egress_mtu` size: interfaces of every zone (a load balancer or gateway
+/// has a few).
+pub const EGRESS_MTU_MAX: u32 = 16_384;

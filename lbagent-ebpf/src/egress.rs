@@ -150,7 +150,7 @@ fn own_connection(ctx: &TcContext, p: &Packet) -> i32 {
             }
         }
     };
-    match rewrite(ctx, p, &x, None, Store::Fields) {
+    match rewrite(ctx, p, &x, false, Store::Fields) {
         Ok(()) => TC_ACT_OK,
         Err(_) => verdict(Counter::DropRewrite),
     }

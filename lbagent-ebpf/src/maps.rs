@@ -113,3 +113,8 @@ pub static SCHED_TURNS: LruPerCpuHashMap<u32, u32, { SCHED_TABLES_MAX as usize }
 /// (`lbagent_common::sched::Active`).
 #[btf_map(name = "sched_active", pin_by_name)]
 pub static SCHED_ACTIVE: HashMap<ActiveKey, Active, { SCHED_ACTIVE_MAX as usize }> = HashMap::new();
+
+/// The fast path's MTU per interface of each zone (`MtuKey`; written by
+/// the agent, read by `route::next_hop`).
+#[btf_map(name = "egress_mtu", pin_by_name)]
+pub static EGRESS_MTU: HashMap<MtuKey, u32, { EGRESS_MTU_MAX as usize }> = HashMap::new();

@@ -145,24 +145,24 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     }
 }
 
-/// Rewrites the packet to `to`; on the fast path (`route.rs`) also writes
-/// the next hop in the same pass and redirects the packet to it. A flow's
+/// Rewrites the packet to `to`; on the fast path (`route.rs`) also
+/// decrements the TTL in the same pass and redirects the packet to its
+/// next hop. A flow's
 /// first packet is rewritten field by field (`Store::Fields`): the new-flow
 /// path's stack frame has no room left for the one-store copy under Linux
 /// 5.10's limit (512 bytes with the scheduler's global function).
 #[inline(always)]
 fn apply(ctx: &TcContext, p: &Packet, to: &Tuple, store: Store) -> i32 {
     let hop = if conntrack::config().flags & NAT_CFG_FAST_PATH != 0 {
-        crate::parse::read::<1>(ctx, p.l3 + IP_TTL).and_then(|[ttl]| next_hop(ctx, to, ttl, p.ifindex))
+        crate::parse::read::<1>(ctx, p.l3 + IP_TTL).and_then(|[ttl]| next_hop(ctx, p, to, ttl))
     } else {
         None
     };
-    // The redirect only names the interface the packet goes to once the
-    // program returns TC_ACT_REDIRECT; named first, nothing but the MAC
-    // addresses stays live across the rewrite (the stack frame is close to
-    // Linux 5.10's limit).
+    // The redirect only names where the packet goes once the program
+    // returns TC_ACT_REDIRECT; named first, nothing of the hop stays live
+    // across the rewrite (the stack frame is close to Linux 5.10's limit).
     let verdict = hop.as_ref().map_or(TC_ACT_OK, redirect);
-    match rewrite(ctx, p, to, hop.as_ref().map(|h| &h.macs), store) {
+    match rewrite(ctx, p, to, hop.is_some(), store) {
         Ok(()) => verdict,
         Err(_) => {
             count(Counter::DropRewrite);

@@ -33,7 +33,7 @@ const IP_MF: u16 = 0x2000;
 const IP_OFFSET_MASK: u16 = 0x1fff;
 /// TCP header field offsets.
 const TCP_SEQ: usize = 4;
-const TCP_DOFF: usize = 12;
+pub const TCP_DOFF: usize = 12;
 const TCP_FLAGS: usize = 13;
 const TCP_WINDOW: usize = 14;
 const TCP_OPT_EOL: u8 = 0;
@@ -41,7 +41,7 @@ const TCP_OPT_NOP: u8 = 1;
 const TCP_OPT_WSCALE: u8 = 3;
 /// TCP header without options; a UDP header.
 const TCP_FIXED: u32 = 20;
-const UDP_LEN: u32 = 8;
+pub const UDP_LEN: u32 = 8;
 /// Most bytes parsing ever reads: Ethernet, IPv4 with options, ICMP, the
 /// quoted IPv4 header with options and 20 bytes of its L4 header.
 const PARSE_MAX: u32 = (ETH_LEN + 60 + 8 + 60 + 20) as u32;

@@ -10,8 +10,8 @@
 //! IPv4 header without options: TTL, protocol, header checksum, addresses
 //! and ports are 16 contiguous bytes) takes `rewrite_head`: the bytes are
 //! read directly, the header checksum is updated here (RFC 1624), and all
-//! of it is written back in one store (the fast path's TTL − 1 included,
-//! its MAC addresses in a second); the L4 checksum gets each kind of change
+//! of it is written back in one store (the fast path's TTL − 1 included;
+//! the neighbour layer writes its Ethernet header); the L4 checksum gets each kind of change
 //! (addresses: pseudo header; ports: data) as one precomputed difference.
 //! A fast-path DNAT packet makes four helper calls instead of nine; each
 //! costs ~15–25 ns, and the rewrite was a third of an established flow's
@@ -39,8 +39,6 @@ const UDP_CSUM: usize = 6;
 const ICMP_CSUM: usize = 2;
 const ICMP_ECHO_ID: usize = 4;
 
-/// Ethernet destination and source address: the first twelve bytes.
-pub const ETH_ADDRS: usize = 12;
 /// Offset of the TTL in the IPv4 header (the protocol follows it: the
 /// 16-bit word the checksum update covers).
 pub const IP_TTL: usize = 8;
@@ -98,16 +96,10 @@ pub enum Store {
     Fields,
 }
 
-/// Makes the packet's tuple equal `to`; with a `hop` (the fast path), also
-/// decrements the TTL and writes the hop's MAC addresses, as a router would.
+/// Makes the packet's tuple equal `to`; with `hop` (the fast path), also
+/// decrements the TTL as a router would.
 #[inline(always)]
-pub fn rewrite(
-    ctx: &TcContext,
-    p: &Packet,
-    to: &Tuple,
-    hop: Option<&[u8; ETH_ADDRS]>,
-    store: Store,
-) -> Result<(), i64> {
+pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple, hop: bool, store: Store) -> Result<(), i64> {
     if p.frag == Frag::Later {
         // No L4 header in this fragment: the first one carried the checksum.
         rewrite_addresses(ctx, p, to)?;
@@ -154,16 +146,17 @@ pub fn rewrite(
 }
 
 /// The hop written field by field, after a field-by-field rewrite: TTL − 1
-/// with the header checksum, then the MAC addresses.
+/// with the header checksum.
 #[inline(always)]
-fn write_hop(ctx: &TcContext, p: &Packet, hop: Option<&[u8; ETH_ADDRS]>) -> Result<(), i64> {
-    let Some(macs) = hop else { return Ok(()) };
+fn write_hop(ctx: &TcContext, p: &Packet, hop: bool) -> Result<(), i64> {
+    if !hop {
+        return Ok(());
+    }
     let Some([ttl]) = crate::parse::read::<1>(ctx, p.l3 + IP_TTL) else { return Err(-1) };
     let old = [ttl, p.tuple.proto];
     let new = [ttl - 1, p.tuple.proto];
     ctx.store(p.l3 + IP_TTL, &new[0], 0)?;
-    ctx.l3_csum_replace(p.l3 + IP_CSUM, u16::from_ne_bytes(old) as u64, u16::from_ne_bytes(new) as u64, 2)?;
-    ctx.store(0, macs, 0)
+    ctx.l3_csum_replace(p.l3 + IP_CSUM, u16::from_ne_bytes(old) as u64, u16::from_ne_bytes(new) as u64, 2)
 }
 
 /// Rewrites only the IPv4 addresses (address-only protocols' later
@@ -183,16 +176,9 @@ pub fn rewrite_addresses(ctx: &TcContext, p: &Packet, to: &Tuple) -> Result<(), 
 /// The common shape's rewrite (module docs): the Ethernet header (no
 /// VLAN tag), an IPv4 header without options, the ports right after it;
 /// `csum_off` is the L4 checksum. Everything from the TTL to the ports is
-/// written in one store (the hop's MAC addresses in a second one).
+/// written in one store.
 #[inline(always)]
-fn rewrite_head(
-    ctx: &TcContext,
-    csum_off: usize,
-    flags: u64,
-    t: &Tuple,
-    to: &Tuple,
-    hop: Option<&[u8; ETH_ADDRS]>,
-) -> Result<(), i64> {
+fn rewrite_head(ctx: &TcContext, csum_off: usize, flags: u64, t: &Tuple, to: &Tuple, hop: bool) -> Result<(), i64> {
     // A direct read (parse pulled the headers in): no helper call. Only
     // this copy is kept on the stack (the differences come from the
     // tuples): the program's frame is close to Linux 5.10's limit.
@@ -207,11 +193,10 @@ fn rewrite_head(
     let addrs = diff32(t.saddr, to.saddr) + diff32(t.daddr, to.daddr);
     let ports = diff16(t.sport.to_be(), to.sport.to_be()) + diff16(t.dport.to_be(), to.dport.to_be());
     let mut ttl = 0;
-    if let Some(hop) = hop {
+    if hop {
         let word = u16::from_ne_bytes([head[ttl_at], head[ttl_at + 1]]);
         head[ttl_at] -= 1;
         ttl = diff16(word, u16::from_ne_bytes([head[ttl_at], head[ttl_at + 1]]));
-        ctx.store(0, hop, 0)?;
     }
     let hc = u16::from_ne_bytes([head[csum_at], head[csum_at + 1]]);
     let hc = apply(hc, ttl + addrs);

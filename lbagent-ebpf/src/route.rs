@@ -8,31 +8,48 @@
 //! The fast path (`next_hop`, on when the agent sets
 //! `NAT_CFG_FAST_PATH`, its default): a translated packet the namespace would
 //! forward is handed straight to its egress interface, as a router would
-//! send it (TTL decremented, IP checksum updated, the next hop's MAC
-//! addresses), instead of climbing the namespace's IP stack (routing,
-//! netfilter hooks, neighbour lookup). Anything the FIB does not answer
-//! with a complete next hop takes the stack: local delivery, no route, an
-//! unresolved neighbour (the stack resolves it for the next packets), a
-//! packet larger than the egress MTU (the stack sends frag-needed or
-//! fragments), TTL 1 or less (the stack sends time-exceeded). The egress
-//! interface's programs (clsact egress: QoS, the egress companion) still
-//! see the packet.
+//! send it (TTL decremented, IP checksum updated), instead of climbing the
+//! namespace's IP stack (routing, netfilter hooks). It leaves with
+//! `bpf_redirect_neigh` (Linux 5.10) toward the next hop the FIB named: the
+//! kernel's neighbour layer writes the Ethernet header, so an entry that is
+//! stale is probed, one that failed or is incomplete is resolved (the packet
+//! waits in its queue), and a next hop whose MAC changed is learnt again,
+//! exactly as for a packet the stack forwards. The FIB's own MAC answer is
+//! not used: it hands out a stale entry's address forever, since nothing
+//! that bypasses the neighbour layer ever moves the entry on to a probe.
+//!
+//! What the stack must decide takes the stack: local delivery, no route, a
+//! FIB refusal (among them its own device-MTU check), TTL 1 or less (the
+//! stack sends time-exceeded), and a packet that does not fit the egress
+//! interface's MTU from `egress_mtu` (the smaller of the link MTU and the
+//! route MTUs through it, as `ip_forward` checks it, written by the agent;
+//! no entry: the stack): a GSO packet by the size of the segments it
+//! becomes, any other by its length, with no slack. The stack then sends
+//! frag-needed for DF or fragments. The egress interface's programs (clsact
+//! egress: QoS, the egress companion) still see the packet.
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{
-        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_SUCCESS, bpf_fib_lookup as FibParams,
+        __sk_buff, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_NOT_FWDED, BPF_FIB_LKUP_RET_SUCCESS,
+        bpf_fib_lookup as FibParams, bpf_redir_neigh,
     },
-    helpers::{bpf_fib_lookup, bpf_redirect},
+    helpers::{bpf_fib_lookup, bpf_redirect_neigh},
     programs::TcContext,
 };
-use lbagent_common::Tuple;
+use lbagent_common::{MtuKey, PROTO_TCP, PROTO_UDP, Tuple};
 
-use crate::rewrite::ETH_ADDRS;
+use crate::{
+    maps::EGRESS_MTU,
+    parse::{Packet, TCP_DOFF, UDP_LEN},
+    zone,
+};
 
 const AF_INET: u8 = 2;
 /// `struct bpf_fib_lookup` is 64 bytes: eight words.
 const FIB_WORDS: usize = 8;
+/// `struct bpf_redir_neigh` is 20 bytes: five 32-bit words.
+const NH_WORDS: usize = 5;
 
 pub enum Route {
     /// Delivered to the namespace itself.
@@ -67,72 +84,111 @@ pub fn route(ctx: &TcContext, t: &Tuple, ingress: u32) -> Route {
     }
 }
 
-/// Sends the packet out of the interface the FIB names for `daddr`, with
-/// that hop's MAC addresses (`TC_ACT_REDIRECT`); `None` when the FIB has no
-/// complete answer (no route, or the neighbour is not resolved yet).
+/// Sends the packet out of the interface the FIB names for `daddr`,
+/// through the neighbour layer (`TC_ACT_REDIRECT`); `None` when the FIB has
+/// no route out.
 #[inline(always)]
 pub fn forward(ctx: &TcContext, proto: u8, saddr: [u8; 4], daddr: [u8; 4], ingress: u32) -> Option<i32> {
     let mut words = core::mem::MaybeUninit::uninit();
     let (rc, params) = lookup(ctx, proto, saddr, daddr, ingress, &mut words);
-    if rc != BPF_FIB_LKUP_RET_SUCCESS {
+    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
         return None;
     }
-    set_macs(ctx, params).ok()?;
-    // SAFETY: bpf_redirect takes plain integers.
-    Some(unsafe { bpf_redirect(params.ifindex, 0) } as i32)
-}
-
-/// Writes the next hop's MAC addresses the FIB answered into the Ethernet
-/// header, in one store.
-#[inline(always)]
-fn set_macs(ctx: &TcContext, params: &FibParams) -> Result<(), i64> {
-    ctx.store(0, &macs(params), 0)
-}
-
-/// The FIB's MAC addresses as the Ethernet header holds them: destination
-/// first (the FIB's answer holds the source first).
-#[inline(always)]
-fn macs(params: &FibParams) -> [u8; ETH_ADDRS] {
-    // SAFETY: the helper filled the MAC union on success (callers check).
-    let macs = unsafe { params.__bindgen_anon_6.__bindgen_anon_2 };
-    let mut addrs = [0u8; ETH_ADDRS];
-    addrs[..6].copy_from_slice(&macs.dmac);
-    addrs[6..].copy_from_slice(&macs.smac);
-    addrs
+    Some(redirect(&hop_of(params)))
 }
 
 /// Where the fast path sends a translated packet: the egress interface and
-/// the Ethernet addresses for it.
+/// the next hop on it (the gateway of the route, or the destination).
 pub struct Hop {
     pub ifindex: u32,
-    pub macs: [u8; ETH_ADDRS],
+    /// The next hop's IPv4 address, as the packet holds addresses.
+    pub via: u32,
 }
 
-/// The fast path's next hop for a packet with TTL `ttl` translated to `to`
-/// (see the module docs); `None`: let the stack forward or deliver it. The
-/// packet is not touched: `redirect` names the interface and the rewrite
-/// writes the hop with the tuple (`rewrite::rewrite`).
+/// The hop the FIB answered: after a lookup that found a route out, its
+/// `ifindex` is the egress interface and its destination the next hop.
 #[inline(always)]
-pub fn next_hop(ctx: &TcContext, to: &Tuple, ttl: u8, ingress: u32) -> Option<Hop> {
+fn hop_of(params: &FibParams) -> Hop {
+    // SAFETY: the helper wrote the destination union as IPv4 (the family
+    // the lookup asked for).
+    Hop { ifindex: params.ifindex, via: unsafe { params.__bindgen_anon_4.ipv4_dst } }
+}
+
+/// The fast path's next hop for packet `p` (TTL `ttl`) translated to `to`
+/// (see the module docs); `None`: let the stack forward or deliver it. The
+/// packet is not touched: `redirect` names the hop and the rewrite
+/// decrements the TTL with the tuple (`rewrite::rewrite`).
+#[inline(always)]
+pub fn next_hop(ctx: &TcContext, p: &Packet, to: &Tuple, ttl: u8) -> Option<Hop> {
     if ttl <= 1 {
         return None;
     }
     let mut words = core::mem::MaybeUninit::uninit();
-    let (rc, params) = lookup(ctx, to.proto, to.saddr, to.daddr, ingress, &mut words);
-    // Success only: the MTU check is the helper's (an skb too big for the
-    // egress device, GSO aside, is FRAG_NEEDED), as are local and
-    // unreachable destinations and unresolved neighbours.
-    if rc != BPF_FIB_LKUP_RET_SUCCESS {
+    let (rc, params) = lookup(ctx, to.proto, to.saddr, to.daddr, p.ifindex, &mut words);
+    // A resolved neighbour or not (the neighbour layer resolves it); every
+    // other answer is the stack's: local, unreachable, and the helper's
+    // device-MTU check (FRAG_NEEDED; it has 4 bytes of slack and passes
+    // every GSO packet, hence `fits`).
+    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
         return None;
     }
-    Some(Hop { ifindex: params.ifindex, macs: macs(params) })
+    let hop = hop_of(params);
+    // SAFETY: a lookup in a map the program owns, by a key on the stack.
+    let mtu = unsafe { EGRESS_MTU.get(&MtuKey { zone: zone(), _pad: 0, ifindex: hop.ifindex }) }?;
+    if !fits(ctx, p, *mtu) {
+        return None;
+    }
+    Some(hop)
 }
 
-/// Sends the packet (its hop written) out of the hop's interface.
+/// Whether every packet that `p` becomes on the wire is at most `mtu`
+/// bytes of IPv4: a GSO packet's segments (its `gso_size` of payload behind
+/// the IP and L4 headers), any other packet whole. A GSO packet of another
+/// protocol (the stack knows how it splits) does not.
+#[inline(always)]
+fn fits(ctx: &TcContext, p: &Packet, mtu: u32) -> bool {
+    let skb = ctx.as_ptr() as *const __sk_buff;
+    // SAFETY: the context pointer of a TC program is a valid __sk_buff;
+    // `gso_size` is a plain field of it (readable since Linux 5.7).
+    let gso_size = unsafe { (*skb).gso_size };
+    let l3_len = (p.l4 - p.l3) as u32;
+    if gso_size == 0 {
+        // Ethernet padding of a short frame counts too: only short frames
+        // have any, and they fit.
+        return ctx.len() <= mtu.saturating_add(p.l3 as u32);
+    }
+    let l4_len = match p.tuple.proto {
+        PROTO_TCP => match crate::parse::read::<1>(ctx, p.l4 + TCP_DOFF) {
+            Some([doff]) => u32::from(doff >> 4) * 4,
+            None => return false,
+        },
+        PROTO_UDP => UDP_LEN,
+        _ => return false,
+    };
+    gso_size + l3_len + l4_len <= mtu
+}
+
+/// Names the hop's interface as where the packet goes once the program
+/// returns (`TC_ACT_REDIRECT`), through the neighbour layer with the hop's
+/// address as the next hop.
 #[inline(always)]
 pub fn redirect(hop: &Hop) -> i32 {
-    // SAFETY: bpf_redirect takes plain integers.
-    unsafe { bpf_redirect(hop.ifindex, 0) as i32 }
+    let mut nh = core::mem::MaybeUninit::<bpf_redir_neigh>::uninit();
+    let words = nh.as_mut_ptr() as *mut u32;
+    // SAFETY: `struct bpf_redir_neigh` is five 32-bit words (the family,
+    // then the address union); each store is inside it. Volatile word
+    // stores: a plain initialiser becomes a `memset` call the BPF target
+    // lacks.
+    unsafe {
+        core::ptr::write_volatile(words, AF_INET as u32);
+        core::ptr::write_volatile(words.add(1), hop.via);
+        for i in 2..NH_WORDS {
+            core::ptr::write_volatile(words.add(i), 0);
+        }
+    }
+    // SAFETY: `nh` is initialised above, its size passed with it; the
+    // helper copies it before returning.
+    unsafe { bpf_redirect_neigh(hop.ifindex, nh.as_mut_ptr(), NH_WORDS as i32 * 4, 0) as i32 }
 }
 
 /// One FIB lookup (input, as if the packet arrived on `ingress`) in `words`,

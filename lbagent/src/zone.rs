@@ -4,7 +4,7 @@
 //! `natgw` differ in their plumbing and their rules, not in how a zone is
 //! attached, how its unused rule ids are released, or how it is cleared.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::{alloc::Allocations, dataplane::engine::Engine};
 
@@ -20,13 +20,26 @@ pub struct Site {
     pub ifaces: Vec<String>,
 }
 
-/// Attaches the zone's programs to every interface of the site.
+/// Attaches the zone's programs to every interface of the site, after
+/// writing the fast path's MTUs from the namespace's links and routes (each
+/// pass: an MTU changed by hand is taken up by the next repair pass).
 pub fn attach(engine: &mut Engine, zone: u16, site: &Site) -> Result<()> {
+    sync_egress_mtu(engine, zone, &site.netns)?;
     for ifname in &site.ifaces {
         engine.attach(zone, &site.netns, ifname)?;
     }
     engine.attach_loopback(zone, &site.netns)?;
     crate::crash::point("zone-attached");
+    Ok(())
+}
+
+/// Writes zone `zone`'s `egress_mtu` entries from namespace `netns`.
+pub fn sync_egress_mtu(engine: &Engine, zone: u16, netns: &str) -> Result<()> {
+    let mtus = crate::netns::run_in(Some(netns), || crate::plumbing::nl::Nl::new()?.egress_mtus())
+        .context("reading the namespace's link and route MTUs")?;
+    if engine.tables()?.sync_egress_mtu(zone, &mtus)? {
+        tracing::info!("zone {zone} ({netns}): fast-path MTUs by interface {mtus:?}");
+    }
     Ok(())
 }
 

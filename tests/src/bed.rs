@@ -51,6 +51,17 @@ impl Bed {
         }
         assert!(report.ok(), "apply failed: {:?}", report.errors);
     }
+
+    /// One repair pass over a state (as the daemon's timer runs it: every
+    /// object ensured again); panics with every error on failure.
+    pub fn repair(&mut self, yaml: &str) {
+        let mut s = accept_str(yaml, Format::Yaml).unwrap_or_else(|e| panic!("invalid test state: {e}\n{yaml}"));
+        if crate::slow_path() {
+            s.desired.agent.fast_path = false;
+        }
+        let report = self.reconciler.apply(&s.desired, true);
+        assert!(report.ok(), "repair failed: {:?}", report.errors);
+    }
 }
 
 impl Drop for Bed {

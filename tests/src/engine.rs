@@ -98,6 +98,11 @@ pub struct Engine {
 }
 
 pub const TC_ACT_OK: u32 = 0;
+/// `struct __sk_buff` as `BPF_PROG_TEST_RUN` takes it for a context: its
+/// size, and the offsets of `gso_segs` and `gso_size` (uapi `bpf.h`).
+const SK_BUFF_LEN: usize = 192;
+const SK_BUFF_GSO_SEGS: usize = 164;
+const SK_BUFF_GSO_SIZE: usize = 176;
 pub const TC_ACT_SHOT: u32 = 2;
 
 impl Engine {
@@ -131,6 +136,15 @@ impl Engine {
         Ok(e)
     }
 
+    /// Writes `egress_mtu` from the test net's links and routes (the
+    /// calling thread is in it) with the agent's own reader and writer, as
+    /// the agent does at each pass: the fast path forwards only through
+    /// interfaces it has an MTU for.
+    pub fn sync_egress_mtu(&self, zone: u16) -> Result<()> {
+        self.tables.sync_egress_mtu(zone, &lbagent::plumbing::nl::Nl::new()?.egress_mtus()?)?;
+        Ok(())
+    }
+
     /// Runs the program once; returns its verdict and the output frame.
     pub fn run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
         self.run_on(Direction::Ingress, frame)
@@ -143,6 +157,24 @@ impl Engine {
         let res = self.prog.program_for(dir).test_run(TestRunOptions {
             data_in: Some(frame),
             data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        })?;
+        out.truncate(res.data_size_out as usize);
+        Ok((res.return_value, out))
+    }
+
+    /// Runs the NAT program once on `frame` as a GSO packet whose segments
+    /// carry `gso_size` bytes of payload each (the context's `gso_size`,
+    /// as a TSO sender's packet arrives); returns verdict and output.
+    pub fn run_gso(&mut self, frame: &[u8], gso_size: u32) -> Result<(u32, Vec<u8>)> {
+        let mut ctx = [0u8; SK_BUFF_LEN];
+        ctx[SK_BUFF_GSO_SEGS..SK_BUFF_GSO_SEGS + 4].copy_from_slice(&1u32.to_ne_bytes());
+        ctx[SK_BUFF_GSO_SIZE..SK_BUFF_GSO_SIZE + 4].copy_from_slice(&gso_size.to_ne_bytes());
+        let mut out = vec![0u8; frame.len() + 256];
+        let res = self.prog.program().test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
             ..TestRunOptions::default()
         })?;
         out.truncate(res.data_size_out as usize);

@@ -97,6 +97,9 @@ impl NatTopology {
         // asks for the stack.
         let flags = if crate::slow_path() { 0 } else { lbagent_common::NAT_CFG_FAST_PATH };
         tables.set_config(lbagent_common::NatConfig { flags, ..Default::default() })?;
+        // The fast path's MTUs, as the agent writes them at each pass.
+        let mtus = lbagent::netns::run_in(Some(&nat.name), || lbagent::plumbing::nl::Nl::new()?.egress_mtus())?;
+        tables.sync_egress_mtu(ZONE, &mtus)?;
         // SNAT is keyed on the interface flows leave by: n1, toward the server.
         let n1_index = lbagent::netns::run_in(Some(&nat.name), || lbagent::netns::ifindex(&n1))?;
         let rule = |proto, port, id, to: u16| DnatSpec {

@@ -309,6 +309,46 @@ pub fn line_echo_server(ns: &str, port: u16, tag: &str) -> Result<()> {
     })
 }
 
+/// TCP sink: reads each connection to its end, then answers with the
+/// number of bytes it read (`<n>\n`).
+pub fn tcp_bulk_server(ns: &str, port: u16) -> Result<()> {
+    tcp_server(ns, port, move |mut s, _| {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut n = 0usize;
+        while let Ok(k) = s.read(&mut buf) {
+            if k == 0 {
+                break;
+            }
+            n += k;
+        }
+        let _ = s.write_all(format!("{n}\n").as_bytes());
+    })
+}
+
+/// Sends `len` bytes from `ns` to a `tcp_bulk_server` at `to` in large
+/// writes (a TSO sender's 64 KB packets), then half-closes; returns the
+/// byte count the server read (within 60 s).
+pub fn tcp_bulk_send(ns: &str, to: SocketAddr, len: usize) -> Result<usize> {
+    spawn_in(ns, move || {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+        s.set_write_timeout(Some(Duration::from_secs(60)))?;
+        s.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let chunk = vec![0x5au8; 1 << 16];
+        let mut left = len;
+        while left > 0 {
+            let k = left.min(chunk.len());
+            s.write_all(&chunk[..k]).context("sending")?;
+            left -= k;
+        }
+        s.shutdown(std::net::Shutdown::Write)?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).context("waiting for the server's count")?;
+        answer.trim().parse::<usize>().with_context(|| format!("server answered {answer:?}"))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
+}
+
 /// One request on a fresh connection: returns the server's `<tag> <peer>`.
 pub fn ask_tcp(ns: &str, to: SocketAddr) -> Result<String> {
     OpenConn::open(ns, to)?.ping("hello")

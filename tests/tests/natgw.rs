@@ -6,7 +6,11 @@ use std::{collections::HashSet, net::SocketAddr};
 
 use lbagent::daemon::status::Status;
 use lbagent_common::PROTO_ICMP;
-use lbagent_tests::{gateway::GwBed, require_root, traffic::*};
+use lbagent_tests::{
+    gateway::{GwBed, INTERNET_IP as INTERNET},
+    require_root,
+    traffic::*,
+};
 
 fn at(ip: &str, port: u16) -> SocketAddr {
     format!("{ip}:{port}").parse().unwrap()
@@ -342,4 +346,131 @@ fn snat_longest_prefix_in_any_order() {
     let with_ip = format!("{without_20}      - {{eip: d, internal_cidr: 10.10.0.21}}\n");
     b.apply(&b.state(&format!("{eips}{with_ip}")));
     assert_eq!(seen_as(&b), "198.51.100.23");
+}
+
+/// The gateway state of `bed` with the fast path on or off.
+fn with_fast_path(b: &GwBed, fast: bool) -> String {
+    let state = b.state(&format!("{EIPS}{RULES}"));
+    state.replace("agent: {", &format!("agent: {{fast_path: {fast}, "))
+}
+
+/// A TCP connection from `ns` to `to` (a `line_echo_server`): each
+/// `echo` sends a line and waits up to `wait` for the answer.
+struct Stream {
+    s: std::net::TcpStream,
+    r: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl Stream {
+    fn open(ns: &str, to: SocketAddr) -> Stream {
+        let (s, r) = lbagent_tests::topology::spawn_in(ns, move || {
+            let s = std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_secs(5))?;
+            let r = std::io::BufReader::new(s.try_clone()?);
+            Ok((s, r))
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+        Stream { s, r }
+    }
+
+    fn echo(&mut self, line: &str, wait: std::time::Duration) -> Result<std::time::Duration, String> {
+        use std::io::{BufRead, Write};
+        let start = std::time::Instant::now();
+        self.s.set_read_timeout(Some(wait)).unwrap();
+        self.s.write_all(format!("{line}\n").as_bytes()).map_err(|e| e.to_string())?;
+        let mut back = String::new();
+        self.r.read_line(&mut back).map_err(|e| format!("no echo of {line:?} within {wait:?}: {e}"))?;
+        if back.is_empty() {
+            return Err(format!("connection closed instead of answering {line:?}"));
+        }
+        Ok(start.elapsed())
+    }
+}
+
+/// The next hop's MAC address changes under a running TCP stream, with no
+/// gratuitous ARP (Linux sends none by default): the gateway must learn
+/// the new one the way the stack does (its entry goes stale, is probed,
+/// fails, is resolved again) with the fast path on as with it off. A fast
+/// path that copies the FIB's MAC into the frame keeps sending to the old
+/// address for ever: nothing that bypasses the neighbour layer probes a
+/// stale entry.
+#[test]
+fn a_next_hop_whose_mac_changes_is_learnt_again_with_and_without_the_fast_path() {
+    let Some(mut b) = bed() else { return };
+    let gw_ns = b.netns();
+    // Short neighbour timers in the gateway, so a stale entry is probed
+    // within seconds (defaults: reachable 15–45 s, first probe after 5 s).
+    for (param, value) in
+        [("base_reachable_time_ms", "1000"), ("delay_first_probe_time", "1"), ("retrans_time_ms", "200")]
+    {
+        lbagent_tests::net::in_ns(&gw_ns, &["sysctl", "-qw", &format!("net.ipv4.neigh.net1.{param}={value}")]).unwrap();
+    }
+    for (round, (fast, mac)) in [(true, "02:00:00:00:aa:01"), (false, "02:00:00:00:aa:02")].into_iter().enumerate() {
+        let state = with_fast_path(&b, fast);
+        b.apply(&state);
+        // .22 is SNAT'ed to eip2; the internet host is the next hop.
+        let mut s = Stream::open(&b.vpc[1].ns.name, at(INTERNET, 9000));
+        s.echo(&format!("before-{round}"), std::time::Duration::from_secs(5)).unwrap();
+        // Idle past the reachable time: the entry is stale when the MAC
+        // changes (a fast path that copies the FIB's MAC leaves it stale
+        // for ever; the neighbour layer moves it on to a probe).
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        b.internet.set_mac(mac).unwrap();
+        let took = s
+            .echo(&format!("after-{round}"), std::time::Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("fast path {fast}: the stream stalled after the MAC change: {e}"));
+        eprintln!("fast path {fast}: the stream resumed {took:?} after the MAC change");
+        let neigh = lbagent_tests::net::in_ns(&gw_ns, &["ip", "neigh", "show", "dev", "net1", INTERNET]).unwrap();
+        assert!(neigh.contains(mac), "fast path {fast}: the gateway learnt {mac}: {neigh}");
+    }
+}
+
+/// TCP from a TSO sender crosses a link with a smaller MTU (the gateway's
+/// `eth0` at 1400, the VPC host's at 1500, so the sender's MSS does not
+/// fit): the gateway must answer frag-needed as `ip_forward` does and no
+/// frame longer than 1400 may leave `eth0`, with the fast path on and off.
+/// The sender's GSO packets reach the gateway whole; a fast path that
+/// redirects them unchecked sends 1500-byte segments out of `eth0`.
+#[test]
+fn tso_tcp_over_a_smaller_mtu_gets_frag_needed_with_and_without_the_fast_path() {
+    let Some(mut b) = bed() else { return };
+    let gw_ns = b.netns();
+    let vpc = b.vpc[0].ns.name.clone();
+    // Frames over 1400 bytes of IP that reach the FIP's host, counted
+    // before anything else sees them.
+    for cmd in [
+        "add table ip big",
+        "add chain ip big pre { type filter hook prerouting priority -400; }",
+        "add rule ip big pre ip length > 1400 counter",
+    ] {
+        let mut args = vec!["nft"];
+        args.extend(cmd.split(' '));
+        b.vpc[0].ns.exec(&args).unwrap();
+    }
+    let big = || -> u64 {
+        let out = lbagent_tests::net::in_ns(&vpc, &["nft", "list", "chain", "ip", "big", "pre"]).unwrap();
+        out.split("packets ").nth(1).and_then(|r| r.split(' ').next()?.parse().ok()).unwrap_or(u64::MAX)
+    };
+    tcp_bulk_server(&vpc, 7100).unwrap();
+    for (round, fast) in [true, false].into_iter().enumerate() {
+        let state = with_fast_path(&b, fast);
+        b.apply(&state);
+        lbagent_tests::net::in_ns(&gw_ns, &["ip", "link", "set", "eth0", "mtu", "1400"]).unwrap();
+        // The agent takes the new MTU up at its next pass.
+        b.bed.repair(&state);
+        // Every round starts with a fresh path MTU at the sender.
+        b.internet.ns.exec(&["ip", "route", "flush", "cache"]).unwrap();
+        let before = big();
+        let sent = tcp_bulk_send(&b.internet.ns.name, at("198.51.100.10", 7100), 4 << 20)
+            .unwrap_or_else(|e| panic!("fast path {fast}: the transfer failed: {e:#}"));
+        assert_eq!(sent, 4 << 20, "fast path {fast}: every byte acknowledged");
+        // The sender learnt the path MTU from the gateway's frag-needed.
+        let route = b.internet.ns.exec(&["ip", "route", "get", "198.51.100.10"]).unwrap();
+        assert!(route.contains("mtu 1400"), "fast path {fast}: no frag-needed reached the sender: {route}");
+        let over = big() - before;
+        eprintln!("round {round}, fast path {fast}: {over} frames over 1400 bytes reached the host");
+        assert_eq!(over, 0, "fast path {fast}: frames longer than eth0's MTU left the gateway");
+        lbagent_tests::net::in_ns(&gw_ns, &["ip", "link", "set", "eth0", "mtu", "1500"]).unwrap();
+    }
 }

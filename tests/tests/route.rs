@@ -1,13 +1,15 @@
 //! The fast path (`lbagent-ebpf/src/route.rs`, `next_hop`): a
 //! translated packet the namespace would forward leaves the program
-//! redirected to its egress interface, as a router sends it. Program tests
-//! (BPF_PROG_TEST_RUN) on the shared fixture, with the fast path switched
-//! on; real traffic in `traffic.rs`.
+//! redirected to its egress interface through the neighbour layer, as a
+//! router sends it, when it fits the interface's MTU (`egress_mtu`).
+//! Program tests (BPF_PROG_TEST_RUN) on the shared fixture, with the fast
+//! path switched on; real traffic in `traffic.rs` and `natgw.rs`.
 
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{CLIENT_MAC, TC_ACT_OK, mac_of},
+    engine::{Engine, TC_ACT_OK},
     fixture::*,
+    net::sh,
     packet::{Ip, frame, summary, verify},
 };
 
@@ -15,12 +17,24 @@ use lbagent_tests::{
 const TC_ACT_REDIRECT: u32 = 7;
 
 /// udp/5353 on the VIP → the client (its neighbour entry is resolved in
-/// the test net, `v0`), from a sender arriving on `lo`.
-fn fast_engine() -> Option<lbagent_tests::engine::Engine> {
+/// the test net, `v0`), from a sender arriving on `lo`; the test net's
+/// MTUs written as the agent writes them.
+fn fast_engine() -> Option<Engine> {
     let e = engine()?;
     e.tables.set_dnat(&dnat(PROTO_UDP, 5353, 9, &[(CLIENT, 53)])).unwrap();
     e.tables.set_config(NatConfig { flags: NAT_CFG_FAST_PATH, ..Default::default() }).unwrap();
+    sync_mtus(&e);
     Some(e)
+}
+
+fn sync_mtus(e: &Engine) {
+    e.sync_egress_mtu(ZONE).unwrap();
+}
+
+/// A UDP datagram to the fast path's client rule whose IP packet is
+/// `ip_len` bytes long.
+fn sized(ip_len: usize) -> Vec<u8> {
+    frame(&Ip::new([10, 0, 2, 7], VIP), &udp(4000, 5353, &vec![7u8; ip_len - 28]))
 }
 
 fn query(ttl: u8) -> Vec<u8> {
@@ -38,12 +52,11 @@ fn a_forwarded_packet_is_redirected_with_ttl_checksum_and_next_hop_macs() {
         verify(&out).unwrap_or_else(|err| panic!("TTL {ttl}: {err}: {out:02x?}"));
         assert_eq!(out[14 + 8], ttl - 1, "TTL decremented as a router does");
     }
-    let (_, out) = e.run(&query(64)).unwrap();
+    let input = query(64);
+    let (_, out) = e.run(&input).unwrap();
     let s = summary(&out);
     assert_eq!((s.dst, s.dport), (CLIENT, 53), "translated");
-    let client_mac = lbagent::state::names::parse_mac(CLIENT_MAC).unwrap();
-    assert_eq!(&out[0..6], client_mac, "destination: the next hop's MAC");
-    assert_eq!(out[6..12], mac_of("v0"), "source: the egress interface's MAC");
+    assert_eq!(out[0..12], input[0..12], "MAC addresses are the neighbour layer's to write, not the program's");
 }
 
 #[test]
@@ -52,11 +65,11 @@ fn what_the_stack_must_handle_takes_the_stack() {
     // TTL 1: the stack sends time-exceeded.
     let (rc, out) = e.run(&query(1)).unwrap();
     assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 1));
-    // To the servers: the route's gateway (10.0.2.254) has no neighbour
-    // entry in the test net; the stack resolves it.
-    e.tables.set_dnat(&dnat(PROTO_UDP, 5354, 10, &[(SERVER, 53)])).unwrap();
-    let (rc, _) = e.run(&frame(&Ip::new([10, 0, 2, 7], VIP), &udp(4001, 5354, b"q"))).unwrap();
-    assert_eq!(rc, TC_ACT_OK);
+    // An interface without an `egress_mtu` entry: the stack.
+    e.tables.sync_egress_mtu(ZONE, &Default::default()).unwrap();
+    let (rc, out) = e.run(&query(64)).unwrap();
+    assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 64), "no MTU known: the stack");
+    sync_mtus(&e);
     // Switched off (the default): everything climbs the stack, TTL untouched.
     e.tables.set_config(NatConfig::default()).unwrap();
     let (rc, out) = e.run(&query(64)).unwrap();
@@ -72,7 +85,6 @@ fn every_shape_leaves_with_the_hop_written() {
     e.tables.set_dnat(&dnat(PROTO_TCP, 5353, 11, &[(CLIENT, 53)])).unwrap();
     let opts = vec![0x94, 0x04, 0x00, 0x00]; // router alert
     let with_options = Ip { options: opts, ..Ip::new([10, 0, 2, 7], VIP) };
-    let client_mac = lbagent::state::names::parse_mac(CLIENT_MAC).unwrap();
     for (what, packet, l3_len) in [
         ("udp", frame(&Ip::new([10, 0, 2, 8], VIP), &udp(4002, 5353, b"one store")), 20),
         ("tcp", frame(&Ip::new([10, 0, 2, 8], VIP), &tcp(lbagent_tests::packet::SYN, 4003, 5353, b"")), 20),
@@ -84,9 +96,81 @@ fn every_shape_leaves_with_the_hop_written() {
         assert_eq!(out[14 + 8], 63, "{what}: TTL decremented");
         let s = summary(&out);
         assert_eq!((s.dst, s.dport), (CLIENT, 53), "{what}: translated");
-        assert_eq!(&out[0..6], client_mac, "{what}: next hop's MAC");
-        assert_eq!(out[6..12], mac_of("v0"), "{what}: egress interface's MAC");
+        assert_eq!(out[0..12], packet[0..12], "{what}: MAC addresses left to the neighbour layer");
         assert_eq!(out[14] & 0x0f, (l3_len / 4) as u8, "{what}: header length kept");
         assert_eq!(out.len(), packet.len(), "{what}: nothing added or cut");
     }
+}
+
+/// A next hop without a neighbour entry (the default route's gateway
+/// 10.0.2.254 in the test net) is still the fast path's: the neighbour
+/// layer resolves it with the packet queued, as for a packet the stack
+/// forwards. The FIB's MAC answer is never written (it would be a stale
+/// entry's for ever: nothing that bypasses the neighbour layer probes it).
+#[test]
+fn an_unresolved_next_hop_is_left_to_the_neighbour_layer() {
+    let Some(mut e) = fast_engine() else { return };
+    e.tables.set_dnat(&dnat(PROTO_UDP, 5354, 10, &[(SERVER, 53)])).unwrap();
+    let input = frame(&Ip::new([10, 0, 2, 7], VIP), &udp(4001, 5354, b"q"));
+    let (rc, out) = e.run(&input).unwrap();
+    assert_eq!(rc, TC_ACT_REDIRECT, "redirected toward the gateway, resolved by the kernel");
+    verify(&out).unwrap();
+    assert_eq!(summary(&out).dst, SERVER);
+    assert_eq!(out[0..12], input[0..12]);
+    // The same with a stale entry whose MAC is wrong: the neighbour layer
+    // probes it; the program never writes its MAC.
+    sh(&["ip", "neigh", "replace", "10.0.2.254", "lladdr", "02:00:00:00:00:77", "dev", "v1", "nud", "stale"]).unwrap();
+    let (rc, out) = e.run(&frame(&Ip::new([10, 0, 2, 7], VIP), &udp(4002, 5354, b"q"))).unwrap();
+    assert_eq!(rc, TC_ACT_REDIRECT);
+    assert_eq!(out[0..12], input[0..12], "the stale MAC is not copied into the frame");
+}
+
+/// The MTU check is exact: a packet of the egress MTU leaves by the fast
+/// path, one byte more takes the stack (which sends frag-needed for DF or
+/// fragments), for the link MTU and for a smaller route MTU alike.
+#[test]
+fn a_packet_over_the_egress_mtu_takes_the_stack_without_slack() {
+    let Some(mut e) = fast_engine() else { return };
+    sh(&["ip", "link", "set", "v0", "mtu", "1000"]).unwrap();
+    // Until the agent writes the new MTU (each pass), the FIB's own device
+    // check still refuses what exceeds it by more than its 4-byte slack.
+    let (rc, _) = e.run(&sized(1100)).unwrap();
+    assert_eq!(rc, TC_ACT_OK, "the FIB's check");
+    sync_mtus(&e);
+    for (len, want) in [(1000, TC_ACT_REDIRECT), (1001, TC_ACT_OK), (1004, TC_ACT_OK)] {
+        let (rc, out) = e.run(&sized(len)).unwrap();
+        assert_eq!(rc, want, "IP length {len} over a link MTU of 1000");
+        verify(&out).unwrap();
+    }
+    // A route MTU below the link's.
+    sh(&["ip", "route", "add", "10.0.1.2/32", "dev", "v0", "mtu", "900"]).unwrap();
+    sync_mtus(&e);
+    for (len, want) in [(900, TC_ACT_REDIRECT), (901, TC_ACT_OK)] {
+        let (rc, _) = e.run(&sized(len)).unwrap();
+        assert_eq!(rc, want, "IP length {len} over a route MTU of 900");
+    }
+}
+
+/// A GSO packet (a TSO sender's) fits when each segment it becomes does:
+/// `gso_size` of payload behind the IP and TCP headers (options counted).
+/// The FIB's own check passes every GSO packet whatever its segments.
+#[test]
+fn a_gso_packet_is_checked_by_its_segments() {
+    let Some(mut e) = fast_engine() else { return };
+    e.tables.set_dnat(&dnat(PROTO_TCP, 5353, 11, &[(CLIENT, 53)])).unwrap();
+    sh(&["ip", "link", "set", "v0", "mtu", "1400"]).unwrap();
+    sync_mtus(&e);
+    let payload = vec![1u8; 2800];
+    let segment = |flags| frame(&Ip::new([10, 0, 2, 8], VIP), &tcp(flags, 4003, 5353, &payload));
+    let syn = frame(&Ip::new([10, 0, 2, 8], VIP), &tcp(lbagent_tests::packet::SYN, 4003, 5353, b""));
+    assert_eq!(e.run(&syn).unwrap().0, TC_ACT_REDIRECT, "the flow's first packet");
+    // Segments of 1360 + 20 + 20 = 1400 bytes fit; of 1361, one byte too many.
+    let (rc, out) = e.run_gso(&segment(lbagent_tests::packet::ACK), 1360).unwrap();
+    assert_eq!(rc, TC_ACT_REDIRECT, "segments of exactly the MTU");
+    verify(&out).unwrap();
+    let (rc, out) = e.run_gso(&segment(lbagent_tests::packet::ACK), 1361).unwrap();
+    assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 64), "segments over the MTU: the stack, TTL untouched");
+    // The same payload as one packet over the MTU: the stack too.
+    let (rc, _) = e.run(&segment(lbagent_tests::packet::ACK)).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
 }

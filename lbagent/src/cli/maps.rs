@@ -332,6 +332,14 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             text += &format!("dropped {n}\n");
             json!({"dropped": n})
         }
+        MAP_EGRESS_MTU => {
+            let mut arr = Vec::new();
+            for (k, mtu) in t.egress_mtus()? {
+                text += &format!("zone {:<3} ifindex {:<5} mtu {mtu}\n", k.zone, k.ifindex);
+                arr.push(json!({"zone": k.zone, "ifindex": k.ifindex, "mtu": mtu}));
+            }
+            Value::Array(arr)
+        }
         MAP_META => bail!("`{MAP_META}` describes the pin directory, not the tables: see `maps::meta`"),
         other => bail!("unknown map {other}"),
     };

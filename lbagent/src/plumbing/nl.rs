@@ -14,7 +14,7 @@ use rtnetlink::{
     packet_route::{
         address::AddressAttribute,
         link::{LinkAttribute, LinkFlags},
-        route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope},
+        route::{RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteScope},
     },
 };
 use tokio::runtime::Runtime;
@@ -90,6 +90,49 @@ impl Nl {
                 }
             }
             Ok(out)
+        })
+    }
+
+    /// Every link's index and MTU, each lowered to the smallest MTU of an
+    /// IPv4 route through it (any table; a multipath route counts for each
+    /// of its next hops): the largest packet `ip_forward` sends out of the
+    /// link unfragmented, whatever route it takes.
+    pub fn egress_mtus(&self) -> Result<std::collections::BTreeMap<u32, u32>> {
+        self.rt.block_on(async {
+            let mut mtus = std::collections::BTreeMap::new();
+            let mut links = self.h.link().get().execute();
+            while let Some(m) = links.try_next().await? {
+                for a in &m.attributes {
+                    if let LinkAttribute::Mtu(mtu) = a {
+                        mtus.insert(m.header.index, *mtu);
+                    }
+                }
+            }
+            let mut routes = self.h.route().get(RouteMessageBuilder::<Ipv4Addr>::new().build()).execute();
+            while let Some(m) = routes.try_next().await? {
+                let mut route_mtu = None;
+                let mut oifs = Vec::new();
+                for a in &m.attributes {
+                    match a {
+                        RouteAttribute::Metrics(metrics) => {
+                            route_mtu = metrics.iter().find_map(|x| match x {
+                                RouteMetric::Mtu(v) if *v != 0 => Some(*v),
+                                _ => None,
+                            })
+                        }
+                        RouteAttribute::Oif(i) => oifs.push(*i),
+                        RouteAttribute::MultiPath(hops) => oifs.extend(hops.iter().map(|h| h.interface_index)),
+                        _ => {}
+                    }
+                }
+                let Some(route_mtu) = route_mtu else { continue };
+                for oif in oifs {
+                    if let Some(mtu) = mtus.get_mut(&oif) {
+                        *mtu = (*mtu).min(route_mtu);
+                    }
+                }
+            }
+            Ok(mtus)
         })
     }
 

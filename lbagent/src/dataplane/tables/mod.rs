@@ -2,10 +2,12 @@
 //! what operators read (conntrack, counters). Works without a loaded program.
 //! One file per concern, named as the program's modules: `rules` (DNAT, SNAT,
 //! ACL entries), `conntrack` (flows, fragments, flush, garbage collection),
-//! `counters`, `sched` (scheduler tables), `proxy_guard`; QoS maps are in `dataplane/qos.rs`.
+//! `counters`, `sched` (scheduler tables), `proxy_guard`, `egress_mtu` (the
+//! fast path's MTUs); QoS maps are in `dataplane/qos.rs`.
 
 mod conntrack;
 mod counters;
+mod egress_mtu;
 mod proxy_guard;
 mod rules;
 mod sched;

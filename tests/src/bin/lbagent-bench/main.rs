@@ -122,6 +122,7 @@ fn timed_engine(n: usize) -> Result<Engine> {
     }
     e.tables
         .set_config(lbagent_common::NatConfig { flags: lbagent_common::NAT_CFG_FAST_PATH, ..Default::default() })?;
+    e.sync_egress_mtu(ZONE)?;
     Ok(e)
 }
 

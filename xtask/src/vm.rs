@@ -44,7 +44,7 @@ pub const SERIES: [Series; 2] = [
 const SMOKE: &[(&str, &[&str])] = &[
     ("static_checks", &[]),
     ("traffic", &["traffic_through_netlink_attach"]),
-    ("natgw", &["fip_dnat_snat_hairpin_and_icmp"]),
+    ("natgw", &["fip_dnat_snat_hairpin_and_icmp", "tso_tcp_over_a_smaller_mtu"]),
     ("daemon", &["kill_9_and_restart_keep_established_connections"]),
 ];
 

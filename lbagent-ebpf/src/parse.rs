@@ -41,7 +41,7 @@ const TCP_OPT_NOP: u8 = 1;
 const TCP_OPT_WSCALE: u8 = 3;
 /// TCP header without options; a UDP header.
 const TCP_FIXED: u32 = 20;
-pub const UDP_LEN: u32 = 8;
+const UDP_LEN: u32 = 8;
 /// Most bytes parsing ever reads: Ethernet, IPv4 with options, ICMP, the
 /// quoted IPv4 header with options and 20 bytes of its L4 header.
 const PARSE_MAX: u32 = (ETH_LEN + 60 + 8 + 60 + 20) as u32;

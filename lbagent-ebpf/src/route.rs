@@ -12,19 +12,20 @@
 //! namespace's IP stack (routing, netfilter hooks). It leaves with
 //! `bpf_redirect_neigh` (Linux 5.10) toward the next hop the FIB named: the
 //! kernel's neighbour layer writes the Ethernet header, so an entry that is
-//! stale is probed, one that failed or is incomplete is resolved (the packet
-//! waits in its queue), and a next hop whose MAC changed is learnt again,
-//! exactly as for a packet the stack forwards. The FIB's own MAC answer is
+//! stale is probed and a next hop whose MAC changed is learnt again, exactly
+//! as for a packet the stack forwards. A next hop the FIB has no valid
+//! entry for is the stack's to resolve (it queues the packet and answers
+//! host-unreachable when resolution fails). The FIB's own MAC answer is
 //! not used: it hands out a stale entry's address forever, since nothing
 //! that bypasses the neighbour layer ever moves the entry on to a probe.
 //!
-//! What the stack must decide takes the stack: local delivery, no route, a
-//! FIB refusal (among them its own device-MTU check), TTL 1 or less (the
+//! What the stack must decide takes the stack: local delivery, no route, an
+//! unresolved next hop, an IPv6 next hop of an IPv4 route, a FIB refusal (among them its own device-MTU check), TTL 1 or less (the
 //! stack sends time-exceeded), and a packet that does not fit the egress
 //! interface's MTU from `egress_mtu` (the smaller of the link MTU and the
 //! route MTUs through it, as `ip_forward` checks it, written by the agent;
-//! no entry: the stack): a GSO packet by the size of the segments it
-//! becomes, any other by its length, with no slack. The stack then sends
+//! no entry: the stack): a TCP GSO packet by the size of the segments it
+//! becomes, any other by its length, with no slack; other GSO packets. The stack then sends
 //! frag-needed for DF or fragments. The egress interface's programs (clsact
 //! egress: QoS, the egress companion) still see the packet.
 
@@ -37,11 +38,11 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup, bpf_redirect_neigh},
     programs::TcContext,
 };
-use lbagent_common::{MtuKey, PROTO_TCP, PROTO_UDP, Tuple};
+use lbagent_common::{MtuKey, PROTO_TCP, Tuple};
 
 use crate::{
     maps::EGRESS_MTU,
-    parse::{Packet, TCP_DOFF, UDP_LEN},
+    parse::{Packet, TCP_DOFF},
     zone,
 };
 
@@ -94,7 +95,7 @@ pub fn forward(ctx: &TcContext, proto: u8, saddr: [u8; 4], daddr: [u8; 4], ingre
     if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
         return None;
     }
-    Some(redirect(&hop_of(params)))
+    Some(redirect(&hop_of(params)?))
 }
 
 /// Where the fast path sends a translated packet: the egress interface and
@@ -107,11 +108,16 @@ pub struct Hop {
 
 /// The hop the FIB answered: after a lookup that found a route out, its
 /// `ifindex` is the egress interface and its destination the next hop.
+/// `None` for an IPv4 route via an IPv6 next hop (the FIB answers family
+/// `AF_INET6`): the stack forwards those.
 #[inline(always)]
-fn hop_of(params: &FibParams) -> Hop {
+fn hop_of(params: &FibParams) -> Option<Hop> {
+    if params.family != AF_INET {
+        return None;
+    }
     // SAFETY: the helper wrote the destination union as IPv4 (the family
-    // the lookup asked for).
-    Hop { ifindex: params.ifindex, via: unsafe { params.__bindgen_anon_4.ipv4_dst } }
+    // checked above).
+    Some(Hop { ifindex: params.ifindex, via: unsafe { params.__bindgen_anon_4.ipv4_dst } })
 }
 
 /// The fast path's next hop for packet `p` (TTL `ttl`) translated to `to`
@@ -125,14 +131,16 @@ pub fn next_hop(ctx: &TcContext, p: &Packet, to: &Tuple, ttl: u8) -> Option<Hop>
     }
     let mut words = core::mem::MaybeUninit::uninit();
     let (rc, params) = lookup(ctx, to.proto, to.saddr, to.daddr, p.ifindex, &mut words);
-    // A resolved neighbour or not (the neighbour layer resolves it); every
-    // other answer is the stack's: local, unreachable, and the helper's
-    // device-MTU check (FRAG_NEEDED; it has 4 bytes of slack and passes
-    // every GSO packet, hence `fits`).
-    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
+    // A neighbour entry the FIB calls valid (reachable, or stale: the
+    // neighbour layer probes it); every other answer is the stack's: an
+    // entry to resolve (the stack queues the packet, and answers
+    // host-unreachable if resolution fails), local, unreachable, and the
+    // helper's device-MTU check (FRAG_NEEDED; it has 4 bytes of slack and
+    // passes every GSO packet, hence `fits`).
+    if rc != BPF_FIB_LKUP_RET_SUCCESS {
         return None;
     }
-    let hop = hop_of(params);
+    let hop = hop_of(params)?;
     // SAFETY: a lookup in a map the program owns, by a key on the stack.
     let mtu = unsafe { EGRESS_MTU.get(&MtuKey { zone: zone(), _pad: 0, ifindex: hop.ifindex }) }?;
     if !fits(ctx, p, *mtu) {
@@ -142,9 +150,11 @@ pub fn next_hop(ctx: &TcContext, p: &Packet, to: &Tuple, ttl: u8) -> Option<Hop>
 }
 
 /// Whether every packet that `p` becomes on the wire is at most `mtu`
-/// bytes of IPv4: a GSO packet's segments (its `gso_size` of payload behind
-/// the IP and L4 headers), any other packet whole. A GSO packet of another
-/// protocol (the stack knows how it splits) does not.
+/// bytes of IPv4: a TCP GSO packet's segments (its `gso_size` of payload
+/// behind the IP and TCP headers), any other packet whole. Any other GSO
+/// packet does not: UDP GSO may be a tunnel's (VXLAN, Geneve), whose
+/// segments carry inner headers that Linux 5.10 does not let the program
+/// see (`gso_type`); the stack knows how it splits.
 #[inline(always)]
 fn fits(ctx: &TcContext, p: &Packet, mtu: u32) -> bool {
     let skb = ctx.as_ptr() as *const __sk_buff;
@@ -157,13 +167,12 @@ fn fits(ctx: &TcContext, p: &Packet, mtu: u32) -> bool {
         // have any, and they fit.
         return ctx.len() <= mtu.saturating_add(p.l3 as u32);
     }
-    let l4_len = match p.tuple.proto {
-        PROTO_TCP => match crate::parse::read::<1>(ctx, p.l4 + TCP_DOFF) {
-            Some([doff]) => u32::from(doff >> 4) * 4,
-            None => return false,
-        },
-        PROTO_UDP => UDP_LEN,
-        _ => return false,
+    if p.tuple.proto != PROTO_TCP {
+        return false;
+    }
+    let l4_len = match crate::parse::read::<1>(ctx, p.l4 + TCP_DOFF) {
+        Some([doff]) => u32::from(doff >> 4) * 4,
+        None => return false,
     };
     gso_size + l3_len + l4_len <= mtu
 }

@@ -24,7 +24,11 @@ pub struct Site {
 /// writing the fast path's MTUs from the namespace's links and routes (each
 /// pass: an MTU changed by hand is taken up by the next repair pass).
 pub fn attach(engine: &mut Engine, zone: u16, site: &Site) -> Result<()> {
-    sync_egress_mtu(engine, zone, &site.netns)?;
+    // Never holds the attach back: without current entries the fast path
+    // leaves packets to the stack (no entry) or to the FIB's own check.
+    if let Err(e) = sync_egress_mtu(engine, zone, &site.netns) {
+        tracing::warn!("zone {zone} ({}): fast-path MTUs not written: {e:#}", site.netns);
+    }
     for ifname in &site.ifaces {
         engine.attach(zone, &site.netns, ifname)?;
     }

@@ -66,7 +66,7 @@ fn what_the_stack_must_handle_takes_the_stack() {
     let (rc, out) = e.run(&query(1)).unwrap();
     assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 1));
     // An interface without an `egress_mtu` entry: the stack.
-    e.tables.sync_egress_mtu(ZONE, &Default::default()).unwrap();
+    e.tables.clear_egress_mtu(ZONE).unwrap();
     let (rc, out) = e.run(&query(64)).unwrap();
     assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 64), "no MTU known: the stack");
     sync_mtus(&e);
@@ -102,27 +102,37 @@ fn every_shape_leaves_with_the_hop_written() {
     }
 }
 
-/// A next hop without a neighbour entry (the default route's gateway
-/// 10.0.2.254 in the test net) is still the fast path's: the neighbour
-/// layer resolves it with the packet queued, as for a packet the stack
-/// forwards. The FIB's MAC answer is never written (it would be a stale
-/// entry's for ever: nothing that bypasses the neighbour layer probes it).
+/// A next hop without a valid neighbour entry (the server, on `v1`'s
+/// subnet in the test net) is the stack's: it queues the packet
+/// while it resolves the entry, and answers host-unreachable when that
+/// fails. A stale entry is the fast path's, through the neighbour layer,
+/// which probes it; the FIB's MAC answer is never written into the frame
+/// (it would be the stale entry's for ever: nothing that bypasses the
+/// neighbour layer probes it). An IPv4 route via an IPv6 next hop: the
+/// stack.
 #[test]
-fn an_unresolved_next_hop_is_left_to_the_neighbour_layer() {
+fn unresolved_and_ipv6_next_hops_take_the_stack_and_stale_ones_the_neighbour_layer() {
     let Some(mut e) = fast_engine() else { return };
     e.tables.set_dnat(&dnat(PROTO_UDP, 5354, 10, &[(SERVER, 53)])).unwrap();
     let input = frame(&Ip::new([10, 0, 2, 7], VIP), &udp(4001, 5354, b"q"));
     let (rc, out) = e.run(&input).unwrap();
-    assert_eq!(rc, TC_ACT_REDIRECT, "redirected toward the gateway, resolved by the kernel");
+    assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 64), "unresolved: the stack resolves it");
+    // A stale entry whose MAC is wrong: the neighbour layer probes it; the
+    // program never writes its MAC.
+    sh(&["ip", "neigh", "replace", "10.0.2.2", "lladdr", "02:00:00:00:00:77", "dev", "v1", "nud", "stale"]).unwrap();
+    let input = frame(&Ip::new([10, 0, 2, 7], VIP), &udp(4002, 5354, b"q"));
+    let (rc, out) = e.run(&input).unwrap();
+    assert_eq!(rc, TC_ACT_REDIRECT);
     verify(&out).unwrap();
     assert_eq!(summary(&out).dst, SERVER);
-    assert_eq!(out[0..12], input[0..12]);
-    // The same with a stale entry whose MAC is wrong: the neighbour layer
-    // probes it; the program never writes its MAC.
-    sh(&["ip", "neigh", "replace", "10.0.2.254", "lladdr", "02:00:00:00:00:77", "dev", "v1", "nud", "stale"]).unwrap();
-    let (rc, out) = e.run(&frame(&Ip::new([10, 0, 2, 7], VIP), &udp(4002, 5354, b"q"))).unwrap();
-    assert_eq!(rc, TC_ACT_REDIRECT);
     assert_eq!(out[0..12], input[0..12], "the stale MAC is not copied into the frame");
+    // The client's route via an IPv6 next hop with a resolved entry: the
+    // FIB answers success for family AF_INET6.
+    sh(&["ip", "-6", "neigh", "replace", "fe80::99", "lladdr", "02:00:00:00:00:66", "dev", "v0", "nud", "permanent"])
+        .unwrap();
+    sh(&["ip", "route", "add", "10.0.1.2/32", "via", "inet6", "fe80::99", "dev", "v0"]).unwrap();
+    let (rc, out) = e.run(&query(64)).unwrap();
+    assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 64), "an IPv6 next hop: the stack");
 }
 
 /// The MTU check is exact: a packet of the egress MTU leaves by the fast
@@ -173,4 +183,8 @@ fn a_gso_packet_is_checked_by_its_segments() {
     // The same payload as one packet over the MTU: the stack too.
     let (rc, _) = e.run(&segment(lbagent_tests::packet::ACK)).unwrap();
     assert_eq!(rc, TC_ACT_OK);
+    // UDP GSO may be a tunnel's (its segments carry inner headers the
+    // program cannot see): the stack, however small its segments.
+    let (rc, _) = e.run_gso(&frame(&Ip::new([10, 0, 2, 8], VIP), &udp(4005, 5353, &payload)), 500).unwrap();
+    assert_eq!(rc, TC_ACT_OK, "UDP GSO: the stack");
 }

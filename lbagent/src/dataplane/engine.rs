@@ -148,7 +148,7 @@ impl Engine {
         self.sync_zone(zone, &[], Some(&[]), &mut Vec::new())?;
         let t = self.tables()?;
         t.sync_qos(zone, &super::qos::QosZone::default())?;
-        t.sync_egress_mtu(zone, &Default::default())?;
+        t.clear_egress_mtu(zone)?;
         t.flush_conntrack(|k, _| k.zone == zone)
     }
 

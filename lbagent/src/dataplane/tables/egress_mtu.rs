@@ -12,30 +12,42 @@ use lbagent_common::*;
 use super::Tables;
 
 impl Tables {
-    /// Makes zone `zone`'s entries equal `mtus` (interface index → MTU),
-    /// writing only what differs (a pass with nothing to do writes
-    /// nothing); returns whether anything changed. Pins of a build without
-    /// the map: nothing to write (its programs have no fast-path MTU check).
+    /// Writes zone `zone`'s entries from `mtus` (interface index → MTU),
+    /// only those that differ (a pass with nothing to do writes nothing):
+    /// one lookup per interface, never a scan of the map (every zone does
+    /// this every pass). Entries of interfaces that went stay until the zone
+    /// is cleared ([`Tables::clear_egress_mtu`]): the FIB never names an
+    /// interface the namespace does not have, and one that reuses the index
+    /// is written here. Returns whether anything changed. Pins of a build
+    /// without the map: nothing to write (its programs have no MTU check).
     pub fn sync_egress_mtu(&self, zone: u16, mtus: &BTreeMap<u32, u32>) -> Result<bool> {
         if !self.dir.join(MAP_EGRESS_MTU).exists() {
             return Ok(false);
         }
         let mut map = self.hash::<MtuKey, u32>(MAP_EGRESS_MTU)?;
-        let have: BTreeMap<u32, u32> =
-            map.iter().filter_map(|e| e.ok()).filter(|(k, _)| k.zone == zone).map(|(k, v)| (k.ifindex, v)).collect();
-        let key = |ifindex| MtuKey { zone, _pad: 0, ifindex };
         let mut changed = false;
         for (&ifindex, &mtu) in mtus {
-            if have.get(&ifindex) != Some(&mtu) {
-                map.insert(&key(ifindex), &mtu, 0)?;
+            let key = MtuKey { zone, _pad: 0, ifindex };
+            if map.get(&key, 0).ok() != Some(mtu) {
+                map.insert(&key, &mtu, 0)?;
                 changed = true;
             }
         }
-        for ifindex in have.keys().filter(|i| !mtus.contains_key(i)) {
-            map.remove(&key(*ifindex))?;
-            changed = true;
-        }
         Ok(changed)
+    }
+
+    /// Removes every entry of zone `zone` (the zone is gone; its id may be
+    /// reused). Returns how many.
+    pub fn clear_egress_mtu(&self, zone: u16) -> Result<usize> {
+        if !self.dir.join(MAP_EGRESS_MTU).exists() {
+            return Ok(0);
+        }
+        let mut map = self.hash::<MtuKey, u32>(MAP_EGRESS_MTU)?;
+        let keys: Vec<MtuKey> = map.keys().filter_map(|k| k.ok()).filter(|k| k.zone == zone).collect();
+        for k in &keys {
+            map.remove(k)?;
+        }
+        Ok(keys.len())
     }
 
     /// Every entry, by zone and interface.

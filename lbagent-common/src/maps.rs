@@ -22,7 +22,10 @@ pub const MAP_RULE_STATS: &str = "rule_stats";
 pub const MAP_PROXY_GUARD: &str = "proxy_guard";
 pub const MAP_PROXY_GUARD_DROPS: &str = "proxy_guard_drops";
 pub const MAP_EGRESS_MTU: &str = "egress_mtu";
-pub const ALL_MAPS: [&str; 24] = [
+pub const MAP_ZONE_CT_LIMITS: &str = "zone_ct_limits";
+pub const MAP_ZONE_CT_FLOWS: &str = "zone_ct_flows";
+pub const MAP_ZONE_CT_REFUSED: &str = "zone_ct_refused";
+pub const ALL_MAPS: [&str; 27] = [
     MAP_CT,
     MAP_CT_NEW,
     MAP_FRAGS,
@@ -47,6 +50,9 @@ pub const ALL_MAPS: [&str; 24] = [
     MAP_PROXY_GUARD,
     MAP_PROXY_GUARD_DROPS,
     MAP_EGRESS_MTU,
+    MAP_ZONE_CT_LIMITS,
+    MAP_ZONE_CT_FLOWS,
+    MAP_ZONE_CT_REFUSED,
 ];
 
 /// The kernel keeps this many characters of a map's name (`BPF_OBJ_NAME_LEN`
@@ -486,8 +492,25 @@ mod user {
     use super::*;
 
     pod!(
-        Tuple, CtEntry, FragKey, FragEntry, AclKey, DnatKey, DnatRule, BackendKey, Backend, SnatKey, SnatRule,
-        NatConfig, Meta, RuleStats, ProxyGuard, MtuKey
+        Tuple,
+        CtEntry,
+        FragKey,
+        FragEntry,
+        AclKey,
+        DnatKey,
+        DnatRule,
+        BackendKey,
+        Backend,
+        SnatKey,
+        SnatRule,
+        NatConfig,
+        Meta,
+        RuleStats,
+        ProxyGuard,
+        MtuKey,
+        ZoneCtLimits,
+        ZoneCtFlows,
+        ZoneCtRefused
     );
 }
 
@@ -510,6 +533,9 @@ const _: () = {
     assert!(core::mem::size_of::<RuleStats>() == 24);
     assert!(core::mem::size_of::<ProxyGuard>() == 8);
     assert!(core::mem::size_of::<MtuKey>() == 8);
+    assert!(core::mem::size_of::<ZoneCtLimits>() == 8);
+    assert!(core::mem::size_of::<ZoneCtFlows>() == 16);
+    assert!(core::mem::size_of::<ZoneCtRefused>() == 16);
 };
 
 /// `proxy_guard[0]`: whose sockets may open connections through a load
@@ -544,3 +570,48 @@ pub struct MtuKey {
 /// `egress_mtu` size: interfaces of every zone (a load balancer or gateway
 /// has a few).
 pub const EGRESS_MTU_MAX: u32 = 16_384;
+
+/// Per-zone conntrack shares, all keyed by zone (`u32`), sized for every
+/// zone id. One tenant (a load balancer or gateway) cannot take the tables
+/// from the others: a zone at its `new` limit has its new flows dropped
+/// (counted `drop_conntrack_insert`), one at its `established` limit keeps
+/// its further flows in `ct_new` (counted `conntrack_established_full`),
+/// where they work but stay within its `new` share.
+pub const ZONE_CT_MAX: u32 = 65_536;
+
+/// `zone_ct_limits` value (written by the agent): the most flows (not
+/// halves) the zone may hold in each table; 0 = no limit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+pub struct ZoneCtLimits {
+    pub established: u32,
+    pub new: u32,
+}
+
+/// `zone_ct_flows` value: the flows the zone holds in `ct` and `ct_new`.
+/// The program adds with atomic adds when it creates, promotes and expires
+/// flows; the agent sets the true counts from a dump at every collection
+/// pass (entries the kernel evicts from `ct_new`, and the agent's own
+/// deletions, are seen only there). A count may run a few flows off
+/// between passes (adds made while the agent counted are overwritten), so a
+/// limit holds to within that.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+pub struct ZoneCtFlows {
+    pub established: u64,
+    pub new: u64,
+}
+
+/// `zone_ct_refused` value (the program's atomic adds; the agent only
+/// reads, and removes a zone's entry with the zone): packets refused a
+/// promotion to `ct` by the zone's `established` limit, and new flows
+/// refused by its `new` limit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+pub struct ZoneCtRefused {
+    pub established: u64,
+    pub new: u64,
+}

@@ -22,6 +22,11 @@
 //! lose a timestamp or a sequence update, which only delays expiry or widens
 //! the RST window by one packet; the state only moves forward.
 //!
+//! Tenants. Each zone may hold at most its share of each table
+//! (`zone_ct.rs`): a zone that filled its share of `ct` keeps its further
+//! flows in `ct_new` within its share there, so one tenant's load or SYN
+//! flood cannot take the tables from the others.
+//!
 //! State machine (mirrored in both entries; see `lbagent_common::CT_*`):
 //! `NEW` --reply--> `REPLIED` --TCP: originator's ACK; UDP/other: active 2 s
 //! after creation--> `ESTABLISHED` (promoted to `ct`); FIN both ways or an
@@ -156,6 +161,7 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
             remove(pt, &pair_key);
         }
         remove(table, &p.tuple);
+        crate::zone_ct::ended(p.tuple.zone, table == Table::Established);
         return Lookup::Miss { expired: true };
     }
     let reply_dir = e.flags & CT_F_REPLY != 0;
@@ -165,6 +171,7 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
             remove(pt, &pair_key);
         }
         remove(table, &p.tuple);
+        crate::zone_ct::ended(p.tuple.zone, table == Table::Established);
         count(Counter::FlowReopened);
         return Lookup::Miss { expired: false };
     }
@@ -275,9 +282,14 @@ fn track_tcp(p: &Packet, e: &mut CtEntry, pair: Option<&CtEntry>, state: u8) -> 
 }
 
 /// Moves an established flow from `ct_new` to `ct` (insert first, then
-/// delete: see the module docs). When `ct` is full the flow stays.
+/// delete: see the module docs). When `ct` is full, or the zone holds its
+/// share of it (`zone_ct`), the flow stays.
 #[inline(always)]
 fn promote(key: &Tuple, e: &CtEntry, pair_key: &Tuple, pair: &CtEntry) {
+    if !crate::zone_ct::may_promote(key.zone) {
+        count(Counter::CtTableFull);
+        return;
+    }
     if !insert(Table::Established, pair_key, pair, BPF_NOEXIST as u64) {
         count(Counter::CtTableFull);
         return;
@@ -289,6 +301,7 @@ fn promote(key: &Tuple, e: &CtEntry, pair_key: &Tuple, pair: &CtEntry) {
     }
     remove(Table::New, pair_key);
     remove(Table::New, key);
+    crate::zone_ct::promoted(key.zone);
     count(Counter::CtPromoted);
 }
 
@@ -343,6 +356,7 @@ fn reclaim_expired(cfg: &NatConfig, key: &Tuple, now: u64) -> bool {
         }
     }
     remove(table, key);
+    crate::zone_ct::ended(key.zone, table == Table::Established);
     count(Counter::ExpiredFlows);
     true
 }
@@ -371,8 +385,12 @@ fn claim(cfg: &NatConfig, x: &Tuple, reply: &CtEntry, now: u64, reclaim: bool) -
 /// Creates both entries of a new flow; returns the final translated tuple.
 #[inline(always)]
 pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
-    let cfg = config();
     let orig = p.tuple;
+    if !crate::zone_ct::may_open(orig.zone) {
+        // The zone holds its share of `ct_new`: no room for this flow.
+        return Err(Counter::DropCtInsert);
+    }
+    let cfg = config();
     let mut x = f.xlate;
     // Read opaquely: with both ids constant 0 (the egress program's local
     // flows) LLVM would merge them with the zero fields that follow into a
@@ -436,5 +454,6 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
             None => Err(Counter::DropCtInsert),
         };
     }
+    crate::zone_ct::opened(orig.zone);
     Ok(x)
 }

@@ -37,6 +37,7 @@ mod rules;
 mod sched;
 mod verdict;
 mod xdp;
+mod zone_ct;
 
 use aya_ebpf::{
     macros::{classifier, xdp},

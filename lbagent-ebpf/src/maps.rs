@@ -118,3 +118,15 @@ pub static SCHED_ACTIVE: HashMap<ActiveKey, Active, { SCHED_ACTIVE_MAX as usize 
 /// the agent, read by `route::next_hop`).
 #[btf_map(name = "egress_mtu", pin_by_name)]
 pub static EGRESS_MTU: HashMap<MtuKey, u32, { EGRESS_MTU_MAX as usize }> = HashMap::new();
+
+/// Each zone's conntrack limits (`lbagent_common::ZoneCtLimits`; agent).
+#[btf_map(name = "zone_ct_limits", pin_by_name)]
+pub static ZONE_CT_LIMITS: HashMap<u32, ZoneCtLimits, { ZONE_CT_MAX as usize }> = HashMap::new();
+
+/// Each zone's flows in `ct` and `ct_new` (program adds, agent recounts).
+#[btf_map(name = "zone_ct_flows", pin_by_name)]
+pub static ZONE_CT_FLOWS: HashMap<u32, ZoneCtFlows, { ZONE_CT_MAX as usize }> = HashMap::new();
+
+/// What each zone's limits refused (program adds).
+#[btf_map(name = "zone_ct_refused", pin_by_name)]
+pub static ZONE_CT_REFUSED: HashMap<u32, ZoneCtRefused, { ZONE_CT_MAX as usize }> = HashMap::new();

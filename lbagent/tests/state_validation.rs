@@ -18,6 +18,30 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         &["agent.conntrack.udp_s: 0 is out of range (1-2592000 seconds)"],
     ),
     ("conntrack timeout too long", "udp_s: 30", "udp_s: 2592001", &["agent.conntrack.udp_s: 2592001 is out of range"]),
+    (
+        "conntrack limit zero",
+        "{established: 65536, new: 16384}",
+        "{established: 0, new: 16384}",
+        &["agent.conntrack_limits.established: 0 is out of range (1-16777216 flows)"],
+    ),
+    (
+        "object conntrack limit too large",
+        "conntrack_limits: {new: 32768}",
+        "conntrack_limits: {new: 16777217}",
+        &["nat_gateways[0].conntrack_limits.new: 16777217 is out of range"],
+    ),
+    (
+        "conntrack limit as a string",
+        "conntrack_limits: {new: 32768}",
+        "conntrack_limits: {new: \"1e9\"}",
+        &["nat_gateways[0].conntrack_limits.new"],
+    ),
+    (
+        "unknown conntrack limit",
+        "conntrack_limits: {new: 32768}",
+        "conntrack_limits: {new: 32768, syn: 5}",
+        &["unknown field `syn`"],
+    ),
     ("conntrack unknown timeout", "udp_s: 30", "udp_s: 30, sctp_s: 5", &["agent.conntrack", "unknown field `sctp_s`"]),
     (
         "unknown listener field",

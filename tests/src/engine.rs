@@ -145,6 +145,12 @@ impl Engine {
         Ok(())
     }
 
+    /// Zone `zone`'s NAT program over this engine's pins (the same maps):
+    /// `ct_max` must be the engine's.
+    pub fn zone_program(&self, zone: u16, ct_max: Option<u32>) -> Result<ZoneProgram> {
+        ZoneProgram::load_sized(&self.pins.root, zone, ct_max)
+    }
+
     /// Runs the program once; returns its verdict and the output frame.
     pub fn run(&mut self, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
         self.run_on(Direction::Ingress, frame)
@@ -250,4 +256,17 @@ impl Engine {
         }
         Ok(first)
     }
+}
+
+/// Runs `prog`'s NAT program (ingress) once on `frame` in the calling
+/// thread's namespace; returns its verdict and the output frame.
+pub fn run_program(prog: &mut ZoneProgram, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+    let mut out = vec![0u8; frame.len() + 256];
+    let res = prog.program().test_run(TestRunOptions {
+        data_in: Some(frame),
+        data_out: Some(&mut out),
+        ..TestRunOptions::default()
+    })?;
+    out.truncate(res.data_size_out as usize);
+    Ok((res.return_value, out))
 }

@@ -365,8 +365,22 @@ fn kill_9_and_restart_keep_established_connections() {
     let ct: Value =
         serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--proto", "tcp", "--port", "9000"])).unwrap();
     assert!(!ct.as_array().unwrap().is_empty(), "the open direct connection is tracked");
+    // The load balancer's conntrack share: written at apply (half of each
+    // table by default), its open flows counted by the program.
+    let limits = maps["zone_ct_limits"].as_array().unwrap();
+    assert!(
+        limits.iter().any(|z| z["established"].as_u64() == Some(u64::from(lbagent_common::CT_MAX / 4))),
+        "{limits:?}"
+    );
+    let flows = maps["zone_ct_flows"].as_array().unwrap();
+    assert!(flows.iter().any(|z| z["established"].as_u64().unwrap_or(0) + z["new"].as_u64().unwrap_or(0) > 0));
     let metrics = env.metrics();
     assert!(metrics.contains(&format!("lbagent_rule_packets_total{{rule=\"lb/{id}/listener/direct\"}}")), "{metrics}");
+    let share = format!(
+        "lbagent_conntrack_zone_limit{{object=\"lb/{id}\",table=\"established\"}} {}",
+        lbagent_common::CT_MAX / 4
+    );
+    assert!(metrics.contains(&share), "{share} in {metrics}");
     assert!(metrics.contains("lbagent_last_apply_success 1"));
     let status: Value = serde_json::from_str(&env.cli(&["status", "--json"])).unwrap();
     assert!(status["rule_stats"][format!("lb/{id}/listener/direct")]["packets"].as_u64().unwrap() > 0, "{status}");

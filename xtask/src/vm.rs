@@ -61,6 +61,7 @@ const FULL_EXTRA: &[(&str, &[&str])] = &[
     ("egress", &[]),
     ("address_only", &[]),
     ("acl", &[]),
+    ("zone_ct", &[]),
     // The QoS program tests that measure time (bucket refill, backlog,
     // achieved rates) are host-only: under TCG the guest's clock runs
     // against a CPU ~20 times slower, so rates mean nothing there. The

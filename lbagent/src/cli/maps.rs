@@ -340,6 +340,22 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             }
             Value::Array(arr)
         }
+        MAP_ZONE_CT_LIMITS | MAP_ZONE_CT_FLOWS | MAP_ZONE_CT_REFUSED => {
+            let mut arr = Vec::new();
+            for (zone, z) in t.zone_ct()? {
+                let (est, new) = match map {
+                    MAP_ZONE_CT_LIMITS => (u64::from(z.limits.established), u64::from(z.limits.new)),
+                    MAP_ZONE_CT_FLOWS => (z.flows.established, z.flows.new),
+                    _ => (z.refused.established, z.refused.new),
+                };
+                if map != MAP_ZONE_CT_FLOWS && est == 0 && new == 0 {
+                    continue;
+                }
+                text += &format!("zone {zone:<5} established {est:<9} new {new}\n");
+                arr.push(json!({"zone": zone, "established": est, "new": new}));
+            }
+            Value::Array(arr)
+        }
         MAP_META => bail!("`{MAP_META}` describes the pin directory, not the tables: see `maps::meta`"),
         other => bail!("unknown map {other}"),
     };

@@ -51,6 +51,27 @@ pub fn render(bpffs: &Path, status: &Status) -> String {
                 let _ = writeln!(out, "lbagent_qos_bytes_total{{rule=\"{key}\",outcome=\"{outcome}\"}} {b}");
             }
         }
+        // Each object's share of the conntrack tables; objects (zones), not
+        // clients, label them: bounded by the objects the host runs.
+        let zones = t.zone_ct().unwrap_or_default();
+        let named = || zones.iter().filter_map(|(z, v)| Some((status.zone_names.get(z)?, v)));
+        out += "# HELP lbagent_conntrack_zone_flows Flows an object holds per conntrack table (established: ct, new: ct_new).\n";
+        out += "# TYPE lbagent_conntrack_zone_flows gauge\n";
+        out += "# HELP lbagent_conntrack_zone_limit The object's share of each table (flows).\n";
+        out += "# TYPE lbagent_conntrack_zone_limit gauge\n";
+        out += "# HELP lbagent_conntrack_zone_refused_total Packets the object's share refused: promotions (established), new flows (new).\n";
+        out += "# TYPE lbagent_conntrack_zone_refused_total counter\n";
+        for (object, v) in named() {
+            for (table, flows, limit, refused) in [
+                ("established", v.flows.established, v.limits.established, v.refused.established),
+                ("new", v.flows.new, v.limits.new, v.refused.new),
+            ] {
+                let labels = format!("object=\"{object}\",table=\"{table}\"");
+                let _ = writeln!(out, "lbagent_conntrack_zone_flows{{{labels}}} {flows}");
+                let _ = writeln!(out, "lbagent_conntrack_zone_limit{{{labels}}} {limit}");
+                let _ = writeln!(out, "lbagent_conntrack_zone_refused_total{{{labels}}} {refused}");
+            }
+        }
         out += "# HELP lbagent_rule_acl_drops_total New flows a listener's ACL refused.\n";
         out += "# TYPE lbagent_rule_acl_drops_total counter\n";
         for (id, st) in &stats {

@@ -129,7 +129,7 @@ impl Daemon {
     }
 
     /// Frees conntrack entries idle past their timeout, then recounts the
-    /// least-connection backends' active flows.
+    /// least-connection backends' active flows and each zone's flows.
     fn collect_garbage(&self) {
         let gc = crate::dataplane::tables::Tables::open(&self.opts.bpffs)
             .and_then(|t| t.gc(crate::dataplane::tables::monotonic_ns()));
@@ -145,6 +145,11 @@ impl Daemon {
             Ok(0) => {}
             Ok(n) => info!("least-connection counts: {n} corrected from conntrack"),
             Err(e) => warn!("least-connection recount: {e:#}"),
+        }
+        // Each zone's flow counts (its conntrack share) drift the same way.
+        let recount = crate::dataplane::tables::Tables::open(&self.opts.bpffs).and_then(|t| t.recount_zone_flows());
+        if let Err(e) = recount {
+            warn!("per-zone conntrack recount: {e:#}");
         }
     }
 

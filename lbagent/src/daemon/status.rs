@@ -157,6 +157,8 @@ pub struct Status {
     pub rule_names: BTreeMap<u32, String>,
     /// QoS bucket → rule-instance key (`natgw/<gw>/qos/...`), for metrics.
     pub qos_names: BTreeMap<u32, String>,
+    /// Zone → object key (`lb/<id>`, `natgw/<name>`), for metrics.
+    pub zone_names: BTreeMap<u16, String>,
 }
 
 fn secs(t: Option<SystemTime>) -> Option<u64> {
@@ -186,6 +188,7 @@ impl Status {
     pub fn refresh(&mut self, applied: &Applied, alloc: &Allocations) {
         self.rule_names = alloc.rule_ids.iter().map(|(k, id)| (*id, k.clone())).collect();
         self.qos_names = alloc.qos_buckets.iter().map(|(k, b)| (*b, k.clone())).collect();
+        self.zone_names = alloc.zones.iter().map(|(k, z)| (*z, k.clone())).collect();
         let lbs = applied
             .lbs
             .values()

@@ -21,6 +21,9 @@ pub struct Engine {
     pub mode: AttachMode,
     /// Conntrack size (entries, two per flow); `None` = the built-in size.
     pub ct_max: Option<u32>,
+    /// The host's default share of the conntrack tables per zone
+    /// (`agent.conntrack_limits`).
+    pub ct_limits: crate::state::model::ConntrackLimits,
     programs: HashMap<u16, ZoneProgram>,
     /// The proxy guard, loaded on first use, shared by every load balancer.
     guard: Option<GuardProgram>,
@@ -51,7 +54,15 @@ impl ZoneRules {
 
 impl Engine {
     pub fn new(bpffs: PathBuf, mode: AttachMode) -> Self {
-        Engine { bpffs, mode, ct_max: None, programs: HashMap::new(), guard: None, rules: None }
+        Engine {
+            bpffs,
+            mode,
+            ct_max: None,
+            ct_limits: Default::default(),
+            programs: HashMap::new(),
+            guard: None,
+            rules: None,
+        }
     }
 
     /// Starts a pass: the next sync reads the maps again (one read for all
@@ -149,7 +160,18 @@ impl Engine {
         let t = self.tables()?;
         t.sync_qos(zone, &super::qos::QosZone::default())?;
         t.clear_egress_mtu(zone)?;
+        t.clear_zone_ct(zone)?;
         t.flush_conntrack(|k, _| k.zone == zone)
+    }
+
+    /// Writes zone `zone`'s share of the conntrack tables: the object's own
+    /// limits (`own`), else the host's, else half of each table (one zone
+    /// can never hold all of either). Returns whether they changed.
+    pub fn set_zone_ct_limits(&self, zone: u16, own: &crate::state::model::ConntrackLimits) -> Result<bool> {
+        let ct = self.ct_max.unwrap_or(lbagent_common::CT_MAX);
+        // Flows are two entries each.
+        let half = lbagent_common::ZoneCtLimits { established: ct / 4, new: lbagent_common::ct_new_max(ct) / 4 };
+        self.tables()?.set_zone_ct_limits(zone, own.resolve(&self.ct_limits, half))
     }
 
     pub fn tables(&self) -> Result<Tables> {

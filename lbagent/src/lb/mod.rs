@@ -90,6 +90,9 @@ pub fn ensure(
     // Attached after the rules are written: a program that replaces an
     // older build's (an upgrade, `dataplane::migrate`) never runs against
     // a half-written table.
+    if engine.set_zone_ct_limits(zone, &lb.conntrack_limits)? {
+        changes.push("conntrack limits set".into());
+    }
     zone::attach(engine, zone, &site)?;
     zone::release_unused_rules(engine, alloc, &site, &keys, &mut changes)?;
     // Last: an OVS outage must not hold back rule updates (health-driven

@@ -71,6 +71,9 @@ pub fn ensure(
     let q = qos::qos(gw, rules::Ifaces { lan, ext }, alloc)?;
     changes.extend(t.sync_qos(zone, &q.zone)?);
     // Attached after rules and QoS are written (see `lb::ensure`).
+    if engine.set_zone_ct_limits(zone, &gw.conntrack_limits)? {
+        changes.push("conntrack limits set".into());
+    }
     zone::attach(engine, zone, &site)?;
     alloc.release_qos(&naming::gw_qos_prefix(&gw.name), &q.keys);
     zone::release_unused_rules(engine, alloc, &site, &want.keys, &mut changes)?;

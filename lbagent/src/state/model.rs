@@ -42,11 +42,57 @@ pub struct AgentConfig {
     /// stack, for debugging.
     #[serde(default = "yes")]
     pub fast_path: bool,
+    /// Each object's share of the conntrack tables unless it sets its own
+    /// (`conntrack_limits` on a load balancer or gateway); absent fields:
+    /// a quarter of each table.
+    #[serde(default)]
+    pub conntrack_limits: ConntrackLimits,
 }
 
 impl Default for AgentConfig {
     fn default() -> Self {
-        AgentConfig { integration_bridge: default_bridge(), conntrack: ConntrackTimeouts::default(), fast_path: true }
+        AgentConfig {
+            integration_bridge: default_bridge(),
+            conntrack: ConntrackTimeouts::default(),
+            fast_path: true,
+            conntrack_limits: ConntrackLimits::default(),
+        }
+    }
+}
+
+/// `conntrack_limits`: the most flows one object (one zone) may hold in
+/// each conntrack table. `established`: flows past their handshake (`ct`);
+/// `new`: flows before it, and established ones beyond the `established`
+/// limit (`ct_new`). Absent: the host's `agent.conntrack_limits`, then a
+/// quarter of the table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConntrackLimits {
+    #[serde(default, deserialize_with = "optional_integer")]
+    pub established: Option<u32>,
+    #[serde(default, deserialize_with = "optional_integer")]
+    pub new: Option<u32>,
+}
+
+/// Largest per-object conntrack limit the state file may set (flows).
+pub const MAX_CONNTRACK_LIMIT: u32 = 16_777_216;
+
+impl ConntrackLimits {
+    /// Every field with its name, for validation.
+    pub fn fields(&self) -> [(&'static str, Option<u32>); 2] {
+        [("established", self.established), ("new", self.new)]
+    }
+
+    /// This object's limits over the host's (`host`), then `fallback`'s.
+    pub fn resolve(
+        &self,
+        host: &ConntrackLimits,
+        fallback: lbagent_common::ZoneCtLimits,
+    ) -> lbagent_common::ZoneCtLimits {
+        lbagent_common::ZoneCtLimits {
+            established: self.established.or(host.established).unwrap_or(fallback.established),
+            new: self.new.or(host.new).unwrap_or(fallback.new),
+        }
     }
 }
 
@@ -136,6 +182,9 @@ pub struct LoadBalancer {
     pub listeners: Vec<Listener>,
     #[serde(default)]
     pub backend_groups: Vec<BackendGroup>,
+    /// This load balancer's share of the conntrack tables.
+    #[serde(default)]
+    pub conntrack_limits: Option<ConntrackLimits>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -321,6 +370,9 @@ pub struct NatGateway {
     pub dnats: Vec<Dnat>,
     #[serde(default)]
     pub snats: Vec<Snat>,
+    /// This gateway's share of the conntrack tables.
+    #[serde(default)]
+    pub conntrack_limits: Option<ConntrackLimits>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

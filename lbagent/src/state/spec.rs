@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use crate::naming;
 
 pub use super::model::{
-    AgentConfig, Direction, DnatMode, HealthCheckType, ListenerMode, ListenerTimeouts, ListenerType, Protocol,
-    Scheduler,
+    AgentConfig, ConntrackLimits, Direction, DnatMode, HealthCheckType, ListenerMode, ListenerTimeouts, ListenerType,
+    Protocol, Scheduler,
 };
 use super::{
     model::{self, StateFile},
@@ -61,6 +61,9 @@ pub struct Lb {
     /// Every group, used by a listener or not (each backend gets a mapped
     /// port on the proxy side either way).
     pub groups: Vec<Group>,
+    /// Its own share of the conntrack tables (absent fields: the host's).
+    #[serde(default)]
+    pub conntrack_limits: ConntrackLimits,
 }
 
 impl Lb {
@@ -166,6 +169,9 @@ pub struct Gw {
     pub fips: Vec<Fip>,
     pub dnats: Vec<Dnat>,
     pub snats: Vec<Snat>,
+    /// Its own share of the conntrack tables (absent fields: the host's).
+    #[serde(default)]
+    pub conntrack_limits: ConntrackLimits,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -375,7 +381,14 @@ impl Lb {
                 group,
             });
         }
-        Ok(Lb { id: lb.id.clone(), name: lb.name.clone(), network, listeners, groups })
+        Ok(Lb {
+            id: lb.id.clone(),
+            name: lb.name.clone(),
+            network,
+            listeners,
+            groups,
+            conntrack_limits: lb.conntrack_limits.unwrap_or_default(),
+        })
     }
 }
 
@@ -454,6 +467,7 @@ impl Gw {
             fips,
             dnats,
             snats,
+            conntrack_limits: g.conntrack_limits.unwrap_or_default(),
         })
     }
 }

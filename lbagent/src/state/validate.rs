@@ -83,6 +83,13 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
             );
         }
     }
+    conntrack_limits(&mut c, "agent.conntrack_limits", Some(&s.agent.conntrack_limits));
+    for (i, lb) in s.load_balancers.iter().enumerate() {
+        conntrack_limits(&mut c, &format!("load_balancers[{i}].conntrack_limits"), lb.conntrack_limits.as_ref());
+    }
+    for (i, gw) in s.nat_gateways.iter().enumerate() {
+        conntrack_limits(&mut c, &format!("nat_gateways[{i}].conntrack_limits"), gw.conntrack_limits.as_ref());
+    }
     let mut lb_ids = HashSet::new();
     for (i, lb) in s.load_balancers.iter().enumerate() {
         let p = format!("load_balancers[{i}]");
@@ -123,6 +130,19 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
     c.problems.extend(limits::object_limits(s));
     c.problems.extend(limits::host_budget(s));
     c.problems
+}
+
+/// A `conntrack_limits` section at `path`: each limit in flows, at least
+/// one (a zero would refuse every flow; leave the field out for the
+/// default).
+fn conntrack_limits(c: &mut Check, path: &str, limits: Option<&ConntrackLimits>) {
+    for (name, v) in limits.map(|l| l.fields()).into_iter().flatten() {
+        if let Some(v) = v
+            && !(1..=MAX_CONNTRACK_LIMIT).contains(&v)
+        {
+            c.err(format!("{path}.{name}"), format!("{v} is out of range (1-{MAX_CONNTRACK_LIMIT} flows)"));
+        }
+    }
 }
 
 /// Two objects whose kernel, OVS or haproxy names would be equal: the

@@ -3,7 +3,8 @@
 //! One file per concern, named as the program's modules: `rules` (DNAT, SNAT,
 //! ACL entries), `conntrack` (flows, fragments, flush, garbage collection),
 //! `counters`, `sched` (scheduler tables), `proxy_guard`, `egress_mtu` (the
-//! fast path's MTUs); QoS maps are in `dataplane/qos.rs`.
+//! fast path's MTUs), `zone_ct` (each zone's conntrack share); QoS maps are
+//! in `dataplane/qos.rs`.
 
 mod conntrack;
 mod counters;
@@ -11,6 +12,7 @@ mod egress_mtu;
 mod proxy_guard;
 mod rules;
 mod sched;
+mod zone_ct;
 
 use std::path::{Path, PathBuf};
 
@@ -19,6 +21,7 @@ use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues};
 use lbagent_common::*;
 pub use rules::{AclSpec, DnatSpec, RuleSnat, SchedKind, SchedSpec, SnatSpec};
 pub use sched::table_digest;
+pub use zone_ct::ZoneCt;
 
 use super::pins;
 

@@ -1,0 +1,104 @@
+//! Each zone's share of the conntrack tables (`zone_ct.rs` of the program):
+//! its limits (written at every apply), its flow counts (set from a dump at
+//! every collection pass) and what its limits refused.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use lbagent_common::*;
+
+use super::Tables;
+
+/// One zone's share as the maps hold it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ZoneCt {
+    pub limits: ZoneCtLimits,
+    pub flows: ZoneCtFlows,
+    pub refused: ZoneCtRefused,
+}
+
+impl Tables {
+    /// Pins of a build without the per-zone maps: nothing to read or write.
+    fn has_zone_ct(&self) -> bool {
+        [MAP_ZONE_CT_LIMITS, MAP_ZONE_CT_FLOWS, MAP_ZONE_CT_REFUSED].iter().all(|m| self.dir.join(m).exists())
+    }
+
+    /// Sets zone `zone`'s limits (written only when they differ); returns
+    /// whether they changed.
+    pub fn set_zone_ct_limits(&self, zone: u16, limits: ZoneCtLimits) -> Result<bool> {
+        if !self.has_zone_ct() {
+            return Ok(false);
+        }
+        let mut map = self.hash::<u32, ZoneCtLimits>(MAP_ZONE_CT_LIMITS)?;
+        if map.get(&(zone as u32), 0).ok() == Some(limits) {
+            return Ok(false);
+        }
+        map.insert(&(zone as u32), &limits, 0)?;
+        Ok(true)
+    }
+
+    /// Removes every per-zone entry of `zone` (the zone is gone; its id may
+    /// be reused).
+    pub fn clear_zone_ct(&self, zone: u16) -> Result<()> {
+        if !self.has_zone_ct() {
+            return Ok(());
+        }
+        let _ = self.hash::<u32, ZoneCtLimits>(MAP_ZONE_CT_LIMITS)?.remove(&(zone as u32));
+        let _ = self.hash::<u32, ZoneCtFlows>(MAP_ZONE_CT_FLOWS)?.remove(&(zone as u32));
+        let _ = self.hash::<u32, ZoneCtRefused>(MAP_ZONE_CT_REFUSED)?.remove(&(zone as u32));
+        Ok(())
+    }
+
+    /// Every zone with a limit, a count or a refusal.
+    pub fn zone_ct(&self) -> Result<BTreeMap<u16, ZoneCt>> {
+        let mut out: BTreeMap<u16, ZoneCt> = BTreeMap::new();
+        if !self.has_zone_ct() {
+            return Ok(out);
+        }
+        for (z, v) in self.hash::<u32, ZoneCtLimits>(MAP_ZONE_CT_LIMITS)?.iter().filter_map(|e| e.ok()) {
+            out.entry(z as u16).or_default().limits = v;
+        }
+        for (z, v) in self.hash::<u32, ZoneCtFlows>(MAP_ZONE_CT_FLOWS)?.iter().filter_map(|e| e.ok()) {
+            out.entry(z as u16).or_default().flows = v;
+        }
+        for (z, v) in self.hash::<u32, ZoneCtRefused>(MAP_ZONE_CT_REFUSED)?.iter().filter_map(|e| e.ok()) {
+            out.entry(z as u16).or_default().refused = v;
+        }
+        Ok(out)
+    }
+
+    /// Sets every zone's flow counts from one dump of both tables (a flow
+    /// is its original-direction half), so that what the kernel evicted
+    /// from `ct_new` and what the agent deleted stop counting. Returns the
+    /// zones whose counts were corrected.
+    pub fn recount_zone_flows(&self) -> Result<usize> {
+        if !self.has_zone_ct() {
+            return Ok(0);
+        }
+        let mut want: BTreeMap<u32, ZoneCtFlows> = BTreeMap::new();
+        for (table, name) in [(true, MAP_CT), (false, MAP_CT_NEW)] {
+            for (k, e) in self.conntrack_table(name)? {
+                if e.flags & CT_F_REPLY != 0 {
+                    continue;
+                }
+                let f = want.entry(k.zone as u32).or_default();
+                if table {
+                    f.established += 1;
+                } else {
+                    f.new += 1;
+                }
+            }
+        }
+        let mut map = self.hash::<u32, ZoneCtFlows>(MAP_ZONE_CT_FLOWS)?;
+        let have: BTreeMap<u32, ZoneCtFlows> = map.iter().filter_map(|e| e.ok()).collect();
+        let mut corrected = 0;
+        for zone in have.keys().chain(want.keys()).copied().collect::<std::collections::BTreeSet<_>>() {
+            let w = want.get(&zone).copied().unwrap_or_default();
+            if have.get(&zone).copied().unwrap_or_default() != w {
+                map.insert(&zone, &w, 0)?;
+                corrected += 1;
+            }
+        }
+        Ok(corrected)
+    }
+}

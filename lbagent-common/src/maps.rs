@@ -606,8 +606,8 @@ pub struct ZoneCtFlows {
 
 /// `zone_ct_refused` value (the program's atomic adds; the agent only
 /// reads, and removes a zone's entry with the zone): packets refused a
-/// promotion to `ct` by the zone's `established` limit, and new flows
-/// refused by its `new` limit.
+/// promotion to `ct` by the zone's `established` limit, and packets that
+/// would have opened a flow refused by its `new` limit.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]

@@ -85,12 +85,14 @@ fn insert(t: Table, key: &Tuple, e: &CtEntry, flags: u64) -> bool {
     }
 }
 
+/// Deletes `key` from table `t`; whether this call deleted it (another CPU
+/// may have been first).
 #[inline(always)]
-fn remove(t: Table, key: &Tuple) {
-    let _ = match t {
-        Table::Established => CT.remove(key),
-        Table::New => CT_NEW_TABLE.remove(key),
-    };
+fn remove(t: Table, key: &Tuple) -> bool {
+    match t {
+        Table::Established => CT.remove(key).is_ok(),
+        Table::New => CT_NEW_TABLE.remove(key).is_ok(),
+    }
 }
 
 /// The entry for `key` in either table (`ct` first).
@@ -160,8 +162,9 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
         if let Some((pt, _)) = pair_ptr {
             remove(pt, &pair_key);
         }
-        remove(table, &p.tuple);
-        crate::zone_ct::ended(p.tuple.zone, table == Table::Established);
+        if remove(table, &p.tuple) {
+            crate::zone_ct::ended(p.tuple.zone, table == Table::Established);
+        }
         return Lookup::Miss { expired: true };
     }
     let reply_dir = e.flags & CT_F_REPLY != 0;
@@ -170,8 +173,9 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
         if let Some((pt, _)) = pair_ptr {
             remove(pt, &pair_key);
         }
-        remove(table, &p.tuple);
-        crate::zone_ct::ended(p.tuple.zone, table == Table::Established);
+        if remove(table, &p.tuple) {
+            crate::zone_ct::ended(p.tuple.zone, table == Table::Established);
+        }
         count(Counter::FlowReopened);
         return Lookup::Miss { expired: false };
     }
@@ -355,8 +359,9 @@ fn reclaim_expired(cfg: &NatConfig, key: &Tuple, now: u64) -> bool {
             remove(pt, &pair_key);
         }
     }
-    remove(table, key);
-    crate::zone_ct::ended(key.zone, table == Table::Established);
+    if remove(table, key) {
+        crate::zone_ct::ended(key.zone, table == Table::Established);
+    }
     count(Counter::ExpiredFlows);
     true
 }
@@ -386,7 +391,9 @@ fn claim(cfg: &NatConfig, x: &Tuple, reply: &CtEntry, now: u64, reclaim: bool) -
 #[inline(always)]
 pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
     let orig = p.tuple;
-    if !crate::zone_ct::may_open(orig.zone) {
+    // The namespace's own connections (health probes) are never refused:
+    // a tenant's flood must not mark its backends down.
+    if f.flags & CT_F_LOCAL == 0 && !crate::zone_ct::may_open(orig.zone) {
         // The zone holds its share of `ct_new`: no room for this flow.
         return Err(Counter::DropCtInsert);
     }

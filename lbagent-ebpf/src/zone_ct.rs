@@ -7,7 +7,10 @@
 //! each pass, and a limit can be exceeded by at most one flow per CPU. The
 //! adds themselves are atomic; the agent's recount overwrites the counts at
 //! every collection pass (which also corrects what the kernel's LRU evicted
-//! from `ct_new` without telling anyone).
+//! from `ct_new` without telling anyone). A count is only taken down after
+//! this CPU's delete succeeded; one that still runs below zero (a flow
+//! counted before the maps existed, an agent write racing a program add)
+//! reads as zero until the next recount: it never makes a limit refuse.
 
 use aya_ebpf::bindings::BPF_NOEXIST;
 use lbagent_common::{ZoneCtFlows, ZoneCtLimits, ZoneCtRefused};
@@ -55,6 +58,13 @@ fn refused(zone: u16, field: impl FnOnce(*mut ZoneCtRefused) -> *mut u64) {
     }
 }
 
+/// Whether `count` is below `limit`; a count that ran below zero (its top
+/// bit set) is.
+#[inline(always)]
+fn below(count: u64, limit: u32) -> bool {
+    (count as i64) < limit as i64
+}
+
 /// Whether the zone may open one more flow (in `ct_new`); a refusal is
 /// counted.
 #[inline(always)]
@@ -65,7 +75,7 @@ pub fn may_open(zone: u16) -> bool {
     }
     // SAFETY: a plain read of a map value field (a torn or stale read only
     // moves the limit by a flow; module docs).
-    if flows(zone).is_none_or(|f| unsafe { (*f).new } < lim.new as u64) {
+    if flows(zone).is_none_or(|f| below(unsafe { (*f).new }, lim.new)) {
         return true;
     }
     // SAFETY: the pointer is the map value's; only its address is taken.
@@ -81,7 +91,7 @@ pub fn may_promote(zone: u16) -> bool {
         return true;
     }
     // SAFETY: as in `may_open`.
-    if flows(zone).is_none_or(|f| unsafe { (*f).established } < lim.established as u64) {
+    if flows(zone).is_none_or(|f| below(unsafe { (*f).established }, lim.established)) {
         return true;
     }
     // SAFETY: as in `may_open`.

@@ -18,11 +18,12 @@ const CASES: &[(&str, &str, &str, &[&str])] = &[
         &["agent.conntrack.udp_s: 0 is out of range (1-2592000 seconds)"],
     ),
     ("conntrack timeout too long", "udp_s: 30", "udp_s: 2592001", &["agent.conntrack.udp_s: 2592001 is out of range"]),
+    ("conntrack limit zero is none", "{established: 65536, new: 16384}", "{established: 0, new: 16384}", &[]),
     (
-        "conntrack limit zero",
+        "conntrack limit negative",
         "{established: 65536, new: 16384}",
-        "{established: 0, new: 16384}",
-        &["agent.conntrack_limits.established: 0 is out of range (1-16777216 flows)"],
+        "{established: -1, new: 16384}",
+        &["agent.conntrack_limits"],
     ),
     (
         "object conntrack limit too large",

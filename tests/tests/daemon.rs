@@ -365,8 +365,9 @@ fn kill_9_and_restart_keep_established_connections() {
     let ct: Value =
         serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--proto", "tcp", "--port", "9000"])).unwrap();
     assert!(!ct.as_array().unwrap().is_empty(), "the open direct connection is tracked");
-    // The load balancer's conntrack share: written at apply (half of each
-    // table by default), its open flows counted by the program.
+    // The load balancer's conntrack share: written at apply (half of `ct`
+    // for established flows by default, no new-flow limit), its open flows
+    // counted by the program.
     let limits = maps["zone_ct_limits"].as_array().unwrap();
     assert!(
         limits.iter().any(|z| z["established"].as_u64() == Some(u64::from(lbagent_common::CT_MAX / 4))),

@@ -165,13 +165,16 @@ impl Engine {
     }
 
     /// Writes zone `zone`'s share of the conntrack tables: the object's own
-    /// limits (`own`), else the host's, else half of each table (one zone
-    /// can never hold all of either). Returns whether they changed.
+    /// limits (`own`), else the host's, else half of `ct` for established
+    /// flows (one zone never fills it; a refused promotion only keeps the
+    /// flow in `ct_new`) and no limit on new ones (a new-flow limit drops
+    /// flows, which only an operator who sized it should ask for). Returns
+    /// whether they changed.
     pub fn set_zone_ct_limits(&self, zone: u16, own: &crate::state::model::ConntrackLimits) -> Result<bool> {
         let ct = self.ct_max.unwrap_or(lbagent_common::CT_MAX);
         // Flows are two entries each.
-        let half = lbagent_common::ZoneCtLimits { established: ct / 4, new: lbagent_common::ct_new_max(ct) / 4 };
-        self.tables()?.set_zone_ct_limits(zone, own.resolve(&self.ct_limits, half))
+        let default = lbagent_common::ZoneCtLimits { established: ct / 4, new: 0 };
+        self.tables()?.set_zone_ct_limits(zone, own.resolve(&self.ct_limits, default))
     }
 
     pub fn tables(&self) -> Result<Tables> {

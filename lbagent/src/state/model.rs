@@ -44,7 +44,7 @@ pub struct AgentConfig {
     pub fast_path: bool,
     /// Each object's share of the conntrack tables unless it sets its own
     /// (`conntrack_limits` on a load balancer or gateway); absent fields:
-    /// a quarter of each table.
+    /// half of `ct` for established flows, no limit on new ones.
     #[serde(default)]
     pub conntrack_limits: ConntrackLimits,
 }
@@ -63,8 +63,9 @@ impl Default for AgentConfig {
 /// `conntrack_limits`: the most flows one object (one zone) may hold in
 /// each conntrack table. `established`: flows past their handshake (`ct`);
 /// `new`: flows before it, and established ones beyond the `established`
-/// limit (`ct_new`). Absent: the host's `agent.conntrack_limits`, then a
-/// quarter of the table.
+/// limit (`ct_new`). 0: no limit. Absent: the host's
+/// `agent.conntrack_limits`, then half of `ct` for `established` and no
+/// limit for `new`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConntrackLimits {
@@ -74,7 +75,8 @@ pub struct ConntrackLimits {
     pub new: Option<u32>,
 }
 
-/// Largest per-object conntrack limit the state file may set (flows).
+/// Largest per-object conntrack limit the state file may set (flows; 0 is
+/// no limit).
 pub const MAX_CONNTRACK_LIMIT: u32 = 16_777_216;
 
 impl ConntrackLimits {

@@ -132,15 +132,13 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
     c.problems
 }
 
-/// A `conntrack_limits` section at `path`: each limit in flows, at least
-/// one (a zero would refuse every flow; leave the field out for the
-/// default).
+/// A `conntrack_limits` section at `path`: each limit in flows, 0 for none.
 fn conntrack_limits(c: &mut Check, path: &str, limits: Option<&ConntrackLimits>) {
     for (name, v) in limits.map(|l| l.fields()).into_iter().flatten() {
         if let Some(v) = v
-            && !(1..=MAX_CONNTRACK_LIMIT).contains(&v)
+            && v > MAX_CONNTRACK_LIMIT
         {
-            c.err(format!("{path}.{name}"), format!("{v} is out of range (1-{MAX_CONNTRACK_LIMIT} flows)"));
+            c.err(format!("{path}.{name}"), format!("{v} is out of range (0-{MAX_CONNTRACK_LIMIT} flows; 0: none)"));
         }
     }
 }

@@ -40,5 +40,9 @@ pub const LAYOUT_VERSION: u32 = 3;
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
+/// Address-only protocols whose checksum covers a pseudo header with the
+/// addresses (as UDP's): a translated address must update it.
+pub const PROTO_DCCP: u8 = 33;
+pub const PROTO_UDPLITE: u8 = 136;
 
 pub mod csum;

@@ -216,16 +216,19 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
         e.state = state;
         e.last_seen_ns = now;
     }
+    // Copied before a promotion deletes the entry: a deleted element of the
+    // LRU table is free for any CPU's next insert (another flow's entry).
+    let hit = *e;
     if let Some(pair) = pair {
         if changed {
             pair.state = state;
             pair.last_seen_ns = now;
         }
         if table == Table::New && state == CT_ESTABLISHED {
-            promote(&p.tuple, e, &pair_key, pair);
+            promote(&p.tuple, &hit, &pair_key, pair);
         }
     }
-    Lookup::Hit(*e)
+    Lookup::Hit(hit)
 }
 
 /// TCP: records the sequence space and window this direction uses, and
@@ -287,26 +290,33 @@ fn track_tcp(p: &Packet, e: &mut CtEntry, pair: Option<&CtEntry>, state: u8) -> 
 
 /// Moves an established flow from `ct_new` to `ct` (insert first, then
 /// delete: see the module docs). When `ct` is full, or the zone holds its
-/// share of it (`zone_ct`), the flow stays.
+/// share of it (`zone_ct`), the flow stays. A half already in `ct` is this
+/// flow's (a translated tuple is never shared): another CPU promoting the
+/// same flow put it there, which is not a full table; whichever CPU
+/// deletes the `ct_new` entry counts the promotion.
 #[inline(always)]
 fn promote(key: &Tuple, e: &CtEntry, pair_key: &Tuple, pair: &CtEntry) {
     if !crate::zone_ct::may_promote(key.zone) {
         count(Counter::CtTableFull);
         return;
     }
-    if !insert(Table::Established, pair_key, pair, BPF_NOEXIST as u64) {
+    let inserted_pair = insert(Table::Established, pair_key, pair, BPF_NOEXIST as u64);
+    if !inserted_pair && get(Table::Established, pair_key).is_none() {
         count(Counter::CtTableFull);
         return;
     }
-    if !insert(Table::Established, key, e, BPF_NOEXIST as u64) {
-        let _ = CT.remove(pair_key);
+    if !insert(Table::Established, key, e, BPF_NOEXIST as u64) && get(Table::Established, key).is_none() {
+        if inserted_pair {
+            let _ = CT.remove(pair_key);
+        }
         count(Counter::CtTableFull);
         return;
     }
     remove(Table::New, pair_key);
-    remove(Table::New, key);
-    crate::zone_ct::promoted(key.zone);
-    count(Counter::CtPromoted);
+    if remove(Table::New, key) {
+        crate::zone_ct::promoted(key.zone);
+        count(Counter::CtPromoted);
+    }
 }
 
 /// The live entry for `key` without touching its state or timer (ICMP errors
@@ -336,6 +346,9 @@ pub struct NewFlow {
     pub port_min: u16,
     pub port_max: u16,
     pub random: bool,
+    /// The rule schedules by fewest active flows: the backend's count goes
+    /// up when this CPU creates the flow (never when another CPU did).
+    pub least: bool,
 }
 
 /// Frees `key` if it holds an expired flow (both halves idle): an expired
@@ -462,5 +475,8 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
         };
     }
     crate::zone_ct::opened(orig.zone);
+    if f.least {
+        crate::sched::flow_opened(dnat_rule, x.daddr, x.dport);
+    }
     Ok(x)
 }

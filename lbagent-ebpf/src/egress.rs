@@ -140,6 +140,7 @@ fn own_connection(ctx: &TcContext, p: &Packet) -> i32 {
                 port_min: LOCAL_PORT_MIN,
                 port_max: u16::MAX,
                 random: false,
+                least: false,
             };
             match conntrack::create(p, &f, now) {
                 Ok(x) => {

@@ -76,11 +76,11 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         port_min: COLLISION_PORT_MIN,
         port_max: u16::MAX,
         random: false,
+        least: false,
     };
     let mut rule_snat: Option<DnatRule> = None;
-    let mut least = false;
     if let Some(hit) = rules::dnat(t, p.has_ports()) {
-        least = hit.rule.flags & DNAT_F_SCHED_MASK == DNAT_F_SCHED_LEAST;
+        f.least = hit.rule.flags & DNAT_F_SCHED_MASK == DNAT_F_SCHED_LEAST;
         if !rules::acl_accepts(&hit.rule, t.saddr) {
             // The listener's ACL refuses this client: no flow, no NAT.
             count_acl_drop(hit.rule.rule_id);
@@ -120,9 +120,6 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     match conntrack::create(p, &f, now) {
         Ok(x) => {
             count(Counter::NewFlows);
-            if least {
-                crate::sched::flow_opened(f.dnat_rule, x.daddr, x.dport);
-            }
             aya_log_ebpf::debug!(
                 ctx,
                 "zone {} new flow proto {} {:i}:{} -> {:i}:{} dnat rule {} snat rule {}",

@@ -306,13 +306,16 @@ fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, cost: u64, rate_bps:
 
 /// The packet's layer-2 length as tc counts it (`qdisc_pkt_len`): a GSO
 /// packet is charged whole, with the headers each of its segments will
-/// carry on the wire.
+/// carry on the wire. Its segments are counted from `gso_size`, as the
+/// kernel does for a packet it cannot trust: a VM's GSO packets arrive
+/// through a tap with `gso_segs` still 0 (charged as one segment, their
+/// headers would go uncounted).
 #[inline(always)]
 fn wire_len(ctx: &TcContext, p: &Head) -> u64 {
     let len = ctx.len() as u64;
     // SAFETY: the context pointer of a TC program is a valid __sk_buff.
-    let segs = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).gso_segs } as u64;
-    if segs <= 1 {
+    let gso_size = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).gso_size } as u64;
+    if gso_size == 0 {
         return len;
     }
     let l4 = match p.proto {
@@ -322,7 +325,10 @@ fn wire_len(ctx: &TcContext, p: &Head) -> u64 {
         },
         _ => 8,
     };
-    len + (segs - 1) * (p.l4 as u64 + l4)
+    let headers = p.l4 as u64 + l4;
+    let payload = len.saturating_sub(headers);
+    let segs = payload.div_ceil(gso_size);
+    len + segs.saturating_sub(1) * headers
 }
 
 /// CE-marks an ECN-capable packet (fixing the IP checksum); false if the

@@ -27,7 +27,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use lbagent_common::{
-    PROTO_TCP, PROTO_UDP, Tuple,
+    PROTO_DCCP, PROTO_TCP, PROTO_UDP, PROTO_UDPLITE, Tuple,
     csum::{apply, diff16, diff32},
 };
 
@@ -37,6 +37,10 @@ use crate::parse::{ETH_LEN, Frag, Kind, Packet};
 const TCP_CSUM: usize = 16;
 const UDP_CSUM: usize = 6;
 const ICMP_CSUM: usize = 2;
+/// DCCP's and UDP-Lite's checksums (both cover a pseudo header with the
+/// addresses, like UDP's, at the same offset).
+const DCCP_CSUM: usize = 6;
+const UDPLITE_CSUM: usize = 6;
 const ICMP_ECHO_ID: usize = 4;
 
 /// Offset of the TTL in the IPv4 header (the protocol follows it: the
@@ -109,9 +113,15 @@ pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple, hop: bool, store: Store)
     let (l4csum, flags) = match (p.kind, t.proto) {
         (Kind::Ports, PROTO_TCP) => (Some(p.l4 + TCP_CSUM), 0u64),
         (Kind::Ports, PROTO_UDP) => (Some(p.l4 + UDP_CSUM), BPF_F_MARK_MANGLED_0 as u64),
+        // Address-only, but their checksums cover the addresses: updated
+        // with them (ports untouched). A checksum of 0 is not "none" for
+        // either; a result of 0 is written as 0xffff (one's complement).
+        (Kind::AddressOnly, PROTO_UDPLITE) => (Some(p.l4 + UDPLITE_CSUM), BPF_F_MARK_MANGLED_0 as u64),
+        (Kind::AddressOnly, PROTO_DCCP) => (Some(p.l4 + DCCP_CSUM), 0u64),
         _ => (None, 0u64),
     };
     if let Some(csum) = l4csum
+        && p.kind == Kind::Ports
         && store == Store::OneStore
         && p.l3 == ETH_LEN
         && p.l4 == p.l3 + IP_MIN_LEN

@@ -4,8 +4,8 @@
 //!
 //! - `DNAT_F_SCHED_SOURCE` / `_TUPLE`: Maglev, slot = hash of the source
 //!   address / of the 5-tuple, modulo the (prime) table size.
-//! - `DNAT_F_SCHED_TURN`: slot = this CPU's position for the rule, then the
-//!   position moves on. Positions are per CPU (`sched_turns` is a per-CPU
+//! - `DNAT_F_SCHED_TURN`: slot = this CPU's position for the rule (a random
+//!   one at first), then the position moves on. Positions are per CPU (`sched_turns` is a per-CPU
 //!   map): no two CPUs write one counter, so no atomics are needed (Linux
 //!   5.10 has no fetching atomic add) and each CPU walks the weighted
 //!   sequence in turn on its own; together they still honour the weights.
@@ -59,21 +59,30 @@ pub fn pick(rule: &DnatRule, t: &Tuple) -> Backend {
     }
 }
 
-/// This CPU's position for `rule_id`, moved on by one.
+/// This CPU's position for `rule_id`, moved on by one. A CPU's first
+/// position is drawn at random: CPUs that all started at slot 0 would send
+/// their first flows, and every burst spread over the CPUs, to the same
+/// backends. The per-CPU value holds the next position plus one: 0 is a
+/// CPU that has not started (a per-CPU entry that another CPU created
+/// holds 0 on every other CPU).
 #[inline(always)]
 fn next_turn(rule_id: u32) -> u32 {
+    // SAFETY: bpf_get_prandom_u32 has no preconditions.
+    let random = || unsafe { aya_ebpf::helpers::bpf_get_prandom_u32() } % SCHED_TABLE_SIZE;
     match SCHED_TURNS.get_ptr_mut(&rule_id) {
         Some(p) => {
             // SAFETY: a per-CPU value: only this CPU touches it, and a TC
             // program is not preempted by itself on one CPU.
-            let n = unsafe { *p };
+            let v = unsafe { *p };
+            let n = if v == 0 { random() } else { (v - 1) % SCHED_TABLE_SIZE };
             // SAFETY: as above.
-            unsafe { *p = n.wrapping_add(1) % SCHED_TABLE_SIZE };
+            unsafe { *p = (n + 1) % SCHED_TABLE_SIZE + 1 };
             n
         }
         None => {
-            let _ = SCHED_TURNS.insert(&rule_id, &1, 0);
-            0
+            let n = random();
+            let _ = SCHED_TURNS.insert(&rule_id, &((n + 1) % SCHED_TABLE_SIZE + 1), 0);
+            n
         }
     }
 }

@@ -171,10 +171,12 @@ impl Engine {
 
     /// Runs the NAT program once on `frame` as a GSO packet whose segments
     /// carry `gso_size` bytes of payload each (the context's `gso_size`,
-    /// as a TSO sender's packet arrives); returns verdict and output.
-    pub fn run_gso(&mut self, frame: &[u8], gso_size: u32) -> Result<(u32, Vec<u8>)> {
+    /// as a TSO sender's packet arrives), `gso_segs` of them (0: not yet
+    /// counted, as a VM's packets arrive through a tap); returns verdict
+    /// and output.
+    pub fn run_gso(&mut self, frame: &[u8], gso_size: u32, gso_segs: u32) -> Result<(u32, Vec<u8>)> {
         let mut ctx = [0u8; SK_BUFF_LEN];
-        ctx[SK_BUFF_GSO_SEGS..SK_BUFF_GSO_SEGS + 4].copy_from_slice(&1u32.to_ne_bytes());
+        ctx[SK_BUFF_GSO_SEGS..SK_BUFF_GSO_SEGS + 4].copy_from_slice(&gso_segs.to_ne_bytes());
         ctx[SK_BUFF_GSO_SIZE..SK_BUFF_GSO_SIZE + 4].copy_from_slice(&gso_size.to_ne_bytes());
         let mut out = vec![0u8; frame.len() + 256];
         let res = self.prog.program().test_run(TestRunOptions {

@@ -4,6 +4,8 @@
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
+pub const PROTO_DCCP: u8 = 33;
+pub const PROTO_UDPLITE: u8 = 136;
 
 pub const SYN: u8 = 0x02;
 pub const ACK: u8 = 0x10;
@@ -28,6 +30,31 @@ pub fn fold(mut acc: u32) -> u16 {
 
 pub fn checksum(data: &[u8]) -> u16 {
     !fold(sum(data, 0))
+}
+
+/// An address-only L4 body (`L4::Raw`) of `proto` (DCCP or UDP-Lite) from
+/// `src` to `dst`, whose checksum at offset 6 covers its pseudo header and
+/// what the body's coverage field says (`covered`).
+pub fn pseudo_checksummed(proto: u8, src: [u8; 4], dst: [u8; 4], mut body: Vec<u8>) -> Vec<u8> {
+    body[6] = 0;
+    body[7] = 0;
+    let c = !fold(sum(covered(proto, &body), pseudo(src, dst, proto, body.len())));
+    body[6..8].copy_from_slice(&c.to_be_bytes());
+    body
+}
+
+/// The bytes of an address-only L4 body its checksum covers: UDP-Lite's
+/// coverage field (bytes 4–5; 0 = all), DCCP's CsCov (low nibble of byte 5;
+/// 0 = all, else the header and CsCov − 1 words of data).
+fn covered(proto: u8, l4: &[u8]) -> &[u8] {
+    let n = match proto {
+        PROTO_UDPLITE => usize::from(u16::from_be_bytes([l4[4], l4[5]])),
+        _ => match l4[5] & 0x0f {
+            0 => 0,
+            cs => usize::from(l4[4]) * 4 + (usize::from(cs) - 1) * 4,
+        },
+    };
+    if n == 0 { l4 } else { &l4[..n.min(l4.len())] }
 }
 
 fn pseudo(src: [u8; 4], dst: [u8; 4], proto: u8, len: usize) -> u32 {
@@ -256,6 +283,12 @@ pub fn verify_ipv4(ip: &[u8]) -> Result<(), String> {
         PROTO_TCP if fold(sum(l4, pseudo(src, dst, PROTO_TCP, l4.len()))) != 0xffff => Err("bad TCP checksum".into()),
         PROTO_UDP if l4[6..8] != [0, 0] && fold(sum(l4, pseudo(src, dst, PROTO_UDP, l4.len()))) != 0xffff => {
             Err("bad UDP checksum".into())
+        }
+        PROTO_UDPLITE | PROTO_DCCP if l4.len() >= 8 => {
+            if fold(sum(covered(ip[9], l4), pseudo(src, dst, ip[9], l4.len()))) != 0xffff {
+                return Err(format!("bad checksum of protocol {}", ip[9]));
+            }
+            Ok(())
         }
         PROTO_ICMP => {
             if checksum(l4) != 0 {

@@ -94,3 +94,42 @@ fn echo_request_with_identifier_zero_is_translated() {
     });
     expect(&mut e, frame(&Ip::new(OTHER, SNAT), &echo(false, id)), frame(&Ip::new(OTHER, CLIENT), &echo(false, 0)));
 }
+
+/// UDP-Lite and DCCP have no ports the engine translates, but their
+/// checksums cover a pseudo header with the addresses (as UDP's): through a
+/// floating IP both ways, the checksum follows the translated addresses,
+/// byte for byte, on the whole body and on a partial coverage.
+#[test]
+fn udp_lite_and_dccp_checksums_follow_the_translated_addresses() {
+    let Some(mut e) = engine() else { return };
+    fip(&e);
+    let udplite = |cov: u8| {
+        let mut b = vec![0x13, 0x88, 0x17, 0x70, 0, cov, 0, 0];
+        b.extend_from_slice(b"lightweight payload");
+        b
+    };
+    // Data offset 4 words (16 bytes, extended sequence numbers), CsCov
+    // `cov`, a Request, then payload.
+    let dccp = |cov: u8| {
+        let mut b = vec![0x13, 0x88, 0x17, 0x70, 4, cov, 0, 0, 0x01, 0, 0, 0, 0, 0, 0, 7];
+        b.extend_from_slice(b"datagram congestion control");
+        b
+    };
+    for (proto, body) in [
+        (packet::PROTO_UDPLITE, udplite(0)),
+        (packet::PROTO_UDPLITE, udplite(8)),
+        (packet::PROTO_DCCP, dccp(0)),
+        (packet::PROTO_DCCP, dccp(1)),
+    ] {
+        let l4 = |src, dst| raw(proto, &packet::pseudo_checksummed(proto, src, dst, body.clone()));
+        let input = frame(&Ip::new(SERVER2, OTHER), &l4(SERVER2, OTHER));
+        packet::verify(&input).unwrap();
+        let (rc, out) = e.run(&input).unwrap();
+        assert_eq!(rc, TC_ACT_OK);
+        packet::verify(&out).unwrap_or_else(|err| panic!("protocol {proto} out: {err}"));
+        assert_eq!(out, frame(&Ip::new(FIP, OTHER), &l4(FIP, OTHER)), "protocol {proto} out, byte for byte");
+        let (rc, back) = e.run(&frame(&Ip::new(OTHER, FIP), &l4(OTHER, FIP))).unwrap();
+        assert_eq!(rc, TC_ACT_OK);
+        assert_eq!(back, frame(&Ip::new(OTHER, SERVER2), &l4(OTHER, SERVER2)), "protocol {proto} back");
+    }
+}

@@ -451,3 +451,27 @@ fn conntrack_flush_by_selector() {
     assert_eq!(left.len(), 2);
     assert!(left.iter().all(|(k, _)| k.proto == PROTO_TCP));
 }
+
+/// A promotion that finds a half of its flow in `ct` already (another CPU
+/// promoting the same flow inserts it first) completes the move instead of
+/// reporting a full table, and counts the promotion once.
+#[test]
+fn a_promotion_that_finds_its_pair_promoted_is_not_a_full_table() {
+    let Some(mut e) = engine() else { return };
+    open_tcp(&mut e);
+    tcp_reply(&mut e, SYN | ACK, b"");
+    // The other CPU's first step: the reply half, copied into `ct`.
+    let x = entry(&e, &orig_key()).unwrap().xlate;
+    let reply = entry(&e, &x.reversed()).unwrap();
+    let pin = lbagent::dataplane::pins::versioned_dir(&e.pins.root).join(MAP_CT);
+    let mut ct: aya::maps::HashMap<_, Tuple, CtEntry> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(aya::maps::MapData::from_pin(pin).unwrap())).unwrap();
+    ct.insert(&x.reversed(), &reply, 0).unwrap();
+    tcp_orig(&mut e, ACK, b"");
+    assert_eq!(e.tables.counter(Counter::CtTableFull).unwrap(), 0, "not a full table");
+    assert_eq!(e.tables.counter(Counter::CtPromoted).unwrap(), 1);
+    assert_eq!(e.tables.conntrack_table(MAP_CT).unwrap().len(), 2, "both halves in ct");
+    assert!(e.tables.conntrack_table(MAP_CT_NEW).unwrap().is_empty(), "none left in ct_new");
+    tcp_reply(&mut e, ACK, b"data");
+    assert_pairs_consistent(&e);
+}

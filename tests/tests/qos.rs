@@ -94,6 +94,26 @@ fn a_burst_passes_then_the_tail_drops_uncharged() {
     assert_eq!(stats(&e, BUCKET_EIP).passed_packets as usize, n);
 }
 
+/// A GSO packet is charged with the headers of every segment it becomes,
+/// whether its `gso_segs` is set (a local sender's) or still 0 (a VM's,
+/// through a tap): segments are counted from `gso_size`.
+#[test]
+fn a_gso_packet_is_charged_per_segment_even_without_gso_segs() {
+    let _serial = serial();
+    let Some(mut e) = engine() else { return };
+    e.tables.sync_qos(ZONE, &eip_rule(1)).unwrap();
+    // 2 800 bytes of UDP payload in segments of 1 400: two datagrams, each
+    // with its own Ethernet, IP and UDP headers (42 bytes) on the wire.
+    let f = frame(&Ip::new(PEER, EIP), &udp(4000, 5000, &[7u8; 2800]));
+    let one = f.len() as u64 + 42;
+    for (segs, what) in [(2, "gso_segs set"), (0, "gso_segs 0")] {
+        let before = stats(&e, BUCKET_EIP).passed_bytes;
+        let (rc, _) = e.run_gso(&f, 1400, segs).unwrap();
+        assert_eq!(rc, TC_ACT_OK, "{what}");
+        assert_eq!(stats(&e, BUCKET_EIP).passed_bytes - before, one, "{what}: charged per segment");
+    }
+}
+
 #[test]
 fn ecn_tcp_is_marked_past_half_the_burst_other_tcp_dropped_early_and_acks_pass() {
     let _serial = serial();

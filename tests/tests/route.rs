@@ -175,16 +175,16 @@ fn a_gso_packet_is_checked_by_its_segments() {
     let syn = frame(&Ip::new([10, 0, 2, 8], VIP), &tcp(lbagent_tests::packet::SYN, 4003, 5353, b""));
     assert_eq!(e.run(&syn).unwrap().0, TC_ACT_REDIRECT, "the flow's first packet");
     // Segments of 1360 + 20 + 20 = 1400 bytes fit; of 1361, one byte too many.
-    let (rc, out) = e.run_gso(&segment(lbagent_tests::packet::ACK), 1360).unwrap();
+    let (rc, out) = e.run_gso(&segment(lbagent_tests::packet::ACK), 1360, 3).unwrap();
     assert_eq!(rc, TC_ACT_REDIRECT, "segments of exactly the MTU");
     verify(&out).unwrap();
-    let (rc, out) = e.run_gso(&segment(lbagent_tests::packet::ACK), 1361).unwrap();
+    let (rc, out) = e.run_gso(&segment(lbagent_tests::packet::ACK), 1361, 3).unwrap();
     assert_eq!((rc, out[14 + 8]), (TC_ACT_OK, 64), "segments over the MTU: the stack, TTL untouched");
     // The same payload as one packet over the MTU: the stack too.
     let (rc, _) = e.run(&segment(lbagent_tests::packet::ACK)).unwrap();
     assert_eq!(rc, TC_ACT_OK);
     // UDP GSO may be a tunnel's (its segments carry inner headers the
     // program cannot see): the stack, however small its segments.
-    let (rc, _) = e.run_gso(&frame(&Ip::new([10, 0, 2, 8], VIP), &udp(4005, 5353, &payload)), 500).unwrap();
+    let (rc, _) = e.run_gso(&frame(&Ip::new([10, 0, 2, 8], VIP), &udp(4005, 5353, &payload)), 500, 6).unwrap();
     assert_eq!(rc, TC_ACT_OK, "UDP GSO: the stack");
 }

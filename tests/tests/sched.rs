@@ -303,3 +303,72 @@ fn least_connections_sends_new_flows_to_the_least_busy_backends() {
     assert_eq!(tables.recount_active().unwrap(), 3, "three drifted counts corrected");
     assert!(active(&t(), 5353).values().all(|n| *n == 0));
 }
+
+/// Round robin's positions are per CPU; each CPU starts its turn at a
+/// random slot, so the first flows on two CPUs do not all go to the same
+/// backends (a burst spread over the CPUs would otherwise hit the table's
+/// first slots, one backend, on every CPU). Program test on crafted SYNs,
+/// the test thread pinned to each CPU in turn.
+#[test]
+fn round_robin_cpus_start_at_different_positions() {
+    use lbagent::dataplane::tables::{DnatSpec, SchedKind, SchedSpec};
+    use lbagent_common::{PROTO_TCP, SCHED_TABLE_SIZE};
+    use lbagent_tests::{
+        fixture::{SERVER, VIP as FIXTURE_VIP, ZONE, tcp},
+        packet::{Ip, SYN, frame, summary},
+    };
+    if !require_root() {
+        return;
+    }
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    if cpus < 2 {
+        assert!(std::env::var("CI").is_err(), "needs two CPUs");
+        return;
+    }
+    let mut e = lbagent_tests::engine::Engine::new(ZONE).unwrap();
+    // Five backends in turn: the table's slot i is backend i % 5.
+    let table: Vec<(Ipv4Addr, u16)> =
+        (0..SCHED_TABLE_SIZE).map(|i| (Ipv4Addr::new(10, 0, 2, 10 + (i % 5) as u8), 80)).collect();
+    let table = std::sync::Arc::new(table);
+    const RULES: u16 = 8;
+    for r in 0..RULES {
+        e.tables
+            .set_dnat(&DnatSpec {
+                zone: ZONE,
+                addr: Ipv4Addr::from(FIXTURE_VIP),
+                proto: PROTO_TCP,
+                port: 1000 + r,
+                rule_id: 100 + u32::from(r),
+                backends: vec![(Ipv4Addr::from(SERVER), 80)],
+                snat: None,
+                acl: None,
+                sched: Some(SchedSpec { kind: SchedKind::Turn, table: table.clone(), weights: vec![] }),
+            })
+            .unwrap();
+    }
+    let mut first_picks = |cpu: usize| -> Vec<[u8; 4]> {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(cpu).unwrap();
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+        (0..RULES)
+            .map(|r| {
+                let syn = frame(&Ip::new([192, 0, 2, 1], FIXTURE_VIP), &tcp(SYN, 30000 + cpu as u16, 1000 + r, b""));
+                summary(&e.run(&syn).unwrap().1).dst
+            })
+            .collect()
+    };
+    let (on0, on1) = (first_picks(0), first_picks(1));
+    let mut all = nix::sched::CpuSet::new();
+    for c in 0..cpus {
+        all.set(c).unwrap();
+    }
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &all).unwrap();
+    eprintln!("first backends, CPU 0: {on0:?}; CPU 1: {on1:?}");
+    // By chance, all 8 first picks of a CPU on backend 0 (slot 0 and its
+    // like), or equal on both CPUs: (1/5)^8 each, once in 390 625 runs.
+    let slot0 = [10, 0, 2, 10];
+    for (cpu, picks) in [(0, &on0), (1, &on1)] {
+        assert!(picks.iter().any(|p| *p != slot0), "CPU {cpu} started every rule's turn at slot 0: {picks:?}");
+    }
+    assert_ne!(on0, on1, "both CPUs started every rule's turn at the same slot");
+}

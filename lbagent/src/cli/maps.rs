@@ -296,8 +296,11 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
         MAP_SCHED_TURNS => {
             let mut arr = Vec::new();
             for (rule, per_cpu) in t.sched_turns()? {
-                text += &format!("rule {rule:<6} next position per CPU {per_cpu:?}\n");
-                arr.push(json!({"rule_id": rule, "per_cpu": per_cpu}));
+                // Stored as the next position plus one; 0: not started.
+                let next: Vec<Option<u32>> = per_cpu.iter().map(|&v| v.checked_sub(1)).collect();
+                let shown: Vec<String> = next.iter().map(|n| n.map_or("-".to_string(), |n| n.to_string())).collect();
+                text += &format!("rule {rule:<6} next position per CPU [{}]\n", shown.join(", "));
+                arr.push(json!({"rule_id": rule, "per_cpu": next}));
             }
             Value::Array(arr)
         }

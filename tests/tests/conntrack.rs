@@ -475,3 +475,29 @@ fn a_promotion_that_finds_its_pair_promoted_is_not_a_full_table() {
     tcp_reply(&mut e, ACK, b"data");
     assert_pairs_consistent(&e);
 }
+
+/// Garbage collection and flush delete the flows they dumped, never a flow
+/// the program created since under the same key (a flow that went and a new
+/// one on the same tuple).
+#[test]
+fn gc_and_flush_never_delete_a_flow_created_after_their_dump() {
+    let Some(mut e) = engine() else { return };
+    let q = |p: &[u8]| frame(&Ip::new(CLIENT, VIP), &udp(25000, 53, p));
+    let out = |p: &[u8]| frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, p));
+    expect(&mut e, q(b"one"), out(b"one"));
+    let dump = e.tables.conntrack().unwrap();
+    assert_eq!(dump.len(), 2);
+    // The flow goes (as an expiry removes it) and the client opens a new
+    // one on the same tuple.
+    for (k, _) in &dump {
+        e.tables.remove_conntrack_entry(k).unwrap();
+    }
+    expect(&mut e, q(b"two"), out(b"two"));
+    let fresh = entry(&e, &udp_key(25000)).unwrap();
+    // A flush over the old dump (every flow it holds selected) keeps it.
+    assert_eq!(e.tables.flush_entries(&dump, |_, _| true).unwrap(), 1, "the dumped flow counts");
+    assert_eq!(entry(&e, &udp_key(25000)), Some(fresh), "the new flow stays");
+    assert_eq!(e.tables.conntrack().unwrap().len(), 2, "both of its halves");
+    expect(&mut e, q(b"three"), out(b"three"));
+    assert_pairs_consistent(&e);
+}

@@ -46,10 +46,18 @@ impl Tables {
         self.flush_entries(&entries, select)
     }
 
-    /// `flush_conntrack` over entries already dumped. A half's pair is
-    /// deleted only if it points back at the half (see `CtEntry`): a pair
-    /// key that now belongs to another flow is left alone.
-    fn flush_entries(&self, entries: &[(Tuple, CtEntry)], select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
+    /// `flush_conntrack` over entries already dumped (`entries`). A half's
+    /// pair is deleted only if it points back at the half (see `CtEntry`):
+    /// a pair key that now belongs to another flow is left alone. An entry
+    /// is deleted only while it is still the one dumped (same creation time
+    /// and translation): a flow the program re-created under the same key
+    /// since the dump (a new connection on the tuple, a flow that expired
+    /// and came back) is another flow, and stays.
+    pub fn flush_entries(
+        &self,
+        entries: &[(Tuple, CtEntry)],
+        select: impl Fn(&Tuple, &CtEntry) -> bool,
+    ) -> Result<usize> {
         let mut maps = [self.hash::<Tuple, CtEntry>(MAP_CT)?, self.hash::<Tuple, CtEntry>(MAP_CT_NEW)?];
         let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
         let mut doomed = std::collections::HashSet::new();
@@ -66,8 +74,13 @@ impl Tables {
             }
         }
         for key in &doomed {
+            let Some(dumped) = by_key.get(key) else { continue };
             for map in maps.iter_mut() {
-                let _ = map.remove(key);
+                let same =
+                    map.get(key, 0).is_ok_and(|now| now.created_ns == dumped.created_ns && now.xlate == dumped.xlate);
+                if same {
+                    let _ = map.remove(key);
+                }
             }
         }
         Ok(flows)

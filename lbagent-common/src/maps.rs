@@ -301,6 +301,12 @@ pub struct SnatRule {
 /// of trying to keep the original source port first.
 pub const SNAT_F_RANDOM: u32 = 1;
 
+/// No port range was asked for (iptables' `-j SNAT --to-source addr`): a
+/// privileged source port stays in its class, as Linux NAT keeps it (below
+/// 512: 1–511; 512–1023: 600–1023; services such as NFS accept only
+/// reserved ports); other ports take the rule's range.
+pub const SNAT_F_PORT_CLASS: u32 = 2;
+
 /// Timeouts in seconds; 0 means "use the default" (`DEFAULT_*`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

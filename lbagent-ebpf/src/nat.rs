@@ -99,7 +99,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     // SNAT rules are keyed on the interface the flow leaves by (after DNAT);
     // nothing delivered to the namespace itself is SNAT'ed.
     let out = route(ctx, &f.xlate, p.ifindex).snat_ifindex(p.ifindex);
-    if let Some(s) = out.and_then(|out| rules::snat(t.zone, out, t.saddr)) {
+    if let Some(s) = out.and_then(|out| rules::snat(p, out)) {
         f.xlate.saddr = s.addr;
         f.flags |= CT_F_SNAT;
         f.snat_rule = s.rule_id;

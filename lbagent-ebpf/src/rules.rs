@@ -7,6 +7,7 @@ use lbagent_common::*;
 use crate::{
     hash::flow_hash,
     maps::{ACL_RULES, DNAT_BACKENDS, DNAT_RULES, SNAT_RULES},
+    parse::Packet,
 };
 
 /// The chosen DNAT target and the rule id.
@@ -90,8 +91,21 @@ pub fn address_wide_dnat(zone: u16, addr: [u8; 4]) -> bool {
     unsafe { DNAT_RULES.get(&key) }.is_some()
 }
 
+/// The SNAT rule for packet `p`'s source leaving by `ifindex`, with the
+/// port range its flow takes: a rule without a range asked for
+/// (`SNAT_F_PORT_CLASS`) keeps a privileged source port in its class
+/// (below 512: 1–511; 512–1023: 600–1023), as Linux NAT does.
 #[inline(always)]
-pub fn snat(zone: u16, ifindex: u32, saddr: [u8; 4]) -> Option<SnatRule> {
-    let key = Key::new(SNAT_KEY_FIXED_BITS + 32, SnatKey { zone, _pad0: 0, ifindex, addr: saddr });
-    SNAT_RULES.get(&key).copied()
+pub fn snat(p: &Packet, ifindex: u32) -> Option<SnatRule> {
+    let t = &p.tuple;
+    let key = Key::new(SNAT_KEY_FIXED_BITS + 32, SnatKey { zone: t.zone, _pad0: 0, ifindex, addr: t.saddr });
+    let s = SNAT_RULES.get(&key)?;
+    if s.flags & SNAT_F_PORT_CLASS != 0 && p.has_ports() && t.sport < PRIVILEGED_PORT_END {
+        let (port_min, port_max) = if t.sport < 512 { (1, 511) } else { (600, 1023) };
+        return Some(SnatRule { port_min, port_max, ..*s });
+    }
+    Some(*s)
 }
+
+/// Ports below this are privileged (`SNAT_F_PORT_CLASS`).
+const PRIVILEGED_PORT_END: u16 = 1024;

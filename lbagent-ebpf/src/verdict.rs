@@ -54,7 +54,7 @@ pub fn orphan_fragment(ctx: &TcContext, p: &Packet, t: &lbagent_common::Tuple) -
 fn snat_covers(ctx: &TcContext, p: &Packet) -> bool {
     let t = &p.tuple;
     match route(ctx, t, p.ifindex).snat_ifindex(p.ifindex) {
-        Some(out) => rules::snat(t.zone, out, t.saddr).is_some(),
+        Some(out) => rules::snat(p, out).is_some(),
         None => false,
     }
 }

@@ -47,7 +47,16 @@ pub fn dnat(proto: u8, port: u16, rule_id: u32, backends: &[([u8; 4], u16)]) -> 
 /// A SNAT rule for flows leaving by the test net's `v1` (every destination
 /// but 10.0.1.0/24 and the namespace's own addresses).
 pub fn snat(cidr: ([u8; 4], u8), to: [u8; 4], ports: (u16, u16), random: bool, rule_id: u32) -> SnatSpec {
-    SnatSpec { zone: ZONE, ifindex: out_ifindex(), cidr: (a(cidr.0), cidr.1), to: a(to), ports, random, rule_id }
+    SnatSpec {
+        zone: ZONE,
+        ifindex: out_ifindex(),
+        cidr: (a(cidr.0), cidr.1),
+        to: a(to),
+        ports,
+        random,
+        port_class: false,
+        rule_id,
+    }
 }
 
 /// Engine with: tcp/80 → server:8080, udp/53 → server:5353, icmp → server,

@@ -124,6 +124,7 @@ impl NatTopology {
             to: SNAT,
             ports: (20000, 29999),
             random: true,
+            port_class: false,
             rule_id: 10,
         })?;
         Ok(NatTopology {

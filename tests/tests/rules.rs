@@ -92,3 +92,40 @@ fn unmatched_traffic_is_untouched() {
     assert!(e.tables.counter(Counter::PassUnmatched).unwrap() >= 3);
     assert!(e.tables.conntrack().unwrap().is_empty());
 }
+
+/// A SNAT rule without a port range asked for (the gateway's CIDR SNAT, as
+/// the reference's `-j SNAT --to-source <eip>`) keeps a privileged source
+/// port in its class, as Linux NAT does: below 512 in 1–511, 512–1023 in
+/// 600–1023 (NFS servers accept only reserved ports); other ports take the
+/// rule's range. A rule with a range asked for uses it for every port.
+#[test]
+fn snat_without_a_range_keeps_privileged_ports_in_their_class() {
+    let Some(mut e) = engine() else { return };
+    let mut rule = snat(([10, 0, 1, 0], 24), SNAT, (1024, 65535), true, 20);
+    rule.port_class = true;
+    e.tables.set_snat(&rule).unwrap();
+    // Traffic to a host with no DNAT rule: SNAT alone.
+    let to = [10, 0, 2, 9];
+    let sport_of = |e: &mut lbagent_tests::engine::Engine, sport: u16| {
+        let (rc, out) = e.run(&frame(&Ip::new(CLIENT, to), &udp(sport, 2049, b"x"))).unwrap();
+        assert_eq!(rc, TC_ACT_OK);
+        verify(&out).unwrap();
+        let s = packet::summary(&out);
+        assert_eq!(s.src, SNAT);
+        s.sport
+    };
+    for sport in [111, 300, 511, 512, 700, 1023, 1024, 40000] {
+        let got = sport_of(&mut e, sport);
+        let class = match sport {
+            0..512 => 1..=511,
+            512..1024 => 600..=1023,
+            _ => 1024..=65535,
+        };
+        assert!(class.contains(&got), "source port {sport} became {got}, outside {class:?}");
+    }
+    // With a range asked for, a privileged port takes the range.
+    rule.port_class = false;
+    e.tables.set_snat(&rule).unwrap();
+    let got = sport_of(&mut e, 222);
+    assert!(got >= 1024, "a range asked for applies to every port: 222 became {got}");
+}

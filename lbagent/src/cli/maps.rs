@@ -117,7 +117,10 @@ pub fn render(t: &Tables, map: &str) -> Result<(String, Value)> {
             let mut arr = Vec::new();
             for (len, k, r) in t.snat_rules()? {
                 let cidr = format!("{}/{}", ip(k.addr), len - SNAT_KEY_FIXED_BITS);
-                let mode = if r.flags & SNAT_F_RANDOM != 0 { "random" } else { "keep-port" };
+                let mut mode = if r.flags & SNAT_F_RANDOM != 0 { "random" } else { "keep-port" }.to_string();
+                if r.flags & SNAT_F_PORT_CLASS != 0 {
+                    mode += ",port-class";
+                }
                 text += &format!(
                     "zone {:<3} if {:<4} src {:<18} -> {} ports {}-{} {} rule {}\n",
                     k.zone,

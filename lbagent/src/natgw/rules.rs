@@ -26,7 +26,8 @@ use crate::{
     state::spec::{Cidr, DnatMode, Gw, Protocol},
 };
 
-/// SNAT port range for CIDR SNAT.
+/// SNAT port range for CIDR SNAT (no range asked for, as the reference's
+/// `-j SNAT --to-source <eip>`: privileged ports keep their class).
 pub const SNAT_PORTS: (u16, u16) = (1024, 65535);
 
 #[derive(Clone, Copy, Debug)]
@@ -102,6 +103,7 @@ pub fn rules(gw: &Gw, zone: u16, ifs: Ifaces, ids: &mut dyn FnMut(&str) -> u32) 
             to: *eip,
             ports: (1, 65535),
             random: false,
+            port_class: false,
             rule_id,
         });
     }
@@ -124,7 +126,16 @@ pub fn rules(gw: &Gw, zone: u16, ifs: Ifaces, ids: &mut dyn FnMut(&str) -> u32) 
             continue; // the FIP's own SNAT wins
         }
         let rule_id = id(naming::gw_snat_key(&gw.name, cidr), &mut r);
-        r.snats.push(SnatSpec { zone, ifindex: ifs.ext, cidr, to: eip, ports: SNAT_PORTS, random: true, rule_id });
+        r.snats.push(SnatSpec {
+            zone,
+            ifindex: ifs.ext,
+            cidr,
+            to: eip,
+            ports: SNAT_PORTS,
+            random: true,
+            port_class: true,
+            rule_id,
+        });
     }
     r
 }

@@ -133,6 +133,9 @@ pub struct SnatSpec {
     pub to: Ipv4Addr,
     pub ports: (u16, u16),
     pub random: bool,
+    /// No range was asked for: privileged source ports keep their class
+    /// (`SNAT_F_PORT_CLASS`); `ports` is for the others.
+    pub port_class: bool,
     pub rule_id: u32,
 }
 
@@ -174,7 +177,7 @@ impl SnatSpec {
             port_min: self.ports.0,
             port_max: self.ports.1,
             rule_id: self.rule_id,
-            flags: if self.random { SNAT_F_RANDOM } else { 0 },
+            flags: if self.random { SNAT_F_RANDOM } else { 0 } | if self.port_class { SNAT_F_PORT_CLASS } else { 0 },
         }
     }
 
@@ -383,6 +386,7 @@ mod tests {
             to: "198.51.100.1".parse().unwrap(),
             ports: (1024, 65535),
             random: true,
+            port_class: true,
             rule_id: 1,
         };
         let k = s.key();

@@ -253,6 +253,7 @@ fn wide_snat(t: &NatTopology) -> Result<()> {
         to: SNAT,
         ports: (1024, 65535),
         random: true,
+        port_class: true,
         rule_id: 10,
     })
 }

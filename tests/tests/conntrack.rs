@@ -501,3 +501,30 @@ fn gc_and_flush_never_delete_a_flow_created_after_their_dump() {
     expect(&mut e, q(b"three"), out(b"three"));
     assert_pairs_consistent(&e);
 }
+
+/// After FIN both ways the flow is kept `tcp_closing_s` (10 s by default,
+/// not Linux's 120 s TIME_WAIT: the gateway is not an endpoint, and 120 s
+/// per closed connection would fill `ct` at a few thousand connections a
+/// second): a peer's retransmitted FIN or final ACK in that time still
+/// takes the flow's translation; a packet that would reopen the tuple after
+/// it (a SYN) starts a new flow.
+#[test]
+fn a_closed_flow_still_translates_late_segments_for_its_closing_timeout() {
+    let Some(mut e) = engine() else { return };
+    assert_eq!(NatConfig::default().timeout_s(PROTO_TCP, CT_CLOSING), DEFAULT_TCP_CLOSING_S);
+    assert_eq!(DEFAULT_TCP_CLOSING_S, 10, "the documented default (docs/state-file.md)");
+    e.tables.set_config(NatConfig { tcp_closing_s: 2, ..Default::default() }).unwrap();
+    establish(&mut e);
+    tcp_orig(&mut e, FIN | ACK, b"");
+    tcp_reply(&mut e, FIN | ACK, b"");
+    assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    // The server's FIN again (its last ACK was lost), and the client's ACK.
+    tcp_reply(&mut e, FIN | ACK, b"");
+    tcp_orig(&mut e, ACK, b"");
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 1, "the late segments took the closed flow");
+    // Past the timeout the tuple is free: a SYN opens a new flow.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    open_tcp(&mut e);
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 2);
+}

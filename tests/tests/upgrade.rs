@@ -233,12 +233,26 @@ fn without_counts(v: &Value) -> Value {
 }
 
 /// What the prober saw while the agents were swapped.
-#[derive(Default, Debug)]
+#[derive(Default)]
 struct Seen {
     udp_answers: Vec<Vec<String>>,
     udp_lost: usize,
     new_tried: usize,
     new_failed: usize,
+    /// UDP flows opened through SNAT all through the swap, each from its
+    /// own source port, with the translated address its first answer saw.
+    opened: Vec<(UdpFlow, String)>,
+}
+
+/// The same state with the direct listener's ACL tightened: the SNAT host
+/// (10.10.0.23) is refused.
+fn with_tightened_acl(state: &str) -> String {
+    let open = "{id: direct, type: tcp, port: 9000, backend_group: g}";
+    assert!(state.contains(open));
+    state.replace(
+        open,
+        "{id: direct, type: tcp, port: 9000, backend_group: g, acl: {action: deny, cidrs: [10.10.0.23/32]}}",
+    )
 }
 
 fn upgrade(attach: &'static str) {
@@ -290,6 +304,9 @@ fn upgrade(attach: &'static str) {
     assert!(first[0].starts_with("198.51.100.11:") && first[1].starts_with("198.51.100.11:"), "{first:?}");
     assert_ne!(first[0], first[1], "two flows share a translated port");
     assert!(first[2].starts_with("lbu 10.10.0.5:"), "load-balanced UDP: {}", first[2]);
+    // A client the upgraded state's ACL refuses, connected before.
+    let refused = OpenConn::open(&topo.vpc[2].ns.name, at("10.10.0.5:9000")).unwrap();
+    assert!(refused.ping("before").unwrap().starts_with("lb "));
 
     // Upgrade while a prober keeps the UDP flows busy and opens new
     // connections on every path.
@@ -297,9 +314,17 @@ fn upgrade(attach: &'static str) {
     let prober = {
         let stop = stop.clone();
         let targets: Vec<(String, SocketAddr)> = paths.iter().map(|p| (p.from.clone(), p.to)).collect();
+        let snat_host = topo.vpc[2].ns.name.clone();
         std::thread::spawn(move || {
             let mut seen = Seen { udp_answers: vec![vec![]; 3], ..Default::default() };
             while !stop.load(Ordering::Relaxed) {
+                // A new UDP flow through SNAT, from a source port of its own.
+                let port = 43000 + seen.opened.len() as u16;
+                if let Ok(f) = UdpFlow::open(&snat_host, port, at("198.51.100.1:9001"))
+                    && let Ok(a) = f.ask("opened")
+                {
+                    seen.opened.push((f, a));
+                }
                 for (i, f) in udp.iter().enumerate() {
                     match f.ask("during") {
                         Ok(a) => seen.udp_answers[i].push(a),
@@ -318,6 +343,8 @@ fn upgrade(attach: &'static str) {
     };
     std::thread::sleep(Duration::from_millis(500));
     old.stop();
+    // The new agent applies a state whose ACL refuses one client.
+    std::fs::write(env.dir.join("state.yaml"), with_tightened_acl(&topo.state(&lb, &gw))).unwrap();
     let started = Instant::now();
     let new = Agent::start(&lbagent_bin(), &env, "current.log");
     let took = started.elapsed();
@@ -336,19 +363,35 @@ fn upgrade(attach: &'static str) {
         let moved: Vec<&String> = seen.udp_answers[i].iter().chain([&after]).filter(|a| **a != first[i]).collect();
         assert!(moved.is_empty(), "UDP flow {i} moved from {} to {moved:?}", first[i]);
     }
+    // Every UDP flow opened during the swap (by the old programs or the
+    // new ones, before or after its zone switched) kept its translation.
+    let moved: Vec<String> = seen
+        .opened
+        .iter()
+        .filter_map(|(f, a)| f.ask("after").ok().filter(|b| b != a).map(|b| format!("{a} -> {b}")))
+        .collect();
+    assert!(seen.opened.len() >= 10, "flows opened during the swap: {}", seen.opened.len());
+    assert!(moved.is_empty(), "UDP flows opened during the swap moved: {moved:?}");
+    // The tightened ACL holds: its flows were flushed and stay flushed (no
+    // copy of the old tables brings them back), new ones are refused.
+    assert!(refused.ping("after").is_err(), "a connection the new ACL refuses survived the upgrade");
+    assert!(ask_tcp(&topo.vpc[2].ns.name, at("10.10.0.5:9000")).is_err(), "the new ACL refuses new connections");
     for p in &paths {
         check(p, &ask_tcp(&p.from, p.to).unwrap_or_else(|e| panic!("new connection via {}: {e:#}", p.name)));
     }
     let log = std::fs::read_to_string(env.dir.join("current.log")).unwrap();
     eprintln!(
         "upgrade ({attach}): new agent applied in {took:?}; 0 of {} open connections lost; UDP datagrams lost \
-         during the swap: {}; new connections failed during the swap: {} of {}",
+         during the swap: {}; new connections failed during the swap: {} of {}; {} UDP flows opened during the \
+         swap, none moved",
         conns.len(),
         seen.udp_lost,
         seen.new_failed,
-        seen.new_tried
+        seen.new_tried,
+        seen.opened.len()
     );
     assert!(log.contains(&format!("migrating it to layout {LAYOUT_VERSION}")), "{log}");
+    assert!(log.contains("conntrack tables shared with the running programs"), "{log}");
     assert!(log.contains(&format!("migration from layout {FROM_VERSION} done")), "{log}");
     // Each QoS rule kept its bucket and its counts (they only grew).
     let counted_after = qos_counts(&new.status(&env).unwrap());

@@ -5,9 +5,12 @@
 //!
 //! Sequence (the daemon drives it; each step is idempotent, so a crash at
 //! any point is repaired by the next start, which finds the same pins):
-//! 1. [`Migration::begin`], before the first apply: this layout's maps are
-//!    created and filled with the old ones' *state*, what the agent cannot
-//!    recompute: both halves of every flow, per-rule statistics, counters,
+//! 1. [`Migration::begin`], before the first apply: the old conntrack
+//!    tables become this layout's too (`share_conntrack`: one set of flows
+//!    for the old and the new programs, so the switch-over is atomic per
+//!    flow), and this layout's other maps are created and filled with the
+//!    old ones' *state*, what the agent cannot recompute: both halves of
+//!    every flow when the tables could not be shared, per-rule statistics, counters,
 //!    and every QoS bucket (rate, clock, counts, and the hook and EIP
 //!    entries that use it, so the first apply keeps the bucket). Rules
 //!    (DNAT, backends, ACLs, SNAT, scheduler tables) are not carried: the
@@ -19,10 +22,11 @@
 //! 2. The first apply writes every zone's rules from the desired state and
 //!    only then attaches the zone's new programs (`lb::ensure`,
 //!    `natgw::ensure`): a new program never sees a half-written table.
-//! 3. [`Migration::finish`], after an apply that attached every zone: the
-//!    flows the old programs created between step 1 and their replacement
-//!    are copied (a second, catch-up pass; halves already present are
-//!    kept), then the old directory becomes a marker: its maps are unpinned
+//! 3. [`Migration::finish`], after an apply that attached every zone: when
+//!    the tables were copied, the flows the old programs created between
+//!    step 1 and their replacement are copied (a second, catch-up pass;
+//!    halves already present are kept); then the old directory becomes a
+//!    marker: its maps are unpinned
 //!    (the kernel frees them with the last old program) and its `meta` is
 //!    set to this layout, which makes an agent of the old layout refuse to
 //!    start (a downgrade would lose every flow).
@@ -68,6 +72,9 @@ pub struct Carried {
     /// QoS buckets in use (rate, clock and counts).
     pub qos_buckets: usize,
     pub links: usize,
+    /// The old conntrack tables became this layout's (`share_conntrack`):
+    /// nothing was copied, nothing needs catching up.
+    pub ct_shared: bool,
 }
 
 /// A migration in progress: the old layout's live pins were found.
@@ -109,14 +116,20 @@ impl Migration {
             "found the dataplane of layout {FROM_VERSION} in {}: migrating it to layout {LAYOUT_VERSION}",
             old.display()
         );
-        // Creates (or reuses, after the usual checks) this layout's maps.
+        let shared = share_conntrack(&old, root, ct_max)?;
+        // Creates (or reuses, after the usual checks) this layout's maps:
+        // the shared conntrack tables among them.
         super::loader::ZoneProgram::load_sized(root, 0, ct_max).context("creating the new layout's maps")?;
         let tables = Tables::open(root)?;
-        let mut carried = copy_conntrack(&old, &tables)?;
+        let mut carried =
+            if shared { Carried { ct_shared: true, ..Default::default() } } else { copy_conntrack(&old, &tables)? };
         carried.rule_stats = copy_rule_stats(&old, &tables)?;
         copy_counters(&old, &tables)?;
         carried.qos_buckets = copy_qos(&old, &tables)?;
         carried.links = move_links(&old, &pins::links_dir(root))?;
+        if carried.ct_shared {
+            info!("conntrack tables shared with the running programs: every flow is seen by both layouts");
+        }
         info!(
             "carried {} conntrack halves ({} already present, {} did not fit), statistics of {} rules, \
              {} QoS buckets, {} tcx links",
@@ -136,7 +149,9 @@ impl Migration {
     pub fn finish(self) -> Result<Carried> {
         let old = pins::version_dir(&self.root, self.from);
         let tables = Tables::open(&self.root)?;
-        let caught = copy_conntrack(&old, &tables)?;
+        // Shared tables: nothing to catch up (and nothing the first apply
+        // flushed can come back).
+        let caught = if self.carried.ct_shared { Carried::default() } else { copy_conntrack(&old, &tables)? };
         pins::leave_marker(&self.root, self.from)?;
         info!(
             "migration from layout {} done: {} conntrack halves caught up after the switch-over; {} is a marker now \
@@ -148,6 +163,35 @@ impl Migration {
         );
         Ok(caught)
     }
+}
+
+/// Makes the old layout's conntrack tables this layout's own, by pinning
+/// them under this layout's names before the first load (which then reuses
+/// them): the old programs and the new ones see one set of flows, so every
+/// flow switches over atomically, whichever zone's program handles its next
+/// packet and whenever. No flow opened during the window is missing, none
+/// is frozen at a copy's time, and none the first apply flushes comes back.
+/// The entry layouts are unchanged since layout 2. Only when this layout
+/// has no conntrack pinned yet (a restart after a crash mid-migration finds
+/// what the first start did) and the old tables have the sizes asked for
+/// (`--conntrack-max` unchanged); otherwise `false`, and the flows are
+/// copied as before.
+fn share_conntrack(old: &Path, root: &Path, ct_max: Option<u32>) -> Result<bool> {
+    let dir = pins::versioned_dir(root);
+    if dir.join(MAP_CT).exists() || dir.join(MAP_CT_NEW).exists() {
+        return Ok(false);
+    }
+    let want = ct_max.unwrap_or(CT_MAX);
+    let (ct, ct_new) = (old_map(old, MAP_CT)?, old_map(old, MAP_CT_NEW)?);
+    if ct.info()?.max_entries() != want || ct_new.info()?.max_entries() != ct_new_max(want) {
+        info!("--conntrack-max changed across the upgrade: the flows are copied into new tables");
+        return Ok(false);
+    }
+    pins::check_meta(root)?;
+    let dir = pins::ensure_versioned_dir(root)?;
+    ct.pin(dir.join(MAP_CT)).context("pinning the shared ct")?;
+    ct_new.pin(dir.join(MAP_CT_NEW)).context("pinning the shared ct_new")?;
+    Ok(true)
 }
 
 fn old_map(dir: &Path, name: &str) -> Result<MapData> {

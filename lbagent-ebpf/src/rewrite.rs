@@ -114,8 +114,9 @@ pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple, hop: bool, store: Store)
         (Kind::Ports, PROTO_TCP) => (Some(p.l4 + TCP_CSUM), 0u64),
         (Kind::Ports, PROTO_UDP) => (Some(p.l4 + UDP_CSUM), BPF_F_MARK_MANGLED_0 as u64),
         // Address-only, but their checksums cover the addresses: updated
-        // with them (ports untouched). A checksum of 0 is not "none" for
-        // either; a result of 0 is written as 0xffff (one's complement).
+        // with them (ports untouched). UDP-Lite's 0 (invalid there: it has
+        // no "no checksum") is left as it came; a result of 0 is written as
+        // 0xffff, its one's-complement twin.
         (Kind::AddressOnly, PROTO_UDPLITE) => (Some(p.l4 + UDPLITE_CSUM), BPF_F_MARK_MANGLED_0 as u64),
         (Kind::AddressOnly, PROTO_DCCP) => (Some(p.l4 + DCCP_CSUM), 0u64),
         _ => (None, 0u64),

@@ -61,15 +61,16 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
     }
     // A changed ACL applies to flows already open, too (fail closed): the
     // flows whose client the new ACL refuses are flushed (they would not
-    // reopen); the clients it still accepts keep theirs. A rule with an ACL
-    // that the maps do not hold yet counts as changed: its flows can be
-    // older than its entry (the first apply after an upgrade writes every
-    // rule afresh over the flows the previous layout's programs opened).
+    // reopen); the clients it still accepts keep theirs. When the maps hold
+    // none of the zone's rules (the first apply after an upgrade writes them
+    // all afresh, over the flows the previous layout's programs opened), a
+    // rule with an ACL counts as changed. A new listener among existing
+    // ones has a fresh rule id: no flow can carry it, nothing to dump.
     let acl_changed: std::collections::HashMap<u32, Option<&super::tables::AclSpec>> = want
         .iter()
         .filter(|d| match have.iter().find(|(_, r, _)| r.rule_id == d.rule_id) {
             Some((_, r, _)) => r.acl_digest != d.rule().acl_digest,
-            None => d.acl.is_some(),
+            None => have.is_empty() && d.acl.is_some(),
         })
         .map(|d| (d.rule_id, d.acl.as_ref()))
         .collect();

@@ -171,26 +171,38 @@ impl Migration {
 /// flow switches over atomically, whichever zone's program handles its next
 /// packet and whenever. No flow opened during the window is missing, none
 /// is frozen at a copy's time, and none the first apply flushes comes back.
-/// The entry layouts are unchanged since layout 2. Only when this layout
-/// has no conntrack pinned yet (a restart after a crash mid-migration finds
-/// what the first start did) and the old tables have the sizes asked for
+/// The entry layouts are unchanged since layout 2. Only when this layout's
+/// conntrack pins are absent or are the old tables themselves (a restart
+/// after a crash mid-migration finds what the first start did, and pins
+/// what it had not) and the old tables have the sizes asked for
 /// (`--conntrack-max` unchanged); otherwise `false`, and the flows are
 /// copied as before.
 fn share_conntrack(old: &Path, root: &Path, ct_max: Option<u32>) -> Result<bool> {
     let dir = pins::versioned_dir(root);
-    if dir.join(MAP_CT).exists() || dir.join(MAP_CT_NEW).exists() {
-        return Ok(false);
-    }
     let want = ct_max.unwrap_or(CT_MAX);
-    let (ct, ct_new) = (old_map(old, MAP_CT)?, old_map(old, MAP_CT_NEW)?);
-    if ct.info()?.max_entries() != want || ct_new.info()?.max_entries() != ct_new_max(want) {
-        info!("--conntrack-max changed across the upgrade: the flows are copied into new tables");
-        return Ok(false);
+    let mut tables = Vec::new();
+    for (name, size) in [(MAP_CT, want), (MAP_CT_NEW, ct_new_max(want))] {
+        let map = old_map(old, name)?;
+        let info = map.info()?;
+        // This layout's pin, when one is there: the old map itself (a start
+        // that crashed after sharing it), or another one (copied tables).
+        let pinned = MapData::from_pin(dir.join(name)).ok().and_then(|m| m.info().ok()).map(|i| i.id());
+        if pinned.is_some_and(|id| id != info.id()) {
+            return Ok(false);
+        }
+        if info.max_entries() != size {
+            info!("--conntrack-max changed across the upgrade: the flows are copied into new tables");
+            return Ok(false);
+        }
+        tables.push((name, map, pinned.is_some()));
     }
     pins::check_meta(root)?;
     let dir = pins::ensure_versioned_dir(root)?;
-    ct.pin(dir.join(MAP_CT)).context("pinning the shared ct")?;
-    ct_new.pin(dir.join(MAP_CT_NEW)).context("pinning the shared ct_new")?;
+    for (name, map, pinned) in tables {
+        if !pinned {
+            map.pin(dir.join(name)).with_context(|| format!("pinning the shared {name}"))?;
+        }
+    }
     Ok(true)
 }
 

@@ -58,7 +58,9 @@ impl Tables {
         entries: &[(Tuple, CtEntry)],
         select: impl Fn(&Tuple, &CtEntry) -> bool,
     ) -> Result<usize> {
-        let mut maps = [self.hash::<Tuple, CtEntry>(MAP_CT)?, self.hash::<Tuple, CtEntry>(MAP_CT_NEW)?];
+        // `ct_new` first: a promotion between the two deletions moves an
+        // entry into `ct`, where the second one still finds it.
+        let mut maps = [self.hash::<Tuple, CtEntry>(MAP_CT_NEW)?, self.hash::<Tuple, CtEntry>(MAP_CT)?];
         let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
         let mut doomed = std::collections::HashSet::new();
         let mut flows = 0;

@@ -38,6 +38,13 @@ pub fn lbagent_bin() -> std::path::PathBuf {
     target.join("debug/lbagent")
 }
 
+/// The release build of `lbagent` (what the package installs), which
+/// `cargo xtask build` makes: benchmarks that time the agent's own work run
+/// it, not the debug build the tests use.
+pub fn lbagent_release_bin() -> std::path::PathBuf {
+    lbagent_bin().parent().and_then(|d| d.parent()).expect("target dir").join("release/lbagent")
+}
+
 /// The previous release's `lbagent` (the last build of the previous map
 /// layout), built from git history by `cargo xtask test` and named by
 /// `LBAGENT_PREVIOUS_BIN`. `None` (skip) outside CI when it was not built;

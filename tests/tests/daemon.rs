@@ -1403,3 +1403,88 @@ fn a_file_mode_stop_is_prompt() {
     eprintln!("file-mode stop took {took:?}");
     assert!(took < Duration::from_millis(1500), "stopped in {took:?}:\n{}", daemon.log());
 }
+
+/// A restart over many objects applies a change at once: the repair pass
+/// that follows every start re-ensures the objects in slices and yields
+/// to a document that arrives meanwhile, which is applied between two
+/// objects, not after the last one. Hundreds of objects are stood in for
+/// by a debug build's pause before each object the pass re-ensures
+/// (`LBAGENT_PAUSE_AT=repair-step:<ms>`): 3 load balancers at 2.5 s each
+/// make a 7.5 s pass.
+#[test]
+fn a_change_during_a_long_repair_pass_is_applied_at_once() {
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brp")).unwrap();
+    let env = Env::new();
+    let ids = [lb_id(), lb_id(), lb_id()];
+    let doc = |ports: [u16; 3]| {
+        let mut doc = String::new();
+        for (i, id) in ids.iter().enumerate() {
+            let net = 66 + i as u8;
+            let one = lb_state(
+                &bridge.name,
+                id,
+                net,
+                ["{id: direct, type: tcp, port: 9000, backend_group: g}"],
+                &format!("[{{id: b, address: 10.{net}.0.21, port: {}}}]", ports[i]),
+            );
+            doc += if i == 0 { &one } else { one.split_once("load_balancers:\n").unwrap().1 };
+        }
+        doc
+    };
+    let backend_port = |s: &Value, id: &str| -> Option<u64> {
+        let lb = s["load_balancers"].as_array()?.iter().find(|l| l["id"] == id)?;
+        lb["backends"][0]["port"].as_u64()
+    };
+    let args: Vec<String> = ["--state", env.state().to_str().unwrap(), "--repair-interval", "600", "--metrics", "off"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    std::fs::write(env.state(), doc([9000, 9000, 9000])).unwrap();
+    let mut d = env.spawn(&lbagent_bin(), &args, "daemon1.log");
+    wait(|| env.status().is_some_and(|s| s["applies"].as_u64() >= Some(2) && applied(&s)), "created and repaired");
+    d.signal(Signal::SIGKILL);
+    d.stop();
+
+    // Changed while the agent is down: the first apply carries it.
+    std::fs::write(env.state(), doc([9001, 9000, 9000])).unwrap();
+    let pause = [("LBAGENT_PAUSE_AT", "repair-step:2500")];
+    let d = env.spawn_env(&lbagent_bin(), &args, "daemon2.log", &pause);
+    wait(|| env.status().is_some_and(|s| applied(&s)), "the first apply after the restart");
+    let first = env.status().unwrap();
+    assert_eq!(backend_port(&first, &ids[0]), Some(9001), "{first}");
+    // The pass yields after its first object; a change written then is
+    // applied while it is still under way.
+    wait(|| env.status().is_some_and(|s| !s["repair_pass"].is_null()), "the repair pass under way");
+    std::fs::write(env.state(), doc([9001, 9000, 9002])).unwrap();
+    let t = Instant::now();
+    let mut seen = Value::Null;
+    wait(
+        || {
+            seen = env.status().unwrap();
+            backend_port(&seen, &ids[2]) == Some(9002)
+        },
+        "the change applied",
+    );
+    eprintln!("change applied after {:?} with the repair pass at {}", t.elapsed(), seen["repair_pass"]);
+    assert!(applied(&seen), "{seen}\n{}", d.log());
+    assert_ne!(seen["revision_running"], first["revision_running"]);
+    let pass = &seen["repair_pass"];
+    assert!(
+        pass["objects_done"].as_u64() < pass["objects"].as_u64(),
+        "the change waited for the repair pass to end: {seen}\n{}",
+        d.log()
+    );
+    // The pass then completes, as one apply, without errors or changes.
+    wait(|| env.status().is_some_and(|s| s["repair_pass"].is_null()), "the repair pass to complete");
+    let done = env.status().unwrap();
+    assert_eq!(done["applies"].as_u64(), Some(3), "first apply, the change, the pass: {done}");
+    assert!(applied(&done), "{done}");
+    assert_eq!(done["last_apply"]["changes"], serde_json::json!([]), "{done}\n{}", d.log());
+    for (id, port) in ids.iter().zip([9001, 9000, 9002]) {
+        assert_eq!(backend_port(&done, id), Some(port), "{done}");
+    }
+}

@@ -379,6 +379,14 @@ fn upgrade(attach: &'static str) {
     for p in &paths {
         check(p, &ask_tcp(&p.from, p.to).unwrap_or_else(|e| panic!("new connection via {}: {e:#}", p.name)));
     }
+    // The migration finishes after the repair pass that follows the first
+    // apply has re-ensured every zone (each then runs this build's programs).
+    let done = format!("migration from layout {FROM_VERSION} done");
+    let t = Instant::now();
+    while !std::fs::read_to_string(env.dir.join("current.log")).unwrap().contains(&done) {
+        assert!(t.elapsed() < Duration::from_secs(60), "no {done:?} within 60 s:\n{}", new.0.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let log = std::fs::read_to_string(env.dir.join("current.log")).unwrap();
     eprintln!(
         "upgrade ({attach}): new agent applied in {took:?}; 0 of {} open connections lost; UDP datagrams lost \

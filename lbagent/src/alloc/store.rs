@@ -5,6 +5,7 @@
 use std::{
     fs,
     path::{Path, PathBuf},
+    sync::Mutex,
 };
 
 use anyhow::{Context, Result};
@@ -12,11 +13,16 @@ use serde::{Serialize, de::DeserializeOwned};
 
 pub struct JsonFile {
     path: PathBuf,
+    /// The bytes last read or written: a save of the same content writes
+    /// nothing (a repair pass persists after every object's step; at
+    /// hundreds of objects, rewriting and syncing unchanged files was most
+    /// of its cost).
+    last: Mutex<Option<Vec<u8>>>,
 }
 
 impl JsonFile {
     pub fn new(dir: &Path, name: &str) -> Self {
-        JsonFile { path: dir.join(name) }
+        JsonFile { path: dir.join(name), last: Mutex::new(None) }
     }
 
     pub fn path(&self) -> &Path {
@@ -26,25 +32,39 @@ impl JsonFile {
     /// The stored value, or the default when the file does not exist yet.
     pub fn load<T: DeserializeOwned + Default>(&self) -> Result<T> {
         match fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| format!("reading {}", self.path.display())),
+            Ok(bytes) => {
+                let value =
+                    serde_json::from_slice(&bytes).with_context(|| format!("reading {}", self.path.display()))?;
+                *self.last.lock().unwrap() = Some(bytes);
+                Ok(value)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
             Err(e) => Err(e).with_context(|| format!("reading {}", self.path.display())),
         }
     }
 
+    /// Writes `value` unless the file holds it already (as this handle
+    /// last read or wrote it).
     pub fn save<T: Serialize>(&self, value: &T) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(value)?;
+        let mut last = self.last.lock().unwrap();
+        if last.as_ref() == Some(&bytes) && self.path.exists() {
+            return Ok(());
+        }
         let dir = self.path.parent().unwrap_or(Path::new("."));
         crate::files::ensure_private_dir(dir)?;
         let tmp = self.path.with_extension("json.tmp");
-        crate::files::write_private(&tmp, &serde_json::to_vec_pretty(value)?, true)?;
+        crate::files::write_private(&tmp, &bytes, true)?;
         fs::rename(&tmp, &self.path).with_context(|| format!("replacing {}", self.path.display()))?;
         if let Ok(d) = fs::File::open(dir) {
             let _ = d.sync_all();
         }
+        *last = Some(bytes);
         Ok(())
     }
 
     pub fn remove(&self) -> Result<()> {
+        *self.last.lock().unwrap() = None;
         match fs::remove_file(&self.path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
             _ => Ok(()),
@@ -69,6 +89,33 @@ mod tests {
         f.save(&a).unwrap();
         assert_eq!(f.load::<Allocations>().unwrap(), a);
         assert!(!dir.join("alloc.json.tmp").exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn unchanged_content_is_not_rewritten() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("lbagent-store-same-{}", std::process::id()));
+        let f = JsonFile::new(&dir, "alloc.json");
+        let mut a = Allocations::default();
+        a.zone("lb/x").unwrap();
+        f.save(&a).unwrap();
+        let inode = || std::fs::metadata(f.path()).unwrap().ino();
+        let first = inode();
+        f.save(&a).unwrap();
+        assert_eq!(inode(), first, "the same content is not written again");
+        // Read by a new handle (a restart): still nothing to write.
+        let g = JsonFile::new(&dir, "alloc.json");
+        assert_eq!(g.load::<Allocations>().unwrap(), a);
+        g.save(&a).unwrap();
+        assert_eq!(inode(), first);
+        a.zone("lb/y").unwrap();
+        g.save(&a).unwrap();
+        assert_ne!(inode(), first, "a change is written (atomically: a new file)");
+        // A deleted file is written again even when the content is the same.
+        std::fs::remove_file(g.path()).unwrap();
+        g.save(&a).unwrap();
+        assert_eq!(g.load::<Allocations>().unwrap(), a);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

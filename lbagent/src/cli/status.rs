@@ -118,6 +118,14 @@ pub fn render(doc: &StatusDoc) -> String {
             }
         }
     }
+    if let Some(r) = &doc.repair_pass {
+        out += &format!(
+            "repair pass: {} of {} objects re-ensured, started at unix time {}\n",
+            r.objects_done,
+            r.objects,
+            or_dash(&r.started)
+        );
+    }
     if let Some(p) = &doc.source_problem {
         out += &format!("desired-state source: {p}\n");
     }

@@ -12,6 +12,7 @@ pub mod source;
 pub mod status;
 
 use std::{
+    collections::BTreeSet,
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -25,7 +26,7 @@ use tracing::{error, info, warn};
 use crate::{
     dataplane::{attach::AttachMode, loader::ZoneProgram, migrate::Migration},
     lb::health,
-    reconcile::{Reconciler, host::Host},
+    reconcile::{ApplyReport, Kind, Reconciler, RepairPass, host::Host},
     state::Desired,
 };
 use status::Status;
@@ -53,9 +54,14 @@ struct Daemon {
     /// The direct-mode health prober (its checks refreshed, and the prober
     /// started when it does not run, after every apply).
     prober: health::Prober,
-    /// An upgrade from the previous map layout waiting for an apply that
-    /// attached every zone's new programs (`dataplane::migrate`).
+    /// An upgrade from the previous map layout waiting for a repair pass
+    /// that attached every zone's new programs (`dataplane::migrate`).
     migration: Option<Migration>,
+    /// The repair pass under way (it runs in slices between the daemon's
+    /// other work) and its report so far.
+    repair: Option<(RepairPass, ApplyReport)>,
+    /// The backends down when the daemon last acted on health.
+    health_seen: BTreeSet<health::Key>,
     /// Notified after every status change (the source may report it).
     changed: Arc<tokio::sync::Notify>,
 }
@@ -65,7 +71,7 @@ impl Daemon {
     fn publish(&mut self) {
         let targets = health::targets(self.reconciler.applied.lbs.values());
         let health = self.reconciler.realizer.health.clone();
-        health.lock().unwrap().retain(&targets.iter().map(|t| t.key.clone()).collect::<Vec<_>>());
+        health.lock().unwrap().retain(&targets.iter().map(|t| t.key.clone()).collect());
         self.prober.set_checks(targets);
         self.prober.ensure_running();
         let mut st = self.status.lock().unwrap();
@@ -111,7 +117,7 @@ impl Daemon {
                     accepted();
                 }
                 self.last_good = Some(s.desired);
-                self.apply(false, Some(update.revision));
+                self.apply(Some(update.revision));
             }
             Err(problems) => {
                 error!(
@@ -153,15 +159,53 @@ impl Daemon {
         }
     }
 
-    /// Applies the last good document; `revision`: a newly accepted
-    /// document's, reported running together with this apply's result (not
-    /// before: `fleet put --wait` and `lbagent status` readers must never
-    /// see a revision running beside the previous apply's outcome).
-    fn apply(&mut self, repair: bool, revision: Option<String>) {
+    /// Applies the last good document's changes; `revision`: a newly
+    /// accepted document's, reported running together with this apply's
+    /// result (not before: `fleet put --wait` and `lbagent status` readers
+    /// must never see a revision running beside the previous apply's
+    /// outcome).
+    fn apply(&mut self, revision: Option<String>) {
         let Some(good) = &self.last_good else { return };
-        let report = self.reconciler.apply(good, repair);
+        let report = self.reconciler.apply(good, false);
         if !report.ok() {
             warn!("{} of {} steps failed; they are retried by the next repair pass", report.errors.len(), report.steps);
+        }
+        self.record(&report, revision);
+    }
+
+    /// Starts a repair pass over every object unless one is under way.
+    fn begin_repair(&mut self) {
+        if self.repair.is_none() {
+            let started = std::time::SystemTime::now();
+            self.repair = Some((RepairPass::default(), ApplyReport { started: Some(started), ..Default::default() }));
+        }
+    }
+
+    /// Runs the repair pass under way for one slice: until `waiting` says
+    /// that a document, a health change or a signal waits, or for
+    /// `REPAIR_SLICE`. The pass is reported as one apply once complete.
+    fn repair_slice(&mut self, waiting: &dyn Fn() -> bool) {
+        let (Some(good), Some((pass, total))) = (&self.last_good, &mut self.repair) else {
+            self.repair = None;
+            return;
+        };
+        let t0 = std::time::Instant::now();
+        let report = self.reconciler.repair(good, pass, &|| waiting() || t0.elapsed() > REPAIR_SLICE);
+        total.steps += report.steps;
+        total.changes.extend(report.changes);
+        total.errors.extend(report.errors);
+        let (done, left) = (pass.done(), report.deferred);
+        if left > 0 {
+            self.status.lock().unwrap().document.repair_pass = Some(status::RepairProgress {
+                started: status::secs(total.started),
+                objects_done: done,
+                objects: done + left,
+            });
+            return;
+        }
+        let (_, total) = self.repair.take().expect("a pass under way");
+        if !total.ok() {
+            warn!("{} of {} steps failed; they are retried by the next repair pass", total.errors.len(), total.steps);
         } else if let Some(m) = self.migration.take() {
             // Every zone runs this build's programs now: the old layout's
             // maps can go (after catching up what its programs still wrote).
@@ -170,10 +214,34 @@ impl Daemon {
                 warn!("finishing the migration from layout {from}: {e:#}; the old pins stay until teardown");
             }
         }
+        self.record(&total, None);
+    }
+
+    /// Re-ensures the load balancers whose backends went down or came back
+    /// since the last look (their scheduler tables leave out the backends
+    /// that are down), and only those.
+    fn health_changed(&mut self) {
+        let Some(good) = &self.last_good else { return };
+        let down: BTreeSet<health::Key> =
+            self.reconciler.realizer.health.lock().unwrap().down().into_iter().cloned().collect();
+        let lbs: BTreeSet<String> = down.symmetric_difference(&self.health_seen).map(|(lb, _, _)| lb.clone()).collect();
+        self.health_seen = down;
+        if lbs.is_empty() {
+            return;
+        }
+        let report = self.reconciler.reensure(good, Kind::Lb, &lbs);
+        self.record(&report, None);
+    }
+
+    /// Reports an apply (a document's changes, or a whole repair pass).
+    fn record(&mut self, report: &ApplyReport, revision: Option<String>) {
         {
             let mut st = self.status.lock().unwrap();
             st.document.applies += 1;
-            st.document.last_apply = Some(status::LastApply::of(&report));
+            st.document.last_apply = Some(status::LastApply::of(report));
+            if self.repair.is_none() {
+                st.document.repair_pass = None;
+            }
             if let Some(r) = revision {
                 st.document.revision_running = Some(r);
             }
@@ -181,6 +249,10 @@ impl Daemon {
         self.publish();
     }
 }
+
+/// The longest a repair slice runs before the daemon looks at its signals
+/// and sources again (a slice also ends as soon as one has work waiting).
+const REPAIR_SLICE: Duration = Duration::from_millis(500);
 
 /// The newest of the documents waiting: after a slow apply, a stall or a
 /// burst of changes only the last one is applied (the ones it supersedes
@@ -236,7 +308,17 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     let changed = Arc::new(tokio::sync::Notify::new());
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let feedback = source::Feedback { status: status.clone(), changed: changed.clone(), stop };
-    let mut d = Daemon { opts: opts.clone(), reconciler, status, last_good: None, prober, migration, changed };
+    let mut d = Daemon {
+        opts: opts.clone(),
+        reconciler,
+        status,
+        last_good: None,
+        prober,
+        migration,
+        changed,
+        repair: None,
+        health_seen: BTreeSet::new(),
+    };
     // Handlers first: a SIGTERM that arrives during the first apply, or
     // while waiting for the first document, must still be a clean stop (it
     // was the default action, death, before).
@@ -262,10 +344,10 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     };
     let mut stopping = first.is_none();
     if let Some(first) = first {
-        tokio::task::block_in_place(|| {
-            d.reload(newest(first, &mut updates));
-            d.apply(true, None);
-        });
+        // The document's changes now; the repair pass that re-ensures every
+        // object follows in slices, behind any change that comes meanwhile.
+        tokio::task::block_in_place(|| d.reload(newest(first, &mut updates)));
+        d.begin_repair();
         // systemd (Type=notify): started once the first document is applied
         // (or refused: the unit is up either way; the status says which).
         let summary = match &d.status.lock().unwrap().document.last_apply {
@@ -281,16 +363,22 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
         info!(api = %opts.api_socket.display(), "running");
     }
     while !stopping {
+        // Signals, documents and health first; the repair pass runs in the
+        // time left, a slice at a time.
         tokio::select! {
-            Some(update) = updates.recv() => tokio::task::block_in_place(|| d.reload(newest(update, &mut updates))),
-            _ = hup.recv() => refresh.notify_one(),
-            Some(()) = health_changed.recv() => tokio::task::block_in_place(|| d.apply(true, None)),
-            _ = repair.tick() => tokio::task::block_in_place(|| {
-                d.apply(true, None);
-                d.collect_garbage();
-            }),
+            biased;
             _ = term.recv() => stopping = true,
             _ = int.recv() => stopping = true,
+            _ = hup.recv() => refresh.notify_one(),
+            Some(update) = updates.recv() => tokio::task::block_in_place(|| d.reload(newest(update, &mut updates))),
+            Some(()) = health_changed.recv() => tokio::task::block_in_place(|| d.health_changed()),
+            _ = repair.tick() => {
+                d.begin_repair();
+                tokio::task::block_in_place(|| d.collect_garbage());
+            }
+            _ = std::future::ready(()), if d.repair.is_some() => tokio::task::block_in_place(|| {
+                d.repair_slice(&|| !updates.is_empty() || !health_changed.is_empty())
+            }),
         }
     }
     notify::notify("STOPPING=1");

@@ -32,6 +32,10 @@ pub struct StatusDoc {
     /// Applies done since start.
     pub applies: u64,
     pub last_apply: Option<LastApply>,
+    /// The repair pass under way, when it has yielded to other work at
+    /// least once (a pass over many objects runs in slices).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair_pass: Option<RepairProgress>,
     /// Problems of the newest document when it was refused.
     pub rejected_state: Option<Vec<String>>,
     /// Why the desired-state source gives no new documents right now (etcd
@@ -68,6 +72,16 @@ pub struct LastApply {
     pub steps: usize,
     pub changes: Vec<String>,
     pub errors: Vec<ObjectError>,
+}
+
+/// How far the repair pass under way has got.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RepairProgress {
+    /// Unix time (s) the pass started.
+    pub started: Option<u64>,
+    /// Objects re-ensured so far, of `objects`.
+    pub objects_done: usize,
+    pub objects: usize,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -161,7 +175,7 @@ pub struct Status {
     pub zone_names: BTreeMap<u16, String>,
 }
 
-fn secs(t: Option<SystemTime>) -> Option<u64> {
+pub fn secs(t: Option<SystemTime>) -> Option<u64> {
     t.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_secs())
 }
 

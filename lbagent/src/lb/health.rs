@@ -93,7 +93,7 @@ impl Health {
     }
 
     /// Forgets backends that are no longer checked.
-    pub fn retain(&mut self, keep: &[Key]) {
+    pub fn retain(&mut self, keep: &HashSet<Key>) {
         self.states.retain(|k, _| keep.contains(k));
     }
 

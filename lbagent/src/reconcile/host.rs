@@ -74,10 +74,13 @@ impl Realizer for Host {
         })
     }
 
+    fn begin_pass(&mut self) {
+        self.engine.begin_pass();
+    }
+
     fn configure(&mut self, agent: &AgentConfig) {
         self.bridge = agent.integration_bridge.clone();
         self.engine.ct_limits = agent.conntrack_limits;
-        self.engine.begin_pass();
         match self.engine.repair_pins() {
             Ok(maps) if !maps.is_empty() => {
                 tracing::warn!(

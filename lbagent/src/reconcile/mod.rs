@@ -9,4 +9,4 @@ pub mod plan;
 pub mod reconciler;
 
 pub use plan::{Applied, Desired, Kind, Reason, Spec, Step, plan, spec};
-pub use reconciler::{ApplyReport, Finish, Realizer, Reconciler};
+pub use reconciler::{ApplyReport, Finish, Realizer, Reconciler, RepairPass};

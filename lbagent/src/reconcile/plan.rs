@@ -8,7 +8,7 @@ pub use super::applied::Applied;
 pub use crate::state::spec::Desired;
 use crate::state::spec::{Gw, Lb};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     Lb,
@@ -56,13 +56,18 @@ pub enum Step {
     Ensure { kind: Kind, key: String, reason: Reason },
 }
 
-/// Removals first (they free addresses and ports), then ensures in key order.
-/// With `repair`, unchanged objects are re-ensured too.
+/// Removals first (they free addresses and ports), then creates and
+/// updates, in key order. With `repair`, unchanged objects are re-ensured
+/// too, after every change (a change never waits behind a repair).
 pub fn plan(desired: &Desired, applied: &Applied, repair: bool) -> Vec<Step> {
     let mut steps = Vec::new();
     diff(Kind::Gw, &desired.gws, &applied.gws, &applied.partial_gws, repair, &mut steps);
     diff(Kind::Lb, &desired.lbs, &applied.lbs, &applied.partial_lbs, repair, &mut steps);
-    steps.sort_by_key(|s| !matches!(s, Step::Remove { .. }));
+    steps.sort_by_key(|s| match s {
+        Step::Remove { .. } => 0,
+        Step::Ensure { reason: Reason::Create | Reason::Update, .. } => 1,
+        Step::Ensure { reason: Reason::Repair, .. } => 2,
+    });
     steps
 }
 

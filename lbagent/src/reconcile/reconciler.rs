@@ -5,7 +5,7 @@
 //! find: an object removed while the agent was down is cleaned up with the
 //! ids and addresses it had.
 
-use std::{path::Path, time::SystemTime};
+use std::{collections::BTreeSet, path::Path, time::SystemTime};
 
 use anyhow::Result;
 use serde::Serialize;
@@ -32,6 +32,9 @@ pub struct Finish {
 pub trait Realizer {
     /// Agent-wide settings of the state file, before each apply.
     fn configure(&mut self, _agent: &AgentConfig) {}
+    /// Before an apply, or the first slice of a repair pass: what the
+    /// realizer cached of the host is read again (a resumed slice keeps it).
+    fn begin_pass(&mut self) {}
     /// After every apply: host-wide pieces derived from all applied objects
     /// (the proxy configuration).
     fn finish(&mut self, _applied: &Applied, _alloc: &Allocations) -> Result<Finish> {
@@ -55,6 +58,23 @@ pub struct ApplyReport {
     pub changes: Vec<String>,
     /// `(object, error)` for each failed step.
     pub errors: Vec<(String, String)>,
+    /// A repair slice that yielded: the objects its pass has still to
+    /// re-ensure (0: the pass is complete, or this was no repair).
+    pub deferred: usize,
+}
+
+/// A repair pass that runs in slices (`Reconciler::repair`): the objects
+/// it has re-ensured so far, which a resumed slice skips.
+#[derive(Debug, Default)]
+pub struct RepairPass {
+    done: BTreeSet<(Kind, String)>,
+}
+
+impl RepairPass {
+    /// Objects re-ensured (or changed) by this pass so far.
+    pub fn done(&self) -> usize {
+        self.done.len()
+    }
 }
 
 impl ApplyReport {
@@ -69,6 +89,9 @@ pub struct Reconciler<R> {
     pub applied: Applied,
     alloc_file: JsonFile,
     applied_file: JsonFile,
+    /// What the files hold as this reconciler last wrote them (`None`
+    /// before its first write).
+    saved: Option<(Allocations, Applied)>,
 }
 
 pub const ALLOC_FILE: &str = "allocations.json";
@@ -80,16 +103,67 @@ impl<R: Realizer> Reconciler<R> {
         let alloc_file = JsonFile::new(state_dir, ALLOC_FILE);
         let applied_file = JsonFile::new(state_dir, APPLIED_FILE);
         let applied = Applied::load(&applied_file)?;
-        Ok(Reconciler { realizer, alloc: alloc_file.load()?, applied, alloc_file, applied_file })
+        Ok(Reconciler { realizer, alloc: alloc_file.load()?, applied, alloc_file, applied_file, saved: None })
     }
 
     /// Brings the host to `desired`. Failed steps are reported and retried
-    /// by the next pass; other steps still run.
+    /// by the next pass; other steps still run. With `repair`, unchanged
+    /// objects are re-ensured too, all in this call.
     pub fn apply(&mut self, desired: &Desired, repair: bool) -> ApplyReport {
+        if repair {
+            self.repair(desired, &mut RepairPass::default(), &|| false)
+        } else {
+            let steps = plan(desired, &self.applied, false);
+            self.execute(desired, steps, None)
+        }
+    }
+
+    /// One slice of a repair pass: the changed objects first, then the
+    /// unchanged ones the pass has not re-ensured yet, in key order.
+    /// `yield_now` is asked before each of those; when it answers `true`
+    /// the slice stops there and `report.deferred` counts the objects left,
+    /// which the next call with the same `pass` resumes with. A pass over
+    /// hundreds of objects thus never holds back a change or a signal for
+    /// longer than one object's ensure.
+    pub fn repair(&mut self, desired: &Desired, pass: &mut RepairPass, yield_now: &dyn Fn() -> bool) -> ApplyReport {
+        let mut steps = plan(desired, &self.applied, true);
+        steps.retain(|s| !matches!(s, Step::Ensure { kind, key, reason: Reason::Repair } if pass.done.contains(&(*kind, key.clone()))));
+        self.execute(desired, steps, Some((pass, yield_now)))
+    }
+
+    /// Re-ensures the objects of `kind` named in `keys` (those still
+    /// wanted), as a repair pass would: what they hold depends on more than
+    /// their spec (a load balancer's tables on its backends' health).
+    pub fn reensure(&mut self, desired: &Desired, kind: Kind, keys: &BTreeSet<String>) -> ApplyReport {
+        let mut steps = plan(desired, &self.applied, true);
+        steps.retain(|s| matches!(s, Step::Ensure { kind: k, key, .. } if *k == kind && keys.contains(key)));
+        self.execute(desired, steps, None)
+    }
+
+    fn execute(
+        &mut self,
+        desired: &Desired,
+        steps: Vec<Step>,
+        mut pass: Option<(&mut RepairPass, &dyn Fn() -> bool)>,
+    ) -> ApplyReport {
         self.realizer.configure(&desired.agent);
-        let steps = plan(desired, &self.applied, repair);
+        if pass.as_ref().is_none_or(|(p, _)| p.done.is_empty()) {
+            self.realizer.begin_pass();
+        }
         let mut report = ApplyReport { started: Some(SystemTime::now()), steps: steps.len(), ..Default::default() };
-        for step in steps {
+        let total = steps.len();
+        for (i, step) in steps.into_iter().enumerate() {
+            if let (Some((p, yield_now)), Step::Ensure { kind, key, reason }) = (&mut pass, &step) {
+                if *reason == Reason::Repair && i > 0 && yield_now() {
+                    report.deferred = total - i;
+                    report.steps = i;
+                    break;
+                }
+                if *reason == Reason::Repair {
+                    crate::crash::pause("repair-step");
+                }
+                p.done.insert((*kind, key.clone()));
+            }
             let name = describe(&step);
             match self.run(&step, desired) {
                 Ok(changes) => {
@@ -134,7 +208,13 @@ impl<R: Realizer> Reconciler<R> {
             Step::Ensure { kind, key, reason } => {
                 let spec = spec(desired, *kind, key).expect("planned ensures come from desired");
                 let prev = self.applied.gws.get(key).cloned();
-                self.applied.begin(key, spec);
+                // A repaired object is applied with this very spec: a crash
+                // mid-step leaves it known (removing it later tears it
+                // down), so it is not marked begun, and an unchanged
+                // object's repair writes nothing to the state dir.
+                if *reason != Reason::Repair {
+                    self.applied.begin(key, spec);
+                }
                 let allocated = self.realizer.allocate(spec, &mut self.alloc);
                 self.persist()?;
                 let mut changes = allocated?;
@@ -160,15 +240,25 @@ impl<R: Realizer> Reconciler<R> {
         }
     }
 
-    fn persist(&self) -> Result<()> {
+    /// Writes allocations and applied specs when they differ from what
+    /// was last written (compared in memory: serializing hundreds of
+    /// objects after every step of a repair pass was most of its cost).
+    fn persist(&mut self) -> Result<()> {
+        if self.saved.as_ref().is_some_and(|(a, s)| *a == self.alloc && *s == self.applied) {
+            return Ok(());
+        }
+        self.saved = None;
         self.alloc_file.save(&self.alloc)?;
-        self.applied_file.save(&self.applied)
+        self.applied_file.save(&self.applied)?;
+        self.saved = Some((self.alloc.clone(), self.applied.clone()));
+        Ok(())
     }
 
     /// Tears down everything ever applied and forgets it.
     pub fn teardown(&mut self) -> ApplyReport {
         let report = self.apply(&Desired::default(), false);
         if report.ok() {
+            self.saved = None;
             let _ = self.alloc_file.remove();
             let _ = self.applied_file.remove();
         }

@@ -277,7 +277,7 @@ fn broken_links_are_repaired() {
     b.apply(&b.state(G1, false));
     // Someone deletes h…0 inside the namespace (its peer h…1 goes too) and
     // adds a stray link: the repair pass restores the seed's layout.
-    let id = &b.ids[1];
+    let id = &b.ids[1].clone();
     let ns = naming::lb_netns(id);
     let (h0, _) = naming::lb_host_veth(id);
     sh(&["ip", "-n", &ns, "link", "del", &h0]).unwrap();
@@ -287,6 +287,25 @@ fn broken_links_are_repaired() {
     let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), true);
     assert!(report.ok(), "{:?}", report.errors);
     assert!(report.changes.iter().any(|c| c.contains("removed stray link stray")), "{:?}", report.changes);
+    assert_eq!(tag_and_ip(&http_get(&b.client.ns.name, at("10.30.0.6", 80)).unwrap()).0, "h23");
+    // OVS: the load balancer's port taken off the bridge, then its
+    // iface-id changed, each after a pass read every port at once: the
+    // next pass reads them again and puts the port back.
+    let desired = lbagent::reconcile::Desired::from_state(&s).unwrap();
+    assert!(b.bed.reconciler.apply(&desired, true).changes.is_empty());
+    let (_, o1) = naming::lb_ovn_veth(id);
+    let restored = |b: &mut LbBed| {
+        let report = b.bed.reconciler.apply(&desired, true);
+        assert!(report.ok(), "{:?}", report.errors);
+        assert!(report.changes.iter().any(|c| c.contains(&format!("{o1} on OVS bridge"))), "{:?}", report.changes);
+        let id_now = sh(&["ovs-vsctl", "--timeout=10", "get", "Interface", &o1, "external_ids:iface-id"]).unwrap();
+        assert_eq!(id_now.trim().trim_matches('"'), naming::lb_iface_id(id));
+    };
+    sh(&["ovs-vsctl", "--timeout=10", "del-port", &o1]).unwrap();
+    restored(&mut b);
+    sh(&["ovs-vsctl", "--timeout=10", "set", "Interface", &o1, "external_ids:iface-id=someone-else"]).unwrap();
+    restored(&mut b);
+    assert!(b.bed.reconciler.apply(&desired, true).changes.is_empty(), "a third pass has nothing to do");
     assert_eq!(tag_and_ip(&http_get(&b.client.ns.name, at("10.30.0.6", 80)).unwrap()).0, "h23");
 }
 

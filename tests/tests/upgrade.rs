@@ -2,7 +2,8 @@
 //! release (the last build of the previous layout, built from git history
 //! by `cargo xtask test`) runs a load balancer (direct and proxy) and a NAT
 //! gateway (FIP, DNAT, SNAT, an EIP's and a gateway's QoS rules) with 20
-//! open TCP connections and two UDP flows; it is stopped and this build
+//! open TCP connections, UDP flows through SNAT and the load balancer, and
+//! flows through a round-robin listener; it is stopped and this build
 //! started on the same pins and state dir. No open connection may be lost,
 //! no UDP flow may move to another port, no QoS bucket may lose its counts,
 //! new connections must work; then the previous release must refuse to
@@ -129,6 +130,9 @@ impl Topology {
         line_echo_server(&vpc[1].ns.name, 8022, "vpc1").unwrap();
         line_echo_server(&vpc[1].ns.name, 9000, "lb").unwrap();
         udp_tag_forever(&vpc[1].ns.name, 9001, "lbu").unwrap();
+        // The round-robin listener's two backends.
+        udp_tag_forever(&vpc[0].ns.name, 9002, "rr0").unwrap();
+        udp_tag_forever(&vpc[1].ns.name, 9002, "rr1").unwrap();
         line_echo_server(&internet.ns.name, 9000, "inet").unwrap();
         udp_echo_forever(&internet.ns.name, 9001).unwrap();
         Topology { _lock: lock, lan, ext, internet, vpc }
@@ -145,9 +149,11 @@ load_balancers:
       - {{id: direct, type: tcp, port: 9000, backend_group: g}}
       - {{id: proxied, type: tcp, port: 7000, backend_group: g, mode: proxy}}
       - {{id: dgram, type: udp, port: 9001, backend_group: u}}
+      - {{id: turns, type: udp, port: 9002, backend_group: r, scheduler: rr}}
     backend_groups:
       - {{id: g, backends: [{{id: b, address: 10.10.0.22, port: 9000}}]}}
       - {{id: u, backends: [{{id: bu, address: 10.10.0.22, port: 9001}}]}}
+      - {{id: r, backends: [{{id: r0, address: 10.10.0.21, port: 9002}}, {{id: r1, address: 10.10.0.22, port: 9002}}]}}
 nat_gateways:
   - name: {gw}
     lan: {{ip: {LAN_GW}, prefix_len: 24, mac: \"02:00:0a:0a:00:fe\", gateway: 10.10.0.1}}
@@ -199,6 +205,11 @@ fn paths(t: &Topology) -> Vec<Route> {
     ]
 }
 
+/// The backend tag of a round-robin listener's answer (`rr0 <peer>`).
+fn backend(answer: &str) -> String {
+    answer.split_whitespace().next().unwrap_or_default().to_string()
+}
+
 /// `<tag> <ip>:<port>` checked against the path.
 fn check(p: &Route, answer: &str) {
     let (tag, peer) = answer.split_once(' ').unwrap_or_else(|| panic!("{}: odd answer {answer:?}", p.name));
@@ -242,6 +253,9 @@ struct Seen {
     /// UDP flows opened through SNAT all through the swap, each from its
     /// own source port, with the translated address its first answer saw.
     opened: Vec<(UdpFlow, String)>,
+    /// UDP flows opened through the round-robin listener all through the
+    /// swap, with the backend that answered first.
+    opened_rr: Vec<(UdpFlow, String)>,
 }
 
 /// The same state with the direct listener's ACL tightened: the SNAT host
@@ -304,6 +318,16 @@ fn upgrade(attach: &'static str) {
     assert!(first[0].starts_with("198.51.100.11:") && first[1].starts_with("198.51.100.11:"), "{first:?}");
     assert_ne!(first[0], first[1], "two flows share a translated port");
     assert!(first[2].starts_with("lbu 10.10.0.5:"), "load-balanced UDP: {}", first[2]);
+    // Round-robin flows before the swap: both backends take turns.
+    let rr_before: Vec<(UdpFlow, String)> = (0..4)
+        .map(|_| {
+            let f = UdpFlow::open(&topo.vpc[3].ns.name, 0, at("10.10.0.5:9002")).unwrap();
+            let b = backend(&f.ask("before").unwrap());
+            (f, b)
+        })
+        .collect();
+    let turns: std::collections::BTreeSet<&String> = rr_before.iter().map(|(_, b)| b).collect();
+    assert_eq!(turns.len(), 2, "round robin before the upgrade: {turns:?}");
     // A client the upgraded state's ACL refuses, connected before.
     let refused = OpenConn::open(&topo.vpc[2].ns.name, at("10.10.0.5:9000")).unwrap();
     assert!(refused.ping("before").unwrap().starts_with("lb "));
@@ -315,6 +339,7 @@ fn upgrade(attach: &'static str) {
         let stop = stop.clone();
         let targets: Vec<(String, SocketAddr)> = paths.iter().map(|p| (p.from.clone(), p.to)).collect();
         let snat_host = topo.vpc[2].ns.name.clone();
+        let rr_client = topo.vpc[3].ns.name.clone();
         std::thread::spawn(move || {
             let mut seen = Seen { udp_answers: vec![vec![]; 3], ..Default::default() };
             while !stop.load(Ordering::Relaxed) {
@@ -324,6 +349,14 @@ fn upgrade(attach: &'static str) {
                     && let Ok(a) = f.ask("opened")
                 {
                     seen.opened.push((f, a));
+                }
+                // And one through the round-robin listener: its backend is
+                // the scheduler's turn, which a lost flow would not get again.
+                let port = 44000 + seen.opened_rr.len() as u16;
+                if let Ok(f) = UdpFlow::open(&rr_client, port, at("10.10.0.5:9002"))
+                    && let Ok(a) = f.ask("opened")
+                {
+                    seen.opened_rr.push((f, backend(&a)));
                 }
                 for (i, f) in udp.iter().enumerate() {
                     match f.ask("during") {
@@ -372,6 +405,16 @@ fn upgrade(attach: &'static str) {
         .collect();
     assert!(seen.opened.len() >= 10, "flows opened during the swap: {}", seen.opened.len());
     assert!(moved.is_empty(), "UDP flows opened during the swap moved: {moved:?}");
+    // The round-robin listener's flows, opened before and during the swap,
+    // each keep the backend its turn gave it; both backends had turns.
+    let moved: Vec<String> = rr_before
+        .iter()
+        .chain(&seen.opened_rr)
+        .filter_map(|(f, b)| f.ask("after").ok().map(|a| backend(&a)).filter(|a| a != b).map(|a| format!("{b} -> {a}")))
+        .collect();
+    let turns: std::collections::BTreeSet<&String> = seen.opened_rr.iter().map(|(_, b)| b).collect();
+    assert!(seen.opened_rr.len() >= 10 && turns.len() == 2, "round-robin flows opened during the swap: {turns:?}");
+    assert!(moved.is_empty(), "round-robin flows moved to another backend: {moved:?}");
     // The tightened ACL holds: its flows were flushed and stay flushed (no
     // copy of the old tables brings them back), new ones are refused.
     assert!(refused.ping("after").is_err(), "a connection the new ACL refuses survived the upgrade");
@@ -391,12 +434,13 @@ fn upgrade(attach: &'static str) {
     eprintln!(
         "upgrade ({attach}): new agent applied in {took:?}; 0 of {} open connections lost; UDP datagrams lost \
          during the swap: {}; new connections failed during the swap: {} of {}; {} UDP flows opened during the \
-         swap, none moved",
+         swap, none moved; {} round-robin flows opened during the swap, none moved",
         conns.len(),
         seen.udp_lost,
         seen.new_failed,
         seen.new_tried,
-        seen.opened.len()
+        seen.opened.len(),
+        seen.opened_rr.len()
     );
     assert!(log.contains(&format!("migrating it to layout {LAYOUT_VERSION}")), "{log}");
     assert!(log.contains("conntrack tables shared with the running programs"), "{log}");

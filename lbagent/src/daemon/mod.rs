@@ -12,7 +12,7 @@ pub mod source;
 pub mod status;
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
@@ -58,8 +58,8 @@ struct Daemon {
     /// that attached every zone's new programs (`dataplane::migrate`).
     migration: Option<Migration>,
     /// The repair pass under way (it runs in slices between the daemon's
-    /// other work) and its report so far.
-    repair: Option<(RepairPass, ApplyReport)>,
+    /// other work).
+    repair: Option<PassUnderWay>,
     /// The backends down when the daemon last acted on health.
     health_seen: BTreeSet<health::Key>,
     /// Notified after every status change (the source may report it).
@@ -71,7 +71,11 @@ impl Daemon {
     fn publish(&mut self) {
         let targets = health::targets(self.reconciler.applied.lbs.values());
         let health = self.reconciler.realizer.health.clone();
-        health.lock().unwrap().retain(&targets.iter().map(|t| t.key.clone()).collect());
+        let checked: std::collections::HashSet<health::Key> = targets.iter().map(|t| t.key.clone()).collect();
+        // A backend no longer checked is forgotten on both sides: checked
+        // again later, its first fall is a change.
+        self.health_seen.retain(|k| checked.contains(k));
+        health.lock().unwrap().retain(&checked);
         self.prober.set_checks(targets);
         self.prober.ensure_running();
         let mut st = self.status.lock().unwrap();
@@ -170,40 +174,60 @@ impl Daemon {
         if !report.ok() {
             warn!("{} of {} steps failed; they are retried by the next repair pass", report.errors.len(), report.steps);
         }
+        if let Some(p) = &mut self.repair {
+            p.settled(&report);
+        }
         self.record(&report, revision);
     }
 
     /// Starts a repair pass over every object unless one is under way.
     fn begin_repair(&mut self) {
-        if self.repair.is_none() {
-            let started = std::time::SystemTime::now();
-            self.repair = Some((RepairPass::default(), ApplyReport { started: Some(started), ..Default::default() }));
+        if self.repair.is_some() {
+            return;
         }
+        let p = PassUnderWay {
+            pass: RepairPass::default(),
+            started: std::time::SystemTime::now(),
+            steps: 0,
+            changes: Vec::new(),
+            errors: BTreeMap::new(),
+        };
+        let objects = self.last_good.as_ref().map_or(0, |g| g.lbs.len() + g.gws.len());
+        self.status.lock().unwrap().document.repair_pass =
+            Some(status::RepairProgress { started: status::secs(Some(p.started)), objects_done: 0, objects });
+        self.repair = Some(p);
     }
 
     /// Runs the repair pass under way for one slice: until `waiting` says
     /// that a document, a health change or a signal waits, or for
     /// `REPAIR_SLICE`. The pass is reported as one apply once complete.
     fn repair_slice(&mut self, waiting: &dyn Fn() -> bool) {
-        let (Some(good), Some((pass, total))) = (&self.last_good, &mut self.repair) else {
+        let (Some(good), Some(p)) = (&self.last_good, &mut self.repair) else {
             self.repair = None;
             return;
         };
         let t0 = std::time::Instant::now();
-        let report = self.reconciler.repair(good, pass, &|| waiting() || t0.elapsed() > REPAIR_SLICE);
-        total.steps += report.steps;
-        total.changes.extend(report.changes);
-        total.errors.extend(report.errors);
-        let (done, left) = (pass.done(), report.deferred);
+        let report = self.reconciler.repair(good, &mut p.pass, &|| waiting() || t0.elapsed() > REPAIR_SLICE);
+        p.steps += report.steps;
+        p.changes.extend(report.changes.iter().cloned());
+        p.settled(&report);
+        let (done, left) = (p.pass.done(), report.deferred);
         if left > 0 {
             self.status.lock().unwrap().document.repair_pass = Some(status::RepairProgress {
-                started: status::secs(total.started),
+                started: status::secs(Some(p.started)),
                 objects_done: done,
                 objects: done + left,
             });
             return;
         }
-        let (_, total) = self.repair.take().expect("a pass under way");
+        let p = self.repair.take().expect("a pass under way");
+        let total = ApplyReport {
+            started: Some(p.started),
+            steps: p.steps,
+            changes: p.changes,
+            errors: p.errors.into_iter().collect(),
+            ..Default::default()
+        };
         if !total.ok() {
             warn!("{} of {} steps failed; they are retried by the next repair pass", total.errors.len(), total.steps);
         } else if let Some(m) = self.migration.take() {
@@ -230,6 +254,9 @@ impl Daemon {
             return;
         }
         let report = self.reconciler.reensure(good, Kind::Lb, &lbs);
+        if let Some(p) = &mut self.repair {
+            p.settled(&report);
+        }
         self.record(&report, None);
     }
 
@@ -251,8 +278,34 @@ impl Daemon {
 }
 
 /// The longest a repair slice runs before the daemon looks at its signals
-/// and sources again (a slice also ends as soon as one has work waiting).
+/// and sources again (a slice also ends as soon as a document or a health
+/// change is waiting).
 const REPAIR_SLICE: Duration = Duration::from_millis(500);
+
+/// A repair pass under way and what its slices found so far.
+struct PassUnderWay {
+    pass: RepairPass,
+    started: std::time::SystemTime,
+    steps: usize,
+    changes: Vec<String>,
+    /// Each object's last failure, by object: an object that succeeded
+    /// since (in a slice, a document's apply or a health change's) is
+    /// taken out, so the pass reports what still fails, not what failed
+    /// against an older document.
+    errors: BTreeMap<String, String>,
+}
+
+impl PassUnderWay {
+    /// Takes in the outcome of an apply made during the pass.
+    fn settled(&mut self, report: &ApplyReport) {
+        for o in &report.succeeded {
+            self.errors.remove(o);
+        }
+        for (o, e) in &report.errors {
+            self.errors.insert(o.clone(), e.clone());
+        }
+    }
+}
 
 /// The newest of the documents waiting: after a slow apply, a stall or a
 /// burst of changes only the last one is applied (the ones it supersedes

@@ -32,8 +32,8 @@ pub struct StatusDoc {
     /// Applies done since start.
     pub applies: u64,
     pub last_apply: Option<LastApply>,
-    /// The repair pass under way, when it has yielded to other work at
-    /// least once (a pass over many objects runs in slices).
+    /// The repair pass under way (a pass over many objects runs in slices
+    /// between the daemon's other work).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair_pass: Option<RepairProgress>,
     /// Problems of the newest document when it was refused.

@@ -76,6 +76,7 @@ impl Realizer for Host {
 
     fn begin_pass(&mut self) {
         self.engine.begin_pass();
+        crate::plumbing::ovs::begin_pass();
     }
 
     fn configure(&mut self, agent: &AgentConfig) {

@@ -1,9 +1,10 @@
-//! Executes plans. Every step is idempotent. An ensure records the object
-//! as begun and makes its allocations, and both are persisted before the
-//! host changes; after each step both are persisted again. A crash at any
-//! point therefore leaves nothing on the host that the next run cannot
-//! find: an object removed while the agent was down is cleaned up with the
-//! ids and addresses it had.
+//! Executes plans. Every step is idempotent. An ensure of a new or changed
+//! object records it as begun and makes its allocations, and both are
+//! persisted before the host changes (a repaired object is applied already:
+//! only new allocations are); after each step both are persisted again. A
+//! crash at any point therefore leaves nothing on the host that the next
+//! run cannot find: an object removed while the agent was down is cleaned
+//! up with the ids and addresses it had.
 
 use std::{collections::BTreeSet, path::Path, time::SystemTime};
 
@@ -58,6 +59,8 @@ pub struct ApplyReport {
     pub changes: Vec<String>,
     /// `(object, error)` for each failed step.
     pub errors: Vec<(String, String)>,
+    /// The objects whose step succeeded (named as in `errors`).
+    pub succeeded: Vec<String>,
     /// A repair slice that yielded: the objects its pass has still to
     /// re-ensure (0: the pass is complete, or this was no repair).
     pub deferred: usize,
@@ -71,7 +74,7 @@ pub struct RepairPass {
 }
 
 impl RepairPass {
-    /// Objects re-ensured (or changed) by this pass so far.
+    /// Objects handled by this pass so far (re-ensured, changed, removed).
     pub fn done(&self) -> usize {
         self.done.len()
     }
@@ -118,16 +121,24 @@ impl<R: Realizer> Reconciler<R> {
         }
     }
 
-    /// One slice of a repair pass: the changed objects first, then the
-    /// unchanged ones the pass has not re-ensured yet, in key order.
-    /// `yield_now` is asked before each of those; when it answers `true`
-    /// the slice stops there and `report.deferred` counts the objects left,
-    /// which the next call with the same `pass` resumes with. A pass over
-    /// hundreds of objects thus never holds back a change or a signal for
-    /// longer than one object's ensure.
+    /// One slice of a repair pass: the objects the pass has not handled
+    /// yet, changed ones (a failed change is retried) first, then the
+    /// unchanged ones, in key order; each object once per pass, whatever
+    /// its outcome. After the slice's first step, `yield_now` is asked
+    /// before each; when it answers `true` the slice stops there and
+    /// `report.deferred` counts the objects left, which the next call with
+    /// the same `pass` resumes with. A pass over hundreds of objects thus
+    /// never holds back a change or a signal for longer than one object's
+    /// ensure. The host-wide finish (the proxy) runs in a slice that
+    /// changed something and in the pass's last slice.
     pub fn repair(&mut self, desired: &Desired, pass: &mut RepairPass, yield_now: &dyn Fn() -> bool) -> ApplyReport {
         let mut steps = plan(desired, &self.applied, true);
-        steps.retain(|s| !matches!(s, Step::Ensure { kind, key, reason: Reason::Repair } if pass.done.contains(&(*kind, key.clone()))));
+        steps.retain(|s| !pass.done.contains(&step_key(s)));
+        if pass.done.is_empty() {
+            // Each pass checks the state files once (deleted or replaced
+            // under the running agent: written again).
+            self.saved = None;
+        }
         self.execute(desired, steps, Some((pass, yield_now)))
     }
 
@@ -153,16 +164,16 @@ impl<R: Realizer> Reconciler<R> {
         let mut report = ApplyReport { started: Some(SystemTime::now()), steps: steps.len(), ..Default::default() };
         let total = steps.len();
         for (i, step) in steps.into_iter().enumerate() {
-            if let (Some((p, yield_now)), Step::Ensure { kind, key, reason }) = (&mut pass, &step) {
-                if *reason == Reason::Repair && i > 0 && yield_now() {
+            if let Some((p, yield_now)) = &mut pass {
+                if i > 0 && yield_now() {
                     report.deferred = total - i;
                     report.steps = i;
                     break;
                 }
-                if *reason == Reason::Repair {
+                if matches!(step, Step::Ensure { reason: Reason::Repair, .. }) {
                     crate::crash::pause("repair-step");
                 }
-                p.done.insert((*kind, key.clone()));
+                p.done.insert(step_key(&step));
             }
             let name = describe(&step);
             match self.run(&step, desired) {
@@ -171,6 +182,7 @@ impl<R: Realizer> Reconciler<R> {
                         info!(object = %name, "{c}");
                     }
                     report.changes.extend(changes.into_iter().map(|c| format!("{name}: {c}")));
+                    report.succeeded.push(name);
                 }
                 Err(e) => {
                     error!(object = %name, "step failed: {e:#}");
@@ -182,12 +194,18 @@ impl<R: Realizer> Reconciler<R> {
                 report.errors.push(("state-dir".into(), format!("{e:#}")));
             }
         }
+        // The proxy is checked once per pass, and after any change: not in
+        // every slice (`haproxy -c` of a large configuration is not free).
+        if pass.is_some() && report.deferred > 0 && report.changes.is_empty() {
+            return report;
+        }
         match self.realizer.finish(&self.applied, &self.alloc) {
             Ok(f) => {
                 for c in &f.changes {
                     info!(object = "proxy", "{c}");
                 }
                 report.changes.extend(f.changes.into_iter().map(|c| format!("proxy: {c}")));
+                report.succeeded.push("proxy".into());
                 for (object, e) in f.errors {
                     error!(object = %object, "{e}");
                     report.errors.push((object, e));
@@ -271,6 +289,13 @@ fn verb(r: Reason) -> &'static str {
         Reason::Create => "created",
         Reason::Update => "updated",
         Reason::Repair => "repaired",
+    }
+}
+
+/// The object a step is about.
+fn step_key(step: &Step) -> (Kind, String) {
+    match step {
+        Step::Remove { kind, key } | Step::Ensure { kind, key, .. } => (*kind, key.clone()),
     }
 }
 

@@ -31,14 +31,16 @@
 //!     offered load (`load.rs`); 14. an established flow's cost with its
 //!     conntrack entries cold (50 000 flows, each timed once per sweep);
 //!     15. a restart over 10, 100 and 500 load balancers (`restart.rs`).
+//!     16. the new-flow table's LRU, common or per CPU, under a flood (`lru.rs`).
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart`
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart,lru`
 //! picks sections; `profile` (only when named) records where the time of a
 //! TCP stream without TSO, 64-byte UDP and new connections goes (`profile.rs`).
 
 mod fleet;
 mod load;
+mod lru;
 mod profile;
 mod qos;
 mod restart;
@@ -914,6 +916,9 @@ fn main() -> Result<()> {
     }
     if want("restart") {
         restart::restart(quick, &mut out)?;
+    }
+    if want("lru") {
+        lru::lru(&mut out)?;
     }
     // Opt-in only: it needs `perf` and prints profiles, not figures.
     if only.split(',').any(|s| s == "profile") {

@@ -65,7 +65,7 @@ def plot_cost(root, cost):
 def plot_conn(root, conn):
     n = [int(r[0]) for r in conn]
     plt.figure(figsize=(6, 3.5))
-    for col, label, style in [(1, "eBPF engine", "o-"), (2, "iptables (seed rules)", "s-"), (3, "plain routing, no NAT", "^--")]:
+    for col, label, style in [(1, "eBPF engine", "o-"), (2, "iptables (reference rules)", "s-"), (3, "plain routing, no NAT", "^--")]:
         plt.plot(n, [float(r[col]) for r in conn], style, label=label)
     plt.xscale("log")
     plt.ylim(bottom=0)

@@ -221,7 +221,7 @@ pub struct DnatRule {
     /// `snat_ifindex` (0 = any interface) and match no SNAT rule get their
     /// source rewritten to `snat_addr` (0.0.0.0 = the rule's own address:
     /// the NAT gateway's hairpin). The load balancer uses it to SNAT to its
-    /// inner address or its VIP, as the seed's `-o … -j SNAT` rules did.
+    /// inner address or its VIP, as the reference dataplane's `-o … -j SNAT` rules do.
     pub snat_ifindex: u32,
     pub snat_addr: [u8; 4],
     /// `DNAT_F_*` bits.

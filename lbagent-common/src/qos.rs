@@ -1,4 +1,4 @@
-//! QoS maps: bandwidth limits by the priority ladder of DESIGN §2.2.
+//! QoS maps: bandwidth limits by the priority ladder (`docs/qos.md`).
 //!
 //! The QoS maps (`qos_zones`, `qos_hooks`, `qos_eips`, `qos_config`,
 //! `qos_state`, `qos_drops`, `qos_stats`) are in the map table of

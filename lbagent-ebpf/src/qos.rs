@@ -1,4 +1,4 @@
-//! QoS: bandwidth limits by the priority ladder (DESIGN §2.2, docs/qos.md).
+//! QoS: bandwidth limits by the priority ladder (`docs/qos.md`).
 //!
 //! Run first on every IPv4 packet, before any translation: at ingress a
 //! gateway sees an EIP as the destination (before DNAT), at egress as the

@@ -1,4 +1,4 @@
-//! XDP probes for the fast-path decision (issue 13; results and decision in
+//! XDP probes for the fast-path decision (results and decision in
 //! `docs/benchmarks.md`, *XDP*). The agent never attaches them: the
 //! benchmark's `xdp` section does, to measure two things an XDP dataplane
 //! would have to win on before it is worth building:

@@ -159,14 +159,7 @@ impl Engine {
     /// Runs the program of one side (ingress: the NAT engine; egress: what
     /// the namespace sends) once; returns its verdict and the output frame.
     pub fn run_on(&mut self, dir: Direction, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
-        let mut out = vec![0u8; frame.len() + 256];
-        let res = self.prog.program_for(dir).test_run(TestRunOptions {
-            data_in: Some(frame),
-            data_out: Some(&mut out),
-            ..TestRunOptions::default()
-        })?;
-        out.truncate(res.data_size_out as usize);
-        Ok((res.return_value, out))
+        run_program_on(&mut self.prog, dir, frame)
     }
 
     /// Runs the NAT program once on `frame` as a GSO packet whose segments
@@ -263,8 +256,13 @@ impl Engine {
 /// Runs `prog`'s NAT program (ingress) once on `frame` in the calling
 /// thread's namespace; returns its verdict and the output frame.
 pub fn run_program(prog: &mut ZoneProgram, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
+    run_program_on(prog, Direction::Ingress, frame)
+}
+
+/// [`run_program`] on the program of direction `dir`.
+pub fn run_program_on(prog: &mut ZoneProgram, dir: Direction, frame: &[u8]) -> Result<(u32, Vec<u8>)> {
     let mut out = vec![0u8; frame.len() + 256];
-    let res = prog.program().test_run(TestRunOptions {
+    let res = prog.program_for(dir).test_run(TestRunOptions {
         data_in: Some(frame),
         data_out: Some(&mut out),
         ..TestRunOptions::default()

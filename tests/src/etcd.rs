@@ -83,8 +83,31 @@ impl Pki {
     }
 }
 
+/// Where member ports are taken from: below Linux's default ephemeral
+/// range (32768–60999). A port the kernel handed out with `bind(0)` and that
+/// was released again can be given as the source port of any outgoing
+/// connection — etcd's own peer dials, etcdctl, the agents — before the
+/// member that was meant to listen on it starts, and that member then
+/// exits with "address already in use". Ports outside the ephemeral range
+/// are only ever taken by an explicit bind.
+const PORTS: std::ops::Range<u32> = 20_000..32_000;
+
+/// A loopback port nobody listens on, from [`PORTS`]; each process starts
+/// at its own offset and walks on, so tests running side by side never
+/// pick the same one.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = PORTS.end - PORTS.start;
+    let start = std::process::id().wrapping_mul(7919) % span;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(n < span, "no free loopback port in {PORTS:?}");
+        let port = (PORTS.start + (start + n) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// `etcd` on PATH, or a failure under CI (a skip elsewhere).
@@ -171,7 +194,14 @@ impl Etcd {
         let t = Instant::now();
         while self.ctl(&["endpoint", "health"]).is_err() {
             if t.elapsed() > Duration::from_secs(20) * crate::slowdown() {
-                bail!("etcd did not become healthy; see the logs in {}", self.dir.display());
+                let tails: Vec<String> = (0..self.members.len())
+                    .map(|i| {
+                        let log = std::fs::read_to_string(self.dir.join(format!("m{i}.log"))).unwrap_or_default();
+                        let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                        format!("m{i}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" | "))
+                    })
+                    .collect();
+                bail!("etcd did not become healthy; see the logs in {}\n{}", self.dir.display(), tails.join("\n"));
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -4,7 +4,10 @@
 //! gateway (FIP, DNAT, SNAT, an EIP's and a gateway's QoS rules) with 20
 //! open TCP connections, UDP flows through SNAT and the load balancer, and
 //! flows through a round-robin listener; it is stopped and this build
-//! started on the same pins and state dir. No open connection may be lost,
+//! started on the same pins and state dir. The netlink variant runs 48 more
+//! load balancers (50 zones), each changed by the upgrade and ordered
+//! before the traffic's zones: the zones switch to the new programs one by
+//! one over a window of tens of seconds, and flows open all through it. No open connection may be lost,
 //! no UDP flow may move to another port, no QoS bucket may lose its counts,
 //! new connections must work; then the previous release must refuse to
 //! start (a downgrade) and change nothing.
@@ -43,6 +46,8 @@ use serde_json::Value;
 
 const LAN_GW: &str = "10.10.0.254";
 const INTERNET: &str = "198.51.100.1";
+/// The first LAN host number of the extra load balancers' addresses.
+const EXTRA_HOST: usize = 100;
 
 fn at(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -56,7 +61,7 @@ impl Agent {
         let a = Agent(env.spawn(bin, &env.run_args(), log));
         let t = Instant::now();
         while !a.applied(env) {
-            assert!(t.elapsed() < Duration::from_secs(60), "{} did not apply; its log:\n{}", bin.display(), a.0.log());
+            assert!(t.elapsed() < env.patience(), "{} did not apply; its log:\n{}", bin.display(), a.0.log());
             std::thread::sleep(Duration::from_millis(100));
         }
         a
@@ -82,6 +87,8 @@ impl Agent {
 struct Env {
     dirs: AgentDirs,
     attach: &'static str,
+    /// Zones in the state (each loads its programs in an apply).
+    zones: usize,
 }
 
 impl std::ops::Deref for Env {
@@ -92,8 +99,14 @@ impl std::ops::Deref for Env {
 }
 
 impl Env {
-    fn new(attach: &'static str) -> Env {
-        Env { dirs: AgentDirs::new("lbup"), attach }
+    fn new(attach: &'static str, zones: usize) -> Env {
+        Env { dirs: AgentDirs::new("lbup"), attach, zones }
+    }
+
+    /// How long an apply over every zone may take: a minute, and two
+    /// seconds per zone (a program pair's load is about one).
+    fn patience(&self) -> Duration {
+        Duration::from_secs(60 + 2 * self.zones as u64) * lbagent_tests::slowdown()
     }
 
     fn run_args(&self) -> Vec<String> {
@@ -138,7 +151,24 @@ impl Topology {
         Topology { _lock: lock, lan, ext, internet, vpc }
     }
 
-    fn state(&self, lb: &str, gw: &str) -> String {
+    /// The state: the traffic's load balancer `lb` and gateway `gw`, and
+    /// one more load balancer per id in `extra`, each on its own address of
+    /// the LAN with one listener on `extra_port` (the upgrade changes it).
+    fn state(&self, lb: &str, gw: &str, extra: &[String], extra_port: u16) -> String {
+        let extra: String = extra
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let host = EXTRA_HOST + i;
+                format!(
+                    "  - id: {id}
+    network: {{ip: 10.10.0.{host}, mac: \"02:00:0a:0a:00:{host:02x}\", prefix_len: 24, gateway: 10.10.0.1}}
+    listeners: [{{id: l, type: tcp, port: {extra_port}, backend_group: g}}]
+    backend_groups: [{{id: g, backends: [{{id: b, address: 10.10.0.22, port: 9000}}]}}]
+"
+                )
+            })
+            .collect();
         format!(
             "version: 1
 agent: {{integration_bridge: {lan}}}
@@ -154,7 +184,7 @@ load_balancers:
       - {{id: g, backends: [{{id: b, address: 10.10.0.22, port: 9000}}]}}
       - {{id: u, backends: [{{id: bu, address: 10.10.0.22, port: 9001}}]}}
       - {{id: r, backends: [{{id: r0, address: 10.10.0.21, port: 9002}}, {{id: r1, address: 10.10.0.22, port: 9002}}]}}
-nat_gateways:
+{extra}nat_gateways:
   - name: {gw}
     lan: {{ip: {LAN_GW}, prefix_len: 24, mac: \"02:00:0a:0a:00:fe\", gateway: 10.10.0.1}}
     external: {{bridge: {ext}, prefix_len: 24, gateway: {INTERNET}}}
@@ -256,6 +286,52 @@ struct Seen {
     /// UDP flows opened through the round-robin listener all through the
     /// swap, with the backend that answered first.
     opened_rr: Vec<(UdpFlow, String)>,
+    /// Answers to the flows above, asked again while the swap went on,
+    /// that differed from their first.
+    moved_during: Vec<String>,
+    /// Round-robin flows opened before the swap, with their backend.
+    rr_before: Vec<(UdpFlow, String)>,
+    /// The flows above to ask again, least recently asked first, each
+    /// with the time it was last asked.
+    queue: std::collections::VecDeque<(Opened, usize, Instant)>,
+    refreshed: usize,
+}
+
+/// Which list of [`Seen`] a flow is in.
+#[derive(Clone, Copy)]
+enum Opened {
+    Snat,
+    Rr,
+    RrBefore,
+}
+
+impl Seen {
+    /// Keeps the flows opened so far alive: asks up to 16 of them again,
+    /// the least recently asked first, if that was over 5 s ago. A window
+    /// longer than the UDP timeout (30 s) would otherwise expire the early
+    /// ones, and a flow that expired is rightly given a new translation.
+    fn refresh(&mut self) {
+        for _ in 0..16 {
+            let Some(&(list, i, at)) = self.queue.front() else { return };
+            if at.elapsed() < Duration::from_secs(5) {
+                return;
+            }
+            self.queue.pop_front();
+            let (f, first) = match list {
+                Opened::Snat => &self.opened[i],
+                Opened::Rr => &self.opened_rr[i],
+                Opened::RrBefore => &self.rr_before[i],
+            };
+            if let Ok(a) = f.ask("again") {
+                self.refreshed += 1;
+                let a = if matches!(list, Opened::Snat) { a } else { backend(&a) };
+                if a != *first {
+                    self.moved_during.push(format!("{first} -> {a}"));
+                }
+            }
+            self.queue.push_back((list, i, Instant::now()));
+        }
+    }
 }
 
 /// The same state with the direct listener's ACL tightened: the SNAT host
@@ -269,15 +345,21 @@ fn with_tightened_acl(state: &str) -> String {
     )
 }
 
-fn upgrade(attach: &'static str) {
+/// The upgrade with `extra` load balancers beside the traffic's two zones.
+fn upgrade(attach: &'static str, extra: usize) {
     if !require_root() {
         return;
     }
     let Some(previous) = previous_lbagent_bin() else { return };
     let topo = Topology::new();
-    let env = Env::new(attach);
+    let env = Env::new(attach, extra + 2);
+    // Made first, the extra ids sort before the traffic's load balancer:
+    // their changes are applied (and their zones switched) before it, and
+    // the gateway, unchanged, switches last, in the repair pass.
+    let extra: Vec<String> = (0..extra).map(|_| lb_id()).collect();
     let (lb, gw) = (lb_id(), unique("gwu"));
-    std::fs::write(env.dir.join("state.yaml"), topo.state(&lb, &gw)).unwrap();
+    assert!(extra.iter().all(|e| *e < lb), "extra ids sort first: {extra:?} {lb}");
+    std::fs::write(env.dir.join("state.yaml"), topo.state(&lb, &gw, &extra, 9100)).unwrap();
 
     let old = Agent::start(&previous, &env, "previous.log");
     for ns in [lbagent::naming::gw_netns(&gw), lbagent::naming::lb_netns(&lb)] {
@@ -341,23 +423,30 @@ fn upgrade(attach: &'static str) {
         let snat_host = topo.vpc[2].ns.name.clone();
         let rr_client = topo.vpc[3].ns.name.clone();
         std::thread::spawn(move || {
-            let mut seen = Seen { udp_answers: vec![vec![]; 3], ..Default::default() };
+            let queue = (0..rr_before.len()).map(|i| (Opened::RrBefore, i, Instant::now())).collect();
+            let mut seen = Seen { udp_answers: vec![vec![]; 3], rr_before, queue, ..Default::default() };
             while !stop.load(Ordering::Relaxed) {
-                // A new UDP flow through SNAT, from a source port of its own.
+                // A new UDP flow through SNAT, from a source port of its own
+                // (up to 900 of them, and as many round-robin flows).
                 let port = 43000 + seen.opened.len() as u16;
-                if let Ok(f) = UdpFlow::open(&snat_host, port, at("198.51.100.1:9001"))
+                if seen.opened.len() < 900
+                    && let Ok(f) = UdpFlow::open(&snat_host, port, at("198.51.100.1:9001"))
                     && let Ok(a) = f.ask("opened")
                 {
+                    seen.queue.push_back((Opened::Snat, seen.opened.len(), Instant::now()));
                     seen.opened.push((f, a));
                 }
                 // And one through the round-robin listener: its backend is
                 // the scheduler's turn, which a lost flow would not get again.
                 let port = 44000 + seen.opened_rr.len() as u16;
-                if let Ok(f) = UdpFlow::open(&rr_client, port, at("10.10.0.5:9002"))
+                if seen.opened_rr.len() < 900
+                    && let Ok(f) = UdpFlow::open(&rr_client, port, at("10.10.0.5:9002"))
                     && let Ok(a) = f.ask("opened")
                 {
+                    seen.queue.push_back((Opened::Rr, seen.opened_rr.len(), Instant::now()));
                     seen.opened_rr.push((f, backend(&a)));
                 }
+                seen.refresh();
                 for (i, f) in udp.iter().enumerate() {
                     match f.ask("during") {
                         Ok(a) => seen.udp_answers[i].push(a),
@@ -377,11 +466,22 @@ fn upgrade(attach: &'static str) {
     std::thread::sleep(Duration::from_millis(500));
     old.stop();
     // The new agent applies a state whose ACL refuses one client.
-    std::fs::write(env.dir.join("state.yaml"), with_tightened_acl(&topo.state(&lb, &gw))).unwrap();
+    std::fs::write(env.dir.join("state.yaml"), with_tightened_acl(&topo.state(&lb, &gw, &extra, 9101))).unwrap();
     let started = Instant::now();
     let new = Agent::start(&lbagent_bin(), &env, "current.log");
     let took = started.elapsed();
-    std::thread::sleep(Duration::from_millis(1500));
+    // The prober runs on until the migration has finished, which is after
+    // the repair pass that follows the first apply has re-ensured every
+    // zone (each then runs this build's programs; the unchanged gateway is
+    // the last to switch).
+    let done = format!("migration from layout {FROM_VERSION} done");
+    let t = Instant::now();
+    while !std::fs::read_to_string(env.dir.join("current.log")).unwrap().contains(&done) {
+        assert!(t.elapsed() < env.patience(), "no {done:?} within {:?}:\n{}", env.patience(), new.0.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let migrated = started.elapsed();
+    std::thread::sleep(Duration::from_millis(1000));
     stop.store(true, Ordering::Relaxed);
     let (seen, udp) = prober.join().unwrap();
 
@@ -404,10 +504,12 @@ fn upgrade(attach: &'static str) {
         .filter_map(|(f, a)| f.ask("after").ok().filter(|b| b != a).map(|b| format!("{a} -> {b}")))
         .collect();
     assert!(seen.opened.len() >= 10, "flows opened during the swap: {}", seen.opened.len());
+    assert!(seen.moved_during.is_empty(), "flows opened during the swap moved during it: {:?}", seen.moved_during);
     assert!(moved.is_empty(), "UDP flows opened during the swap moved: {moved:?}");
     // The round-robin listener's flows, opened before and during the swap,
     // each keep the backend its turn gave it; both backends had turns.
-    let moved: Vec<String> = rr_before
+    let moved: Vec<String> = seen
+        .rr_before
         .iter()
         .chain(&seen.opened_rr)
         .filter_map(|(f, b)| f.ask("after").ok().map(|a| backend(&a)).filter(|a| a != b).map(|a| format!("{b} -> {a}")))
@@ -422,25 +524,26 @@ fn upgrade(attach: &'static str) {
     for p in &paths {
         check(p, &ask_tcp(&p.from, p.to).unwrap_or_else(|e| panic!("new connection via {}: {e:#}", p.name)));
     }
-    // The migration finishes after the repair pass that follows the first
-    // apply has re-ensured every zone (each then runs this build's programs).
-    let done = format!("migration from layout {FROM_VERSION} done");
-    let t = Instant::now();
-    while !std::fs::read_to_string(env.dir.join("current.log")).unwrap().contains(&done) {
-        assert!(t.elapsed() < Duration::from_secs(60), "no {done:?} within 60 s:\n{}", new.0.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
     let log = std::fs::read_to_string(env.dir.join("current.log")).unwrap();
+    // Every extra load balancer serves its changed listener.
+    for (i, _) in extra.iter().enumerate() {
+        let vip = SocketAddr::new(format!("10.10.0.{}", EXTRA_HOST + i).parse().unwrap(), 9101);
+        let a = ask_tcp(&topo.vpc[3].ns.name, vip).unwrap_or_else(|e| panic!("extra load balancer {vip}: {e:#}"));
+        assert!(a.starts_with("lb "), "{vip}: {a}");
+    }
     eprintln!(
-        "upgrade ({attach}): new agent applied in {took:?}; 0 of {} open connections lost; UDP datagrams lost \
+        "upgrade ({attach}, {} zones): new agent applied in {took:?}, migrated in {migrated:?}; 0 of {} open connections lost; UDP datagrams lost \
          during the swap: {}; new connections failed during the swap: {} of {}; {} UDP flows opened during the \
-         swap, none moved; {} round-robin flows opened during the swap, none moved",
+         swap, none moved; {} round-robin flows opened during the swap, none moved; {} asks of those flows \
+         during the swap, all answered as first",
+        env.zones,
         conns.len(),
         seen.udp_lost,
         seen.new_failed,
         seen.new_tried,
         seen.opened.len(),
-        seen.opened_rr.len()
+        seen.opened_rr.len(),
+        seen.refreshed
     );
     assert!(log.contains(&format!("migrating it to layout {LAYOUT_VERSION}")), "{log}");
     assert!(log.contains("conntrack tables shared with the running programs"), "{log}");
@@ -500,11 +603,12 @@ fn upgrade_from_the_previous_layout_tcx() {
         eprintln!("skipped: tcx needs Linux 6.6+ (the netlink variant runs)");
         return;
     }
-    upgrade("tcx");
+    upgrade("tcx", 0);
 }
 
-/// Netlink filters (Linux 5.x) are replaced in place by priority and handle.
+/// Netlink filters (Linux 5.x) are replaced in place by priority and handle,
+/// at 50 zones.
 #[test]
 fn upgrade_from_the_previous_layout_netlink() {
-    upgrade("netlink");
+    upgrade("netlink", 48);
 }

@@ -7,7 +7,12 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use aya::programs::{TestRun, TestRunOptions};
-use lbagent::dataplane::{attach::Direction, loader::ZoneProgram, pins, tables::Tables};
+use lbagent::dataplane::{
+    attach::Direction,
+    loader::{CtSizes, ZoneProgram},
+    pins,
+    tables::Tables,
+};
 
 use crate::{net::Netns, unique};
 
@@ -93,6 +98,8 @@ pub struct Engine {
     pub prog: ZoneProgram,
     pub tables: Tables,
     pub pins: TestPins,
+    /// The conntrack tables' sizes (every program over these pins uses them).
+    pub sizes: CtSizes,
     // Last: the thread leaves the namespace after everything else is gone.
     pub net: TestNet,
 }
@@ -110,13 +117,15 @@ impl Engine {
         Self::with_ct_max(zone, None)
     }
 
-    /// An engine whose conntrack table holds `ct_max` entries.
+    /// An engine whose established conntrack table holds `ct_max` entries
+    /// (the new-flow table its default share of them).
     pub fn with_ct_max(zone: u16, ct_max: Option<u32>) -> Result<Self> {
         let net = TestNet::enter()?;
         let pins = TestPins::new();
-        let prog = ZoneProgram::load_sized(&pins.root, zone, ct_max)?;
+        let sizes = CtSizes::new(ct_max, None);
+        let prog = ZoneProgram::load_sized(&pins.root, zone, sizes)?;
         let tables = Tables::open(&pins.root)?;
-        Ok(Engine { prog, tables, pins, net })
+        Ok(Engine { prog, tables, pins, net, sizes })
     }
 
     /// An engine for `zone` with one rule: udp 198.51.100.10:53 → 10.0.2.2:5353.
@@ -145,10 +154,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Zone `zone`'s NAT program over this engine's pins (the same maps):
-    /// `ct_max` must be the engine's.
-    pub fn zone_program(&self, zone: u16, ct_max: Option<u32>) -> Result<ZoneProgram> {
-        ZoneProgram::load_sized(&self.pins.root, zone, ct_max)
+    /// Zone `zone`'s NAT program over this engine's pins (the same maps).
+    pub fn zone_program(&self, zone: u16) -> Result<ZoneProgram> {
+        ZoneProgram::load_sized(&self.pins.root, zone, self.sizes)
     }
 
     /// Runs the program once; returns its verdict and the output frame.

@@ -331,6 +331,27 @@ fn kill_9_and_restart_keep_established_connections() {
     assert!(direct.ping("2").unwrap().starts_with("b "));
     assert!(proxied.ping("2").unwrap().starts_with("b "));
 
+    // A start with other conntrack sizes than the pins' is refused, naming
+    // the table and the flag, before it touches anything; a size below the
+    // new-flow table's floor is refused by the command line.
+    let run = |extra: &[&str]| {
+        let out = Command::new(lbagent_bin())
+            .args(["run", "--state", env.state().to_str().unwrap()])
+            .args(extra)
+            .args(env.flags())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(&["--conntrack-new-max", "4096"]);
+    let default_new = lbagent_common::CT_MAX / 4;
+    assert!(err.contains("`ct_new`") && err.contains(&format!("--conntrack-new-max {default_new}")), "{err}");
+    let err = run(&["--conntrack-new-max", "100"]);
+    assert!(err.contains("--conntrack-new-max") && err.contains("256"), "{err}");
+    assert_eq!(attached_programs(&ns, &env.bpffs).unwrap(), programs, "a refused start changes nothing");
+    assert!(direct.ping("2b").unwrap().starts_with("b "));
+
     // Restart: pins reused, programs replaced in place, flows untouched.
     // (Under TCG the restart takes minutes: the proxied connection is kept
     // from idling into haproxy's 60 s client timeout.)

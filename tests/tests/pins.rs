@@ -1,7 +1,10 @@
 //! Pins: typed BTF dumps through bpftool, refusal of incompatible pins, and
 //! reuse of conntrack across a program reload (agent restart).
 
-use lbagent::dataplane::{loader::ZoneProgram, pins};
+use lbagent::dataplane::{
+    loader::{CtSizes, ZoneProgram},
+    pins,
+};
 use lbagent_common::*;
 use lbagent_tests::{
     engine::{Engine, TC_ACT_OK, TestPins},
@@ -41,7 +44,8 @@ fn incompatible_pins_are_refused_with_a_clear_message() {
     if !require_root() {
         return;
     }
-    // A map named `ct` with another value size sits where ours would go.
+    // A map named `ct` of the right size, but another type and value size,
+    // sits where ours would go.
     let p = TestPins::new();
     pins::ensure_bpffs(&p.root).unwrap();
     let path = pins::ensure_versioned_dir(&p.root).unwrap().join(MAP_CT);
@@ -57,7 +61,7 @@ fn incompatible_pins_are_refused_with_a_clear_message() {
         "value",
         "8",
         "entries",
-        "16",
+        &CT_MAX.to_string(),
         "name",
         "ct",
     ])
@@ -65,6 +69,35 @@ fn incompatible_pins_are_refused_with_a_clear_message() {
     let err = ZoneProgram::load(&p.root, 1).err().expect("must refuse").to_string();
     assert!(err.contains("incompatible") && err.contains("--bpffs"), "{err}");
     assert!(path.exists(), "the foreign pin is left alone");
+}
+
+/// Each conntrack table gets the size asked for, and pins of other sizes
+/// are refused with an error naming the table, both sizes and the flag:
+/// nothing is loaded, nothing pinned changes.
+#[test]
+fn conntrack_sizes_are_kept_and_other_sizes_refused_naming_the_flag() {
+    if !require_root() {
+        return;
+    }
+    let p = TestPins::new();
+    let sizes = CtSizes::new(Some(4096), Some(2048));
+    ZoneProgram::load_sized(&p.root, 1, sizes).unwrap();
+    let dir = pins::versioned_dir(&p.root);
+    let size = |name: &str| {
+        let out = sh(&["bpftool", "map", "show", "pinned", dir.join(name).to_str().unwrap()]).unwrap();
+        out.split_whitespace().skip_while(|w| *w != "max_entries").nth(1).unwrap().to_string()
+    };
+    assert_eq!((size(MAP_CT), size(MAP_CT_NEW)), ("4096".to_string(), "2048".to_string()));
+    // The same sizes: the pins are reused.
+    ZoneProgram::load_sized(&p.root, 2, sizes).unwrap();
+    // Without --conntrack-new-max, the new-flow table's default (a quarter).
+    let err = format!("{:#}", ZoneProgram::load_sized(&p.root, 1, CtSizes::new(Some(4096), None)).err().unwrap());
+    assert!(err.contains("`ct_new`") && err.contains("2048") && err.contains("1024"), "{err}");
+    assert!(err.contains("--conntrack-new-max 2048") && err.contains("lbagent teardown"), "{err}");
+    let err = format!("{:#}", ZoneProgram::load_sized(&p.root, 1, CtSizes::default()).err().unwrap());
+    assert!(err.contains("`ct`") && err.contains("--conntrack-max 4096"), "{err}");
+    assert_eq!((size(MAP_CT), size(MAP_CT_NEW)), ("4096".to_string(), "2048".to_string()));
+    assert_eq!(CtSizes::new(Some(64), None).new, 256, "the new-flow table's floor");
 }
 
 #[test]
@@ -165,13 +198,13 @@ fn only_the_previous_layout_is_migrated() {
     let p = TestPins::new();
     pins::ensure_bpffs(&p.root).unwrap();
     pin_meta(&p.root, FROM_VERSION, LAYOUT_VERSION as u8);
-    assert!(Migration::begin(&p.root, None).unwrap().is_none());
+    assert!(Migration::begin(&p.root, CtSizes::default()).unwrap().is_none());
     assert!(pins::is_marker(&p.root, FROM_VERSION));
     // A live dataplane older than the previous layout: refused, untouched.
     let p = TestPins::new();
     pins::ensure_bpffs(&p.root).unwrap();
     pin_meta(&p.root, FROM_VERSION - 1, (FROM_VERSION - 1) as u8);
-    let err = format!("{:#}", Migration::begin(&p.root, None).expect_err("must refuse"));
+    let err = format!("{:#}", Migration::begin(&p.root, CtSizes::default()).expect_err("must refuse"));
     assert!(err.contains(&format!("layout version {}", FROM_VERSION - 1)), "{err}");
     assert!(err.contains(&format!("migrates only layout {FROM_VERSION}")), "{err}");
     assert!(!pins::versioned_dir(&p.root).join(MAP_CT).exists(), "nothing created");

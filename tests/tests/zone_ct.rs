@@ -48,9 +48,9 @@ fn a_tenant_cannot_take_another_tenants_conntrack() {
         return;
     }
     let e = Engine::with_ct_max(A, Some(CT_MAX)).unwrap();
-    let mut a = e.zone_program(A, Some(CT_MAX)).unwrap();
-    let mut b = e.zone_program(B, Some(CT_MAX)).unwrap();
-    let mut c = e.zone_program(C, Some(CT_MAX)).unwrap();
+    let mut a = e.zone_program(A).unwrap();
+    let mut b = e.zone_program(B).unwrap();
+    let mut c = e.zone_program(C).unwrap();
     for (zone, id) in [(A, 1), (B, 2), (C, 3)] {
         let mut rule = dnat(PROTO_TCP, 80, id, &[(SERVER, 8080)]);
         rule.zone = zone;
@@ -119,7 +119,7 @@ fn counts_follow_expiry_and_never_wrap_into_a_refusal() {
         return;
     }
     let e = Engine::with_ct_max(A, Some(CT_MAX)).unwrap();
-    let mut a = e.zone_program(A, Some(CT_MAX)).unwrap();
+    let mut a = e.zone_program(A).unwrap();
     e.tables.set_dnat(&dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080)])).unwrap();
     e.tables.set_zone_ct_limits(A, ZoneCtLimits { established: 5, new: 5 }).unwrap();
     // Five half-open flows, then a timeout of 1 s for them.

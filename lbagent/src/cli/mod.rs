@@ -83,10 +83,18 @@ pub enum Command {
         /// the `lbagent_ebpf` target; `off` costs nothing per packet.
         #[arg(long, default_value = "off")]
         ebpf_log: crate::dataplane::logs::EbpfLogLevel,
-        /// Conntrack table size in entries (two per flow; default 262144). Fixed
-        /// for the life of the pins: a different size is refused until teardown.
-        #[arg(long)]
+        /// Established-flow table size in entries (two per flow; default 262144).
+        /// Fixed for the life of the pins: a different size is refused until teardown.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
         conntrack_max: Option<u32>,
+        /// New-flow table size in entries (two per flow; default a quarter of
+        /// --conntrack-max, at least 256): flows not established yet, UDP
+        /// query/answer flows for their whole life. Size it by concurrency:
+        /// new flows per second × how long they stay new (TCP handshake, up to
+        /// 60 s unanswered; UDP queries 30 s), times two. An LRU: when full,
+        /// the oldest new flow is evicted. Fixed for the life of the pins.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(256..))]
+        conntrack_new_max: Option<u32>,
         /// The largest share (percent) of the running objects one document
         /// may remove without `allow_mass_removal: true` in it (a shorter,
         /// torn document is refused); 100 turns the guard off.
@@ -164,6 +172,7 @@ pub fn main() -> Result<()> {
             metrics,
             repair_interval,
             conntrack_max,
+            conntrack_new_max,
             max_removal,
             ebpf_log,
             common,
@@ -190,7 +199,7 @@ pub fn main() -> Result<()> {
                 metrics: metrics.0,
                 api_socket: common.api_socket,
                 repair_interval: Duration::from_secs(repair_interval.max(1)),
-                conntrack_max,
+                conntrack: crate::dataplane::loader::CtSizes::new(conntrack_max, conntrack_new_max),
                 max_removal_percent: max_removal,
             };
             tokio::runtime::Builder::new_multi_thread()

@@ -39,8 +39,8 @@ pub struct Options {
     pub metrics: Option<SocketAddr>,
     pub api_socket: PathBuf,
     pub repair_interval: Duration,
-    /// Conntrack entries (two per flow); `None` = built-in size.
-    pub conntrack_max: Option<u32>,
+    /// The conntrack tables' sizes (`--conntrack-max`, `--conntrack-new-max`).
+    pub conntrack: crate::dataplane::loader::CtSizes,
     /// The largest share (percent) of the running objects one document may
     /// remove without `allow_mass_removal` (`guard.rs`; 100: no guard).
     pub max_removal_percent: u8,
@@ -332,12 +332,12 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     // An upgrade across a layout change: this layout's maps are filled from
     // the previous layout's before anything is attached.
     let migration =
-        Migration::begin(&opts.bpffs, opts.conntrack_max).context("migrating the previous layout's dataplane")?;
+        Migration::begin(&opts.bpffs, opts.conntrack).context("migrating the previous layout's dataplane")?;
     // Load the object once up front: it creates or reuses (after checking)
     // the pinned maps, and fails fast on a verifier or pin problem.
-    ZoneProgram::load_sized(&opts.bpffs, 0, opts.conntrack_max).context("preparing the dataplane")?;
+    ZoneProgram::load_sized(&opts.bpffs, 0, opts.conntrack).context("preparing the dataplane")?;
     let mut host = Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir);
-    host.engine.ct_max = opts.conntrack_max;
+    host.engine.ct_sizes = opts.conntrack;
     let reconciler = Reconciler::open(host, &opts.state_dir)?;
     let mut status = Status::default();
     status.document.state_file = source.describe();

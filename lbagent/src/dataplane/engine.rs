@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::{
     attach::{self, AttachMode, Direction, Hook},
-    loader::{GuardProgram, ZoneProgram},
+    loader::{CtSizes, GuardProgram, ZoneProgram},
     pins,
     sync::{self, DnatEntry, SnatEntry},
     tables::{DnatSpec, SnatSpec, Tables},
@@ -19,8 +19,8 @@ const LOOPBACK: &str = "lo";
 pub struct Engine {
     pub bpffs: PathBuf,
     pub mode: AttachMode,
-    /// Conntrack size (entries, two per flow); `None` = the built-in size.
-    pub ct_max: Option<u32>,
+    /// The conntrack tables' sizes.
+    pub ct_sizes: CtSizes,
     /// The host's default share of the conntrack tables per zone
     /// (`agent.conntrack_limits`).
     pub ct_limits: crate::state::model::ConntrackLimits,
@@ -57,7 +57,7 @@ impl Engine {
         Engine {
             bpffs,
             mode,
-            ct_max: None,
+            ct_sizes: CtSizes::default(),
             ct_limits: Default::default(),
             programs: HashMap::new(),
             guard: None,
@@ -109,7 +109,7 @@ impl Engine {
         }
         if !dir.join(lbagent_common::MAP_META).exists() {
             // No program uses `meta` (a layout marker only): a new one.
-            ZoneProgram::load_sized(&self.bpffs, 0, self.ct_max)?;
+            ZoneProgram::load_sized(&self.bpffs, 0, self.ct_sizes)?;
         }
         repinned.sort();
         Ok(repinned)
@@ -171,15 +171,14 @@ impl Engine {
     /// flows, which only an operator who sized it should ask for). Returns
     /// whether they changed.
     pub fn set_zone_ct_limits(&self, zone: u16, own: &crate::state::model::ConntrackLimits) -> Result<bool> {
-        let ct = self.ct_max.unwrap_or(lbagent_common::CT_MAX);
         // Flows are two entries each.
-        let default = lbagent_common::ZoneCtLimits { established: ct / 4, new: 0 };
+        let default = lbagent_common::ZoneCtLimits { established: self.ct_sizes.established / 4, new: 0 };
         self.tables()?.set_zone_ct_limits(zone, own.resolve(&self.ct_limits, default))
     }
 
     pub fn tables(&self) -> Result<Tables> {
         if !pins::versioned_dir(&self.bpffs).join(lbagent_common::MAP_CT).exists() {
-            ZoneProgram::load_sized(&self.bpffs, 0, self.ct_max)?;
+            ZoneProgram::load_sized(&self.bpffs, 0, self.ct_sizes)?;
         }
         Tables::open(&self.bpffs)
     }
@@ -198,7 +197,7 @@ impl Engine {
 
     fn attach_on(&mut self, zone: u16, netns: &str, ifname: &str, directions: &[Direction]) -> Result<()> {
         if !self.programs.contains_key(&zone) {
-            self.programs.insert(zone, ZoneProgram::load_sized(&self.bpffs, zone, self.ct_max)?);
+            self.programs.insert(zone, ZoneProgram::load_sized(&self.bpffs, zone, self.ct_sizes)?);
         }
         let prog = self.programs.get_mut(&zone).unwrap();
         for &direction in directions {
@@ -213,7 +212,7 @@ impl Engine {
     pub fn attach_proxy_guard(&mut self, ifname: &str, uid: Option<u32>) -> Result<()> {
         // The guard's maps are pinned by the first load of the guard.
         if self.guard.is_none() {
-            self.guard = Some(GuardProgram::load(&self.bpffs, self.ct_max)?);
+            self.guard = Some(GuardProgram::load(&self.bpffs, self.ct_sizes)?);
         }
         self.tables()?.set_proxy_guard(uid)?;
         let hook = Hook { netns: None, ifname, direction: Direction::Egress };

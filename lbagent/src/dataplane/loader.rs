@@ -7,6 +7,61 @@ use aya::{Ebpf, EbpfError, EbpfLoader, maps::MapError, programs::SchedClassifier
 
 use super::{OBJECT, attach::Direction, pins};
 
+/// The two conntrack tables' sizes in entries (two per flow), fixed for the
+/// life of their pins: `ct` (`--conntrack-max`) holds established flows,
+/// `ct_new` (`--conntrack-new-max`) the flows not established yet, an LRU
+/// sized by how many of those a host has at once (see `docs/operations.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtSizes {
+    pub established: u32,
+    pub new: u32,
+}
+
+impl Default for CtSizes {
+    fn default() -> Self {
+        Self::new(None, None)
+    }
+}
+
+impl CtSizes {
+    /// The sizes asked for; the built-in size for `established`, and a
+    /// quarter of `established` (at least 256) for `new`, when not given.
+    pub fn new(established: Option<u32>, new: Option<u32>) -> Self {
+        let established = established.unwrap_or(lbagent_common::CT_MAX);
+        Self { established, new: new.unwrap_or(lbagent_common::ct_new_max(established)) }
+    }
+
+    /// Each table with its size and the flag that sets it.
+    fn tables(self) -> [(&'static str, u32, &'static str); 2] {
+        [
+            (lbagent_common::MAP_CT, self.established, "--conntrack-max"),
+            (lbagent_common::MAP_CT_NEW, self.new, "--conntrack-new-max"),
+        ]
+    }
+
+    /// Refuses pinned conntrack tables of other sizes under `root`, naming
+    /// the table, both sizes and the flag (a table cannot be resized in
+    /// place: a start with other sizes would fail to load, or lose every
+    /// flow). Tables not pinned yet are created with these sizes.
+    pub fn check_pins(self, root: &Path) -> Result<()> {
+        let dir = pins::versioned_dir(root);
+        for (name, want, flag) in self.tables() {
+            let Ok(map) = aya::maps::MapData::from_pin(dir.join(name)) else { continue };
+            let have = map.info().with_context(|| format!("reading the pinned {name}"))?.max_entries();
+            if have != want {
+                bail!(
+                    "the pinned conntrack table `{name}` under {} holds {have} entries, but {flag} asks for {want} \
+                     (--conntrack-new-max defaults to a quarter of --conntrack-max, at least 256); a table's size is \
+                     fixed for the life of its pins: start with {flag} {have}, or tear the dataplane down \
+                     (`lbagent teardown`, which drops every flow) to resize it",
+                    dir.display()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The NAT programs loaded for one zone. Dropping them does not detach
 /// anything (attachments are owned by the kernel; see `attach`).
 pub struct ZoneProgram {
@@ -18,15 +73,14 @@ impl ZoneProgram {
     /// Loads the object with `ZONE = zone`, pinning its maps under `root`
     /// (or reusing compatible pins: conntrack and rules survive restarts).
     pub fn load(root: &Path, zone: u16) -> Result<Self> {
-        Self::load_sized(root, zone, None)
+        Self::load_sized(root, zone, CtSizes::default())
     }
 
-    /// Like `load`, with the established conntrack table sized to `ct_max`
-    /// entries (two per flow) and the new-flow table to `ct_new_max(ct_max)`,
-    /// instead of the built-in sizes. Reusing pins of another size is refused.
-    pub fn load_sized(root: &Path, zone: u16, ct_max: Option<u32>) -> Result<Self> {
+    /// Like `load`, with the conntrack tables of `sizes` instead of the
+    /// built-in ones. Pins of other sizes are refused ([`CtSizes::check_pins`]).
+    pub fn load_sized(root: &Path, zone: u16, sizes: CtSizes) -> Result<Self> {
         let names = [Direction::Ingress, Direction::Egress].map(Direction::program);
-        Ok(Self { zone, programs: load_programs(root, &pins::zone_owner(zone), zone, ct_max, &names)? })
+        Ok(Self { zone, programs: load_programs(root, &pins::zone_owner(zone), zone, sizes, &names)? })
     }
 
     /// The ingress program (the NAT engine).
@@ -53,9 +107,9 @@ pub struct GuardProgram {
 }
 
 impl GuardProgram {
-    pub fn load(root: &Path, ct_max: Option<u32>) -> Result<Self> {
+    pub fn load(root: &Path, sizes: CtSizes) -> Result<Self> {
         let names = [super::PROGRAM_PROXY_GUARD];
-        Ok(Self { programs: load_programs(root, pins::GUARD_OWNER, 0, ct_max, &names)? })
+        Ok(Self { programs: load_programs(root, pins::GUARD_OWNER, 0, sizes, &names)? })
     }
 
     pub fn program(&mut self) -> &mut SchedClassifier {
@@ -96,19 +150,19 @@ impl Programs {
 /// restart over hundreds of zones then costs an open per program, not a
 /// verification each. Another object (an upgrade), other maps (a pin
 /// deleted while the agent was down) or eBPF logs on: loaded afresh.
-fn load_programs(root: &Path, owner: &str, zone: u16, ct_max: Option<u32>, names: &[&'static str]) -> Result<Programs> {
+fn load_programs(root: &Path, owner: &str, zone: u16, sizes: CtSizes, names: &[&'static str]) -> Result<Programs> {
     if OBJECT.is_empty() {
         bail!("this lbagent was built without its eBPF object; build with `cargo xtask build`");
     }
     raise_memlock();
     pins::ensure_bpffs(root)?;
     pins::check_meta(root)?;
+    sizes.check_pins(root)?;
     let dir = pins::ensure_versioned_dir(root)?;
     let log_level = super::logs::level();
     let logs = log_level != 0;
     let build = pins::programs_dir(root, object_id());
     if !logs
-        && sizes_match(root, ct_max)
         && let Some(progs) = reuse(root, &build, owner, names)
     {
         // As a load does: the layout check of older and newer builds reads it.
@@ -121,9 +175,8 @@ fn load_programs(root: &Path, owner: &str, zone: u16, ct_max: Option<u32>, names
         &log_level,
         false,
     );
-    if let Some(n) = ct_max {
-        loader.map_max_entries(lbagent_common::MAP_CT, n);
-        loader.map_max_entries(lbagent_common::MAP_CT_NEW, lbagent_common::ct_new_max(n));
+    for (name, size, _) in sizes.tables() {
+        loader.map_max_entries(name, size);
     }
     let mut ebpf = loader.load(OBJECT).map_err(|e| explain(e, &dir))?;
     super::logs::attach(&mut ebpf);
@@ -186,18 +239,6 @@ fn reuse(
         progs.push((name, prog));
     }
     Some(progs)
-}
-
-/// Whether the pinned conntrack tables have the sizes asked for (`ct_max`,
-/// `None` = built-in). When they do not, nothing is reused: the load that
-/// follows refuses the pins with an error that says what to do, as every
-/// start with another `--conntrack-max` did before programs were pinned.
-fn sizes_match(root: &Path, ct_max: Option<u32>) -> bool {
-    let want = ct_max.unwrap_or(lbagent_common::CT_MAX);
-    let dir = pins::versioned_dir(root);
-    let size = |name: &str| aya::maps::MapData::from_pin(dir.join(name)).ok()?.info().ok().map(|i| i.max_entries());
-    size(lbagent_common::MAP_CT) == Some(want)
-        && size(lbagent_common::MAP_CT_NEW) == Some(lbagent_common::ct_new_max(want))
 }
 
 /// Identifies the embedded object (FNV-1a over its bytes, computed once):

@@ -48,6 +48,7 @@ use lbagent_common::*;
 use tracing::info;
 
 use super::{
+    loader::CtSizes,
     pins,
     tables::{Tables, per_cpu, possible_cpus},
 };
@@ -88,14 +89,14 @@ pub struct Migration {
 
 impl Migration {
     /// Finds live pins of the previous layout under `root` and copies their
-    /// state into this layout's maps (creating them with `ct_max`). `None`:
+    /// state into this layout's maps (creating them with `sizes`). `None`:
     /// nothing to migrate (no old pins, or only a marker of a finished
     /// migration).
     ///
     /// Live pins of a layout older than the previous one are refused: their
     /// flows cannot be carried, and an empty dataplane beside them would
     /// replace their programs and lose every flow.
-    pub fn begin(root: &Path, ct_max: Option<u32>) -> Result<Option<Migration>> {
+    pub fn begin(root: &Path, sizes: CtSizes) -> Result<Option<Migration>> {
         if let Some((v, dir)) = pins::older_live_versions(root).into_iter().find(|(v, _)| *v != FROM_VERSION) {
             bail!(
                 "{} holds a running dataplane of layout version {v}; this lbagent (layout {LAYOUT_VERSION}) \
@@ -116,10 +117,10 @@ impl Migration {
             "found the dataplane of layout {FROM_VERSION} in {}: migrating it to layout {LAYOUT_VERSION}",
             old.display()
         );
-        let shared = share_conntrack(&old, root, ct_max)?;
+        let shared = share_conntrack(&old, root, sizes)?;
         // Creates (or reuses, after the usual checks) this layout's maps:
         // the shared conntrack tables among them.
-        super::loader::ZoneProgram::load_sized(root, 0, ct_max).context("creating the new layout's maps")?;
+        super::loader::ZoneProgram::load_sized(root, 0, sizes).context("creating the new layout's maps")?;
         let tables = Tables::open(root)?;
         let mut carried =
             if shared { Carried { ct_shared: true, ..Default::default() } } else { copy_conntrack(&old, &tables)? };
@@ -175,13 +176,13 @@ impl Migration {
 /// conntrack pins are absent or are the old tables themselves (a restart
 /// after a crash mid-migration finds what the first start did, and pins
 /// what it had not) and the old tables have the sizes asked for
-/// (`--conntrack-max` unchanged); otherwise `false`, and the flows are
+/// (`--conntrack-max` and `--conntrack-new-max` unchanged); otherwise
+/// `false`, and the flows are
 /// copied as before.
-fn share_conntrack(old: &Path, root: &Path, ct_max: Option<u32>) -> Result<bool> {
+fn share_conntrack(old: &Path, root: &Path, sizes: CtSizes) -> Result<bool> {
     let dir = pins::versioned_dir(root);
-    let want = ct_max.unwrap_or(CT_MAX);
     let mut tables = Vec::new();
-    for (name, size) in [(MAP_CT, want), (MAP_CT_NEW, ct_new_max(want))] {
+    for (name, size) in [(MAP_CT, sizes.established), (MAP_CT_NEW, sizes.new)] {
         let map = old_map(old, name)?;
         let info = map.info()?;
         // This layout's pin, when one is there: the old map itself (a start
@@ -191,7 +192,7 @@ fn share_conntrack(old: &Path, root: &Path, ct_max: Option<u32>) -> Result<bool>
             return Ok(false);
         }
         if info.max_entries() != size {
-            info!("--conntrack-max changed across the upgrade: the flows are copied into new tables");
+            info!("{name}: its size changed across the upgrade: the flows are copied into new tables");
             return Ok(false);
         }
         tables.push((name, map, pinned.is_some()));

@@ -18,6 +18,14 @@
 //! reply key into `ct_new` with `BPF_NOEXIST` and *then* checks `ct`;
 //! promotion inserts into `ct` *before* deleting from `ct_new`. So whichever
 //! order two CPUs run in, a tuple held in either table is never claimed twice.
+//! A lookup that misses `ct` and then `ct_new` may have run while another
+//! CPU promoted the flow (into `ct` after the first lookup, out of `ct_new`
+//! before the second): it looks in `ct` once more, where the flow then is.
+//! Without that, the packet that completes a handshake, taken by two CPUs
+//! at once, opened the flow a second time on another SNAT port. Only a
+//! packet of no flow pays the third lookup. A pair is looked up in its
+//! half's table first, then in the other one, which finds it in either
+//! order for the same reason.
 //! Entry fields are written without locks: two CPUs updating one flow can
 //! lose a timestamp or a sequence update, which only delays expiry or widens
 //! the RST window by one packet; the state only moves forward.
@@ -95,13 +103,17 @@ fn remove(t: Table, key: &Tuple) -> bool {
     }
 }
 
-/// The entry for `key` in either table (`ct` first).
+/// The entry for `key` in either table (`ct` first, and `ct` again after a
+/// miss in both: see the module docs on races).
 #[inline(always)]
 fn find(key: &Tuple) -> Option<(Table, *mut CtEntry)> {
     if let Some(p) = get(Table::Established, key) {
         return Some((Table::Established, p));
     }
-    get(Table::New, key).map(|p| (Table::New, p))
+    if let Some(p) = get(Table::New, key) {
+        return Some((Table::New, p));
+    }
+    get(Table::Established, key).map(|p| (Table::Established, p))
 }
 
 #[inline(always)]
@@ -111,7 +123,16 @@ pub fn config() -> NatConfig {
 
 #[inline(always)]
 fn fresh(cfg: &NatConfig, e: &CtEntry, proto: u8, now: u64) -> bool {
-    now.wrapping_sub(e.last_seen_ns) <= cfg.timeout_s(proto, e.state) as u64 * NS
+    since(now, e.last_seen_ns) <= cfg.timeout_s(proto, e.state) as u64 * NS
+}
+
+/// Nanoseconds from `then` to `now`, 0 when `then` is later: another CPU
+/// may stamp an entry after this CPU read the clock (two CPUs taking one
+/// flow's packets in the same microsecond, a first fragment and a later
+/// one), and a wrapped difference would make that entry centuries old.
+#[inline(always)]
+pub fn since(now: u64, then: u64) -> u64 {
+    now.saturating_sub(then)
 }
 
 /// `a` is after `b` in sequence space.
@@ -138,7 +159,7 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
     let cfg = config();
     let proto = p.tuple.proto;
     let flags = p.tcp.flags;
-    let refresh = now.wrapping_sub(e.last_seen_ns) > NS;
+    let refresh = since(now, e.last_seen_ns) > NS;
     let pair_key = e.xlate.reversed();
     // The pair is normally in the same table (the other one during a promotion).
     let other = if table == Table::New { Table::Established } else { Table::New };
@@ -201,7 +222,7 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
     let mut state = e.state;
     if proto == PROTO_TCP {
         state = track_tcp(p, e, pair.as_deref(), state);
-    } else if state == CT_REPLIED && proto != PROTO_ICMP && now.wrapping_sub(e.created_ns) > UDP_STREAM_AFTER_NS {
+    } else if state == CT_REPLIED && proto != PROTO_ICMP && since(now, e.created_ns) > UDP_STREAM_AFTER_NS {
         // Still active after the answer: a stream (ICMP echo never is).
         state = CT_ESTABLISHED;
     }

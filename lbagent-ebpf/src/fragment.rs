@@ -47,7 +47,7 @@ pub fn later(ctx: &TcContext, p: &Packet) -> i32 {
         Some(v) => unsafe { *v },
         None => return untracked_fragment(ctx, p),
     };
-    if now.wrapping_sub(first.seen_ns) > FRAG_TIMEOUT_S * 1_000_000_000 {
+    if conntrack::since(now, first.seen_ns) > FRAG_TIMEOUT_S * 1_000_000_000 {
         return untracked_fragment(ctx, p);
     }
     let mut t = p.tuple;

@@ -23,7 +23,7 @@ use crate::{net::Netns, unique};
 /// 10.0.2.1/24 with the default route (servers, everything else).
 pub struct TestNet {
     home: std::fs::File,
-    _ns: Netns,
+    ns: Netns,
 }
 
 impl TestNet {
@@ -44,7 +44,15 @@ impl TestNet {
         let home = std::fs::File::open("/proc/thread-self/ns/net")?;
         let target = lbagent::netns::open(&ns.name)?;
         nix::sched::setns(target, nix::sched::CloneFlags::CLONE_NEWNET)?;
-        Ok(TestNet { home, _ns: ns })
+        Ok(TestNet { home, ns })
+    }
+}
+
+impl TestNet {
+    /// Moves the calling thread (another test thread) into this namespace.
+    pub fn join(&self) -> Result<()> {
+        nix::sched::setns(lbagent::netns::open(&self.ns.name)?, nix::sched::CloneFlags::CLONE_NEWNET)?;
+        Ok(())
     }
 }
 
@@ -157,6 +165,77 @@ impl Engine {
     /// Zone `zone`'s NAT program over this engine's pins (the same maps).
     pub fn zone_program(&self, zone: u16) -> Result<ZoneProgram> {
         ZoneProgram::load_sized(&self.pins.root, zone, self.sizes)
+    }
+
+    /// Runs `frame(i)` for each step `i < steps` on CPUs 0 and 1 at once,
+    /// each CPU with its own instance of zone `zone`'s program over these
+    /// pins: the two runs of a step start together (each CPU waits for the
+    /// other to finish the step before), so they race in the program as
+    /// two CPUs taking the same flow's packets do. Returns each step's
+    /// verdicts and outputs, CPU 0's first. `None`: fewer than two CPUs.
+    #[allow(clippy::type_complexity)]
+    pub fn race(
+        &self,
+        zone: u16,
+        steps: usize,
+        frame: impl Fn(usize) -> Vec<u8> + Sync,
+    ) -> Result<Option<Vec<[(u32, Vec<u8>); 2]>>> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        if std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) < 2 {
+            return Ok(None);
+        }
+        let done = [AtomicUsize::new(0), AtomicUsize::new(0)];
+        let runs: Vec<Result<Vec<(u32, Vec<u8>)>>> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..2)
+                .map(|cpu| {
+                    let (done, frame) = (&done, &frame);
+                    s.spawn(move || {
+                        let runs = (|| -> Result<Vec<(u32, Vec<u8>)>> {
+                            let mut set = nix::sched::CpuSet::new();
+                            set.set(cpu)?;
+                            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+                            self.net.join()?;
+                            let mut prog = ZoneProgram::load_sized(&self.pins.root, zone, self.sizes)?;
+                            let mut out = Vec::with_capacity(steps);
+                            for i in 0..steps {
+                                let f = frame(i);
+                                while done[1 - cpu].load(Ordering::Acquire) < i {
+                                    std::hint::spin_loop();
+                                }
+                                out.push(run_program(&mut prog, &f)?);
+                                done[cpu].store(i + 1, Ordering::Release);
+                            }
+                            Ok(out)
+                        })();
+                        if runs.is_err() {
+                            // The other CPU goes on alone rather than wait.
+                            done[cpu].store(usize::MAX, Ordering::Release);
+                        }
+                        runs
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().expect("a racing thread panicked")).collect()
+        });
+        let mut runs = runs.into_iter();
+        let (a, b) = (runs.next().unwrap()?, runs.next().unwrap()?);
+        Ok(Some(a.into_iter().zip(b).map(|(a, b)| [a, b]).collect()))
+    }
+
+    /// Rewrites every entry of pinned hash map `name` (`ct`, `ct_new`,
+    /// `frags`) with `edit`: as another CPU's write would leave it, for
+    /// outcomes a test cannot time.
+    pub fn edit_entries<K: aya::Pod + Eq, V: aya::Pod>(&self, name: &str, edit: impl Fn(&mut V)) -> Result<usize> {
+        use aya::maps::{HashMap, Map, MapData};
+        let data = MapData::from_pin(pins::versioned_dir(&self.pins.root).join(name))?;
+        let map = if name == lbagent_common::MAP_CT_NEW { Map::LruHashMap(data) } else { Map::HashMap(data) };
+        let mut map: HashMap<MapData, K, V> = HashMap::try_from(map)?;
+        let entries: Vec<(K, V)> = map.iter().collect::<Result<_, _>>()?;
+        for (k, mut v) in entries.iter().copied() {
+            edit(&mut v);
+            map.insert(&k, &v, 0)?;
+        }
+        Ok(entries.len())
     }
 
     /// Runs the program once; returns its verdict and the output frame.

@@ -15,6 +15,75 @@ use lbagent_tests::{
     require_root,
 };
 
+/// An entry another CPU stamped a moment after this CPU read the clock
+/// (its `last_seen_ns` ahead of this run's `now`, as when two CPUs take a
+/// flow's packets in the same microsecond) is alive: the flow keeps its
+/// translation and its state. A wrapped difference made it look idle for
+/// centuries, and the flow was torn down and opened again (another backend
+/// or SNAT port) or made a UDP stream at once.
+#[test]
+fn an_entry_stamped_ahead_of_this_cpus_clock_is_alive() {
+    let Some(mut e) = engine() else { return };
+    let ahead = || lbagent::dataplane::tables::monotonic_ns() + 1_000_000_000;
+    open_tcp(&mut e);
+    assert_eq!(e.edit_entries::<Tuple, CtEntry>(MAP_CT_NEW, |v| v.last_seen_ns = ahead()).unwrap(), 2);
+    tcp_reply(&mut e, SYN | ACK, b"");
+    tcp_orig(&mut e, ACK, b"");
+    // A UDP query answered, created "later" than this CPU's clock: it stays
+    // a query/answer flow (not a stream before its 2 s).
+    let q = frame(&Ip::new(CLIENT, VIP), &udp(26000, 53, b"q"));
+    assert_eq!(e.run(&q).unwrap().0, TC_ACT_OK);
+    let a = frame(&Ip::new(SERVER, SNAT), &udp(5353, 26000, b"a"));
+    assert_eq!(e.run(&a).unwrap().0, TC_ACT_OK);
+    e.edit_entries::<Tuple, CtEntry>(MAP_CT_NEW, |v| {
+        v.created_ns = ahead();
+        v.last_seen_ns = ahead();
+    })
+    .unwrap();
+    assert_eq!(e.run(&q).unwrap().0, TC_ACT_OK);
+    assert_eq!(ct_state(&e, udp_key(26000)), CT_REPLIED, "a UDP query made a stream");
+    assert_eq!(e.tables.counter(Counter::ExpiredFlows).unwrap(), 0, "a live flow taken for expired");
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 2, "flows opened again");
+}
+
+/// Two CPUs that take the packet completing a flow's handshake at once
+/// both translate it by the flow, and the flow moves to `ct` once: both
+/// halves there, none left in `ct_new`, no promotion taken for a full
+/// table (the other CPU's halves already in `ct` are the flow's own), and
+/// the zone's counts exact. Program test runs of each flow's ACK on both
+/// CPUs at once.
+#[test]
+fn a_handshake_completed_on_two_cpus_at_once_promotes_the_flow_once() {
+    let Some(mut e) = engine() else { return };
+    const FLOWS: u16 = 5000;
+    // Ports inside the SNAT range: kept, so each reply is known.
+    for i in 0..FLOWS {
+        let (rc, _) = e.run(&frame(&Ip::new(CLIENT, VIP), &tcp(SYN, 20000 + i, 80, b""))).unwrap();
+        assert_eq!(rc, TC_ACT_OK);
+        let (rc, out) = e.run(&frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 20000 + i, b""))).unwrap();
+        assert_eq!((rc, packet::summary(&out).dst), (TC_ACT_OK, CLIENT), "SYN-ACK {i}");
+    }
+    let ack = |i: usize| frame(&Ip::new(CLIENT, VIP), &tcp(ACK, 20000 + i as u16, 80, b""));
+    let Some(runs) = e.race(ZONE, FLOWS as usize, ack).unwrap() else {
+        assert!(std::env::var("CI").is_err(), "needs two CPUs");
+        return;
+    };
+    for (i, step) in runs.iter().enumerate() {
+        for (rc, out) in step {
+            let s = packet::summary(out);
+            assert_eq!((*rc, s.src, s.dst, s.sport, s.dport), (TC_ACT_OK, SNAT, SERVER, 20000 + i as u16, 8080));
+        }
+    }
+    let ct = e.tables.conntrack_table(MAP_CT).unwrap();
+    assert_eq!(ct.len(), 2 * FLOWS as usize, "both halves of every flow established");
+    assert!(ct.iter().all(|(_, v)| v.state == CT_ESTABLISHED));
+    assert_eq!(e.tables.conntrack_table(MAP_CT_NEW).unwrap().len(), 0, "halves left behind in ct_new");
+    assert_eq!(e.tables.counter(Counter::CtTableFull).unwrap(), 0, "a promotion taken for a full table");
+    assert_eq!(e.tables.counter(Counter::CtPromoted).unwrap(), u64::from(FLOWS), "promotions");
+    assert_eq!(e.tables.recount_zone_flows().unwrap(), 0, "the zone's flow counts off");
+    assert_pairs_consistent(&e);
+}
+
 fn udp_key(sport: u16) -> Tuple {
     Tuple { saddr: CLIENT, daddr: VIP, sport, dport: 53, proto: PROTO_UDP, _pad0: 0, zone: ZONE }
 }

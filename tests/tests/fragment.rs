@@ -41,6 +41,21 @@ fn udp_datagram_through_dnat_and_snat_both_directions() {
     assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 1);
 }
 
+/// A later fragment taken by a CPU whose clock read precedes its first
+/// fragment's stamp (two CPUs, one microsecond) still follows its first
+/// fragment: the entry is fresh, not 584 years old.
+#[test]
+fn a_first_fragment_stamped_ahead_of_this_cpus_clock_is_followed() {
+    let Some(mut e) = engine() else { return };
+    let data = payload(4000);
+    let q = fragments(&Ip::new(CLIENT, VIP), &udp(25001, 53, &data), 1480);
+    let want = fragments(&Ip::new(SNAT, SERVER), &udp(25001, 5353, &data), 1480);
+    expect_all(&mut e, &q[..1], &want[..1]);
+    let ahead = lbagent::dataplane::tables::monotonic_ns() + 1_000_000_000;
+    assert_eq!(e.edit_entries::<FragKey, FragEntry>(MAP_FRAGS, |v| v.seen_ns = ahead).unwrap(), 1);
+    expect_all(&mut e, &q[1..], &want[1..]);
+}
+
 #[test]
 fn udp_datagram_through_snat_with_a_moved_port() {
     let Some(mut e) = engine() else { return };

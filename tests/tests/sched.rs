@@ -372,3 +372,59 @@ fn round_robin_cpus_start_at_different_positions() {
     }
     assert_ne!(on0, on1, "both CPUs started every rule's turn at the same slot");
 }
+
+/// Two CPUs that open the same least-connection flow at once (a SYN and its
+/// retransmission, or a flow's first packets spread over queues) count it
+/// once: only the CPU whose insert wins adds to the backend's active flows
+/// and to the zone's flow count, and the other sends its packet to the
+/// winner's backend. Program test runs of each SYN on both CPUs at once;
+/// the agent's recounts from conntrack then find nothing to correct.
+#[test]
+fn a_flow_opened_on_two_cpus_at_once_is_counted_once() {
+    use lbagent::dataplane::tables::{DnatSpec, SchedKind, SchedSpec};
+    use lbagent_common::PROTO_TCP;
+    use lbagent_tests::{
+        engine::{Engine, TC_ACT_SHOT},
+        fixture::{VIP as FIXTURE_VIP, ZONE, tcp},
+        packet::{Ip, SYN, frame, summary},
+    };
+    if !require_root() {
+        return;
+    }
+    let e = Engine::new(ZONE).unwrap();
+    let backends: Vec<(Ipv4Addr, u16)> = (0..4).map(|i| (Ipv4Addr::new(10, 0, 2, 10 + i), 80)).collect();
+    let least = SchedSpec { kind: SchedKind::Least, table: Default::default(), weights: vec![1; backends.len()] };
+    e.tables
+        .set_dnat(&DnatSpec {
+            zone: ZONE,
+            addr: Ipv4Addr::from(FIXTURE_VIP),
+            proto: PROTO_TCP,
+            port: 1000,
+            rule_id: 300,
+            backends,
+            snat: None,
+            acl: None,
+            sched: Some(least),
+        })
+        .unwrap();
+    const FLOWS: usize = 4000;
+    let syn = |i: usize| frame(&Ip::new([192, 0, 2, 1], FIXTURE_VIP), &tcp(SYN, 10000 + i as u16, 1000, b""));
+    let Some(runs) = e.race(ZONE, FLOWS, syn).unwrap() else {
+        assert!(std::env::var("CI").is_err(), "needs two CPUs");
+        return;
+    };
+    let dropped = runs.iter().flatten().filter(|(rc, _)| *rc == TC_ACT_SHOT).count();
+    let split = runs.iter().filter(|[a, b]| summary(&a.1).dst != summary(&b.1).dst).count();
+    assert_eq!((dropped, split), (0, 0), "SYNs dropped, flows sent to two backends");
+    // A step where both CPUs found no flow and created it counts two new
+    // flows (the loser takes the winner's translation); otherwise one CPU
+    // saw the other's flow and translated by it.
+    let raced = e.tables.counter(lbagent_common::Counter::NewFlows).unwrap() as usize - FLOWS;
+    eprintln!("{raced} of {FLOWS} flows created on both CPUs at once");
+    assert!(raced > 0, "no flow was created on both CPUs at once: the race was not exercised");
+    let active: i64 = e.tables.least_entries().unwrap().iter().map(|(_, v)| v.active).sum();
+    assert_eq!(active, FLOWS as i64, "each flow counted once by the backends");
+    assert_eq!(e.tables.conntrack().unwrap().len(), 2 * FLOWS, "each flow tracked once, both halves");
+    assert_eq!(e.tables.recount_active().unwrap(), 0, "least-connection counts off");
+    assert_eq!(e.tables.recount_zone_flows().unwrap(), 0, "the zone's flow counts off");
+}

@@ -162,9 +162,7 @@ fn load_programs(root: &Path, owner: &str, zone: u16, sizes: CtSizes, names: &[&
     let log_level = super::logs::level();
     let logs = log_level != 0;
     let build = pins::programs_dir(root, object_id());
-    if !logs
-        && let Some(progs) = reuse(root, &build, owner, names)
-    {
+    if !logs && let Some(progs) = reuse(root, &build, owner, names) {
         // As a load does: the layout check of older and newer builds reads it.
         pins::write_meta(root)?;
         return Ok(Programs { held: Held::Pinned(progs), reused: true });

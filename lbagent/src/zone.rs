@@ -22,8 +22,10 @@ pub struct Site {
 
 /// Attaches the zone's programs to every interface of the site, after
 /// writing the fast path's MTUs from the namespace's links and routes (each
-/// pass: an MTU changed by hand is taken up by the next repair pass).
-pub fn attach(engine: &mut Engine, zone: u16, site: &Site) -> Result<()> {
+/// pass: an MTU changed by hand is taken up by the next repair pass); then,
+/// after the first apply over a previous layout, flushes the flows its
+/// programs opened, up to the switch, that the zone's ACLs refuse.
+pub fn attach(engine: &mut Engine, zone: u16, site: &Site, changes: &mut Vec<String>) -> Result<()> {
     // Never holds the attach back: without current entries the fast path
     // leaves packets to the stack (no entry) or to the FIB's own check.
     if let Err(e) = sync_egress_mtu(engine, zone, &site.netns) {
@@ -34,6 +36,9 @@ pub fn attach(engine: &mut Engine, zone: u16, site: &Site) -> Result<()> {
     }
     engine.attach_loopback(zone, &site.netns)?;
     crate::crash::point("zone-attached");
+    if let Some(n) = engine.flush_refused_after_attach(zone)? {
+        changes.push(format!("ACL: flushed {n} flows the previous programs opened before the switch"));
+    }
     Ok(())
 }
 

@@ -190,6 +190,18 @@ impl OpenConn {
         self.tx.send(Some(line.to_string()))?;
         self.rx.recv_timeout(Duration::from_secs(10)).context("no answer")?
     }
+
+    /// `ping` on every connection at once (a dead one waits out its read
+    /// timeout: one after the other, hundreds would take minutes).
+    pub fn ping_all(conns: &[OpenConn], line: &str) -> Vec<Result<String>> {
+        let sent: Vec<Result<()>> =
+            conns.iter().map(|c| c.tx.send(Some(line.to_string())).map_err(anyhow::Error::from)).collect();
+        conns
+            .iter()
+            .zip(sent)
+            .map(|(c, sent)| sent.and_then(|()| c.rx.recv_timeout(Duration::from_secs(10)).context("no answer")?))
+            .collect()
+    }
 }
 
 impl Drop for OpenConn {

@@ -289,6 +289,11 @@ struct Seen {
     /// Answers to the flows above, asked again while the swap went on,
     /// that differed from their first.
     moved_during: Vec<String>,
+    /// Connections the tightened ACL refuses, opened during the swap
+    /// while the old programs (and the old ACL) still ran their zone.
+    refused_opened: Vec<OpenConn>,
+    /// The new ACL refused a connection: no more tries.
+    refused_now: bool,
     /// Round-robin flows opened before the swap, with their backend.
     rr_before: Vec<(UdpFlow, String)>,
     /// The flows above to ask again, least recently asked first, each
@@ -453,6 +458,15 @@ fn upgrade(attach: &'static str, extra: usize) {
                         Err(_) => seen.udp_lost += 1,
                     }
                 }
+                // A connection from the client the new ACL refuses: the old
+                // programs accept it until the zone switches (the first
+                // refusal ends the tries: each would wait out a timeout).
+                if !seen.refused_now {
+                    match OpenConn::open(&snat_host, at("10.10.0.5:9000")) {
+                        Ok(c) if c.ping("opened").is_ok() => seen.refused_opened.push(c),
+                        _ => seen.refused_now = true,
+                    }
+                }
                 let (from, to) = &targets[seen.new_tried % targets.len()];
                 seen.new_tried += 1;
                 if ask_tcp(from, *to).is_err() {
@@ -520,6 +534,9 @@ fn upgrade(attach: &'static str, extra: usize) {
     // The tightened ACL holds: its flows were flushed and stay flushed (no
     // copy of the old tables brings them back), new ones are refused.
     assert!(refused.ping("after").is_err(), "a connection the new ACL refuses survived the upgrade");
+    // And so were those opened during the swap, up to the zone's switch.
+    let survived = OpenConn::ping_all(&seen.refused_opened, "after").iter().filter(|r| r.is_ok()).count();
+    assert_eq!(survived, 0, "of {} connections the new ACL refuses, opened during the swap", seen.refused_opened.len());
     assert!(ask_tcp(&topo.vpc[2].ns.name, at("10.10.0.5:9000")).is_err(), "the new ACL refuses new connections");
     for p in &paths {
         check(p, &ask_tcp(&p.from, p.to).unwrap_or_else(|e| panic!("new connection via {}: {e:#}", p.name)));
@@ -535,7 +552,8 @@ fn upgrade(attach: &'static str, extra: usize) {
         "upgrade ({attach}, {} zones): new agent applied in {took:?}, migrated in {migrated:?}; 0 of {} open connections lost; UDP datagrams lost \
          during the swap: {}; new connections failed during the swap: {} of {}; {} UDP flows opened during the \
          swap, none moved; {} round-robin flows opened during the swap, none moved; {} asks of those flows \
-         during the swap, all answered as first",
+         during the swap, all answered as first; {} connections the new ACL refuses opened during the swap, \
+         none left open",
         env.zones,
         conns.len(),
         seen.udp_lost,
@@ -543,7 +561,8 @@ fn upgrade(attach: &'static str, extra: usize) {
         seen.new_tried,
         seen.opened.len(),
         seen.opened_rr.len(),
-        seen.refreshed
+        seen.refreshed,
+        seen.refused_opened.len()
     );
     assert!(log.contains(&format!("migrating it to layout {LAYOUT_VERSION}")), "{log}");
     assert!(log.contains("conntrack tables shared with the running programs"), "{log}");

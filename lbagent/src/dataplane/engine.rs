@@ -30,6 +30,9 @@ pub struct Engine {
     /// Every zone's rule entries, read from the maps at the first sync of a
     /// pass and kept equal to what the syncs write; `None` = read again.
     rules: Option<ZoneRules>,
+    /// ACLs written afresh by a zone's sync, to flush by again once the
+    /// zone's programs are attached (`flush_refused_after_attach`).
+    fresh_acls: HashMap<u16, sync::RuleAcls>,
 }
 
 /// DNAT and SNAT entries of the maps, by zone.
@@ -62,6 +65,7 @@ impl Engine {
             programs: HashMap::new(),
             guard: None,
             rules: None,
+            fresh_acls: HashMap::new(),
         }
     }
 
@@ -135,9 +139,13 @@ impl Engine {
         let rules = self.zone_rules(&t)?;
         let have_dnat = rules.dnat.remove(&zone).unwrap_or_default();
         let have_snat = rules.snat.remove(&zone).unwrap_or_default();
-        let result = sync::dnat(&t, &have_dnat, dnats, changes).and_then(|()| match snats {
-            Some(snats) => sync::snat(&t, &have_snat, snats, changes),
-            None => Ok(()),
+        let mut fresh = sync::RuleAcls::new();
+        let result = sync::dnat(&t, &have_dnat, dnats, changes).and_then(|acls| {
+            fresh = acls;
+            match snats {
+                Some(snats) => sync::snat(&t, &have_snat, snats, changes),
+                None => Ok(()),
+            }
         });
         match result {
             Ok(()) => {
@@ -150,6 +158,9 @@ impl Engine {
             }
             // Half written: read the maps again next time.
             Err(_) => self.rules = None,
+        }
+        if !fresh.is_empty() {
+            self.fresh_acls.insert(zone, fresh);
         }
         result
     }
@@ -225,9 +236,23 @@ impl Engine {
         attach::detach(&self.bpffs, &Hook { netns: None, ifname, direction: Direction::Egress })
     }
 
+    /// Once `zone`'s programs are attached after a sync that wrote its ACLs
+    /// afresh (the first apply after an upgrade): flushes again the flows
+    /// those ACLs refuse. Between that sync and the attach, the previous
+    /// programs still ran the zone with the old ACL and opened flows into
+    /// the shared conntrack tables. Returns the flows flushed, `None` when
+    /// no sync left ACLs to flush by.
+    pub fn flush_refused_after_attach(&mut self, zone: u16) -> Result<Option<usize>> {
+        let Some(acls) = self.fresh_acls.get(&zone) else { return Ok(None) };
+        let n = sync::flush_refused(&self.tables()?, acls)?;
+        self.fresh_acls.remove(&zone);
+        Ok(Some(n))
+    }
+
     /// Detaches from interfaces of a namespace about to go (and its `lo`)
     /// and forgets the zone.
     pub fn release(&mut self, zone: u16, netns: &str, ifnames: &[&str]) {
+        self.fresh_acls.remove(&zone);
         for ifname in ifnames.iter().chain(&[LOOPBACK]) {
             for direction in Direction::BOTH {
                 let _ = attach::detach(&self.bpffs, &Hook { netns: Some(netns), ifname, direction });

@@ -9,7 +9,7 @@ use std::{collections::HashSet, net::Ipv4Addr};
 use anyhow::Result;
 use lbagent_common::{Backend, CT_F_REPLY, DnatKey, DnatRule, PROTO_UDP, SNAT_KEY_FIXED_BITS, SnatKey, SnatRule};
 
-use super::tables::{DnatSpec, SnatSpec, Tables};
+use super::tables::{AclSpec, DnatSpec, SnatSpec, Tables};
 
 /// Keeps change logs readable for big configs: past `LIMIT` lines of one
 /// kind, the rest is summarised as a count.
@@ -30,7 +30,10 @@ fn summarise(kind: &str, lines: Vec<String>, changes: &mut Vec<String>) {
 /// table or ACL of a rule id still wanted under another key: a rule id that
 /// moved (a listener's port, type or VIP changed, two listeners swapped
 /// ports) keeps what it has through the pass.
-pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<String>) -> Result<()> {
+///
+/// Returns the ACLs written afresh (the maps held none of the zone's rules),
+/// by rule id, for `flush_refused` once the zone's programs are attached.
+pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<String>) -> Result<RuleAcls> {
     let mut changes = Vec::new();
     let wanted: HashSet<DnatKey> = want.iter().map(|d| d.key()).collect();
     let in_use: HashSet<u32> = want.iter().map(|d| d.rule_id).collect();
@@ -61,26 +64,24 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
     }
     // A changed ACL applies to flows already open, too (fail closed): the
     // flows whose client the new ACL refuses are flushed (they would not
-    // reopen); the clients it still accepts keep theirs. When the maps hold
-    // none of the zone's rules (the first apply after an upgrade writes them
-    // all afresh, over the flows the previous layout's programs opened), a
-    // rule with an ACL counts as changed. A new listener among existing
-    // ones has a fresh rule id: no flow can carry it, nothing to dump.
-    let acl_changed: std::collections::HashMap<u32, Option<&super::tables::AclSpec>> = want
+    // reopen); the clients it still accepts keep theirs (an ACL removed
+    // refuses nobody). When the maps hold none of the zone's rules (the
+    // first apply after an upgrade writes them all afresh, over the flows
+    // the previous layout's programs opened), a rule with an ACL counts as
+    // changed, and the caller flushes again once the zone's new programs
+    // are attached: until then the previous programs, with the old ACL,
+    // still open flows into the shared tables. A new listener among
+    // existing ones has a fresh rule id: no flow can carry it.
+    let acl_changed: RuleAcls = want
         .iter()
         .filter(|d| match have.iter().find(|(_, r, _)| r.rule_id == d.rule_id) {
             Some((_, r, _)) => r.acl_digest != d.rule().acl_digest,
             None => have.is_empty() && d.acl.is_some(),
         })
-        .map(|d| (d.rule_id, d.acl.as_ref()))
+        .filter_map(|d| Some((d.rule_id, d.acl.clone()?)))
         .collect();
     if !acl_changed.is_empty() {
-        let n = t.flush_conntrack(|k, e| {
-            e.flags & CT_F_REPLY == 0
-                && acl_changed
-                    .get(&e.dnat_rule)
-                    .is_some_and(|acl| acl.is_some_and(|a| !a.accepts(Ipv4Addr::from(k.saddr))))
-        })?;
+        let n = flush_refused(t, &acl_changed)?;
         changes.push(format!("ACL changed: flushed {n} flows"));
     }
     let gone = udp_backends_gone(have, want);
@@ -96,7 +97,18 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
         }
     }
     summarise("dnat", changes, out);
-    Ok(())
+    Ok(if have.is_empty() { acl_changed } else { RuleAcls::new() })
+}
+
+/// ACLs by DNAT rule id.
+pub type RuleAcls = std::collections::HashMap<u32, AclSpec>;
+
+/// Flushes the flows into a rule of `acls` whose client that rule's ACL
+/// refuses; returns how many.
+pub fn flush_refused(t: &Tables, acls: &RuleAcls) -> Result<usize> {
+    t.flush_conntrack(|k, e| {
+        e.flags & CT_F_REPLY == 0 && acls.get(&e.dnat_rule).is_some_and(|a| !a.accepts(Ipv4Addr::from(k.saddr)))
+    })
 }
 
 /// (rule id, backend address, port) of UDP backends in `have` that no

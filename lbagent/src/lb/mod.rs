@@ -93,7 +93,7 @@ pub fn ensure(
     if engine.set_zone_ct_limits(zone, &lb.conntrack_limits)? {
         changes.push("conntrack limits set".into());
     }
-    zone::attach(engine, zone, &site)?;
+    zone::attach(engine, zone, &site, &mut changes)?;
     zone::release_unused_rules(engine, alloc, &site, &keys, &mut changes)?;
     // Last: an OVS outage must not hold back rule updates (health-driven
     // backend removal above all).

@@ -74,7 +74,7 @@ pub fn ensure(
     if engine.set_zone_ct_limits(zone, &gw.conntrack_limits)? {
         changes.push("conntrack limits set".into());
     }
-    zone::attach(engine, zone, &site)?;
+    zone::attach(engine, zone, &site, &mut changes)?;
     alloc.release_qos(&naming::gw_qos_prefix(&gw.name), &q.keys);
     zone::release_unused_rules(engine, alloc, &site, &want.keys, &mut changes)?;
     // Last: an OVS outage must not hold back rule updates.

@@ -386,111 +386,73 @@ pub struct RuleStats {
     pub acl_drops: u64,
 }
 
-/// Per-CPU counters (index into `counters`).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
-    Packets = 0,
-    NewFlows,
-    XlateOrig,
-    XlateReply,
-    IcmpErrorXlated,
-    PassNonIpv4,
-    PassFragment,
-    PassUnmatched,
-    ExpiredFlows,
-    DropNoPort,
-    DropCtInsert,
-    DropRewrite,
-    DropMalformed,
-    FragTranslated,
-    DropFragUntracked,
-    DropUntranslatable,
-    CtPairRepaired,
-    CtPairConflict,
-    CtPromoted,
-    CtTableFull,
-    RstIgnored,
-    FlowReopened,
-    LocalIcmpErrorXlated,
-    LocalFlows,
-    DropAcl,
+/// Declares the per-CPU counters from one table: each line is a variant,
+/// its metric name (the variant's name in snake case; a test checks) and
+/// whether the packet counted there is dropped or passed. The order is the
+/// index into `counters`: new counters go last.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal, $verdict:ident;)*) => {
+        /// Per-CPU counters (index into `counters`).
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Counter {
+            $($(#[$doc])* $variant,)*
+        }
+
+        pub const COUNTER_COUNT: u32 = Counter::ALL.len() as u32;
+
+        impl Counter {
+            pub const ALL: [Counter; [$(Counter::$variant),*].len()] = [$(Counter::$variant),*];
+
+            /// Whether the packet counted here is dropped (every other
+            /// counter passes it).
+            pub const fn is_drop(self) -> bool {
+                match self {
+                    $(Counter::$variant => counters!(@drop $verdict),)*
+                }
+            }
+
+            /// The counter's name in `lbagent maps`, status and metrics.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Counter::$variant => $name,)*
+                }
+            }
+        }
+    };
+    (@drop drop) => { true };
+    (@drop pass) => { false };
 }
 
-pub const COUNTER_COUNT: u32 = 25;
-
-impl Counter {
-    pub const ALL: [Counter; COUNTER_COUNT as usize] = [
-        Counter::Packets,
-        Counter::NewFlows,
-        Counter::XlateOrig,
-        Counter::XlateReply,
-        Counter::IcmpErrorXlated,
-        Counter::PassNonIpv4,
-        Counter::PassFragment,
-        Counter::PassUnmatched,
-        Counter::ExpiredFlows,
-        Counter::DropNoPort,
-        Counter::DropCtInsert,
-        Counter::DropRewrite,
-        Counter::DropMalformed,
-        Counter::FragTranslated,
-        Counter::DropFragUntracked,
-        Counter::DropUntranslatable,
-        Counter::CtPairRepaired,
-        Counter::CtPairConflict,
-        Counter::CtPromoted,
-        Counter::CtTableFull,
-        Counter::RstIgnored,
-        Counter::FlowReopened,
-        Counter::LocalIcmpErrorXlated,
-        Counter::LocalFlows,
-        Counter::DropAcl,
-    ];
-
-    /// Whether the packet counted here is dropped (every other counter passes it).
-    pub const fn is_drop(self) -> bool {
-        matches!(
-            self,
-            Counter::DropNoPort
-                | Counter::DropCtInsert
-                | Counter::DropRewrite
-                | Counter::DropMalformed
-                | Counter::DropFragUntracked
-                | Counter::DropUntranslatable
-                | Counter::DropAcl
-        )
-    }
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Counter::Packets => "packets",
-            Counter::NewFlows => "new_flows",
-            Counter::XlateOrig => "translated_original",
-            Counter::XlateReply => "translated_reply",
-            Counter::IcmpErrorXlated => "icmp_errors_translated",
-            Counter::PassNonIpv4 => "passed_non_ipv4",
-            Counter::PassFragment => "passed_fragment",
-            Counter::PassUnmatched => "passed_unmatched",
-            Counter::ExpiredFlows => "expired_flows",
-            Counter::DropNoPort => "drop_no_free_port",
-            Counter::DropCtInsert => "drop_conntrack_insert",
-            Counter::DropRewrite => "drop_rewrite_failed",
-            Counter::DropMalformed => "drop_malformed",
-            Counter::FragTranslated => "fragments_translated",
-            Counter::DropFragUntracked => "drop_fragment_untracked",
-            Counter::DropUntranslatable => "drop_untranslatable",
-            Counter::CtPairRepaired => "conntrack_pair_repaired",
-            Counter::CtPairConflict => "conntrack_pair_conflict",
-            Counter::CtPromoted => "conntrack_promoted",
-            Counter::CtTableFull => "conntrack_established_full",
-            Counter::RstIgnored => "tcp_rst_out_of_window",
-            Counter::FlowReopened => "flows_reopened",
-            Counter::LocalIcmpErrorXlated => "icmp_errors_local_translated",
-            Counter::LocalFlows => "local_flows",
-            Counter::DropAcl => "drop_acl",
-        }
-    }
+counters! {
+    /// Every packet the ingress program sees.
+    Packets = "packets", pass;
+    NewFlows = "new_flows", pass;
+    /// A packet translated by its flow, in the direction that opened it.
+    TranslatedOriginal = "translated_original", pass;
+    TranslatedReply = "translated_reply", pass;
+    IcmpErrorsTranslated = "icmp_errors_translated", pass;
+    PassedNonIpv4 = "passed_non_ipv4", pass;
+    PassedFragment = "passed_fragment", pass;
+    PassedUnmatched = "passed_unmatched", pass;
+    ExpiredFlows = "expired_flows", pass;
+    DropNoFreePort = "drop_no_free_port", drop;
+    DropConntrackInsert = "drop_conntrack_insert", drop;
+    DropRewriteFailed = "drop_rewrite_failed", drop;
+    DropMalformed = "drop_malformed", drop;
+    FragmentsTranslated = "fragments_translated", pass;
+    DropFragmentUntracked = "drop_fragment_untracked", drop;
+    DropUntranslatable = "drop_untranslatable", drop;
+    ConntrackPairRepaired = "conntrack_pair_repaired", pass;
+    ConntrackPairConflict = "conntrack_pair_conflict", pass;
+    ConntrackPromoted = "conntrack_promoted", pass;
+    /// A promotion refused: the flow stays in `ct_new`.
+    ConntrackEstablishedFull = "conntrack_established_full", pass;
+    TcpRstOutOfWindow = "tcp_rst_out_of_window", pass;
+    FlowsReopened = "flows_reopened", pass;
+    IcmpErrorsLocalTranslated = "icmp_errors_local_translated", pass;
+    LocalFlows = "local_flows", pass;
+    DropAcl = "drop_acl", drop;
 }
 
 #[cfg(feature = "user")]
@@ -620,4 +582,33 @@ pub struct ZoneCtFlows {
 pub struct ZoneCtRefused {
     pub established: u64,
     pub new: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::{format, string::String};
+
+    use super::*;
+
+    /// The variant's name in snake case.
+    fn snake(variant: &str) -> String {
+        let mut out = String::new();
+        for (i, ch) in variant.chars().enumerate() {
+            if ch.is_ascii_uppercase() && i > 0 {
+                out.push('_');
+            }
+            out.push(ch.to_ascii_lowercase());
+        }
+        out
+    }
+
+    #[test]
+    fn every_counter_is_named_like_its_variant_and_indexed_in_order() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(c.name(), snake(&format!("{c:?}")), "{c:?}");
+            assert_eq!(*c as usize, i, "{c:?}");
+        }
+        assert_eq!(COUNTER_COUNT as usize, Counter::ALL.len());
+    }
 }

@@ -219,7 +219,7 @@ pub const QOS_FULL_FRAME: u64 = 1514;
 /// lost (a timeout each); there only resends and probes are spared.
 /// Measured at 10 Mbit/s, one CUBIC flow: 99.9–100.1 % of the rate with
 /// 0–4 timeouts a run, against 93–104 % with 1–8 with spacing
-/// (docs/benchmarks.md §8).
+/// (docs/benchmarks.md, section 8).
 pub const QOS_SPACING_MIN_BPS: u64 = QOS_FULL_FRAME * QOS_BYTE_NS_AT_1BPS / QOS_DROP_SPACING_NS;
 
 /// Per bucket and CPU (`qos_stats` is a per-CPU array: no atomic adds, no

@@ -48,8 +48,9 @@ use lbagent_common::*;
 
 use crate::{
     counters::count,
+    hdr::tcp::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN},
     maps::{CT, CT_NEW_TABLE, NAT_CONFIG},
-    parse::{Kind, Packet, TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN},
+    parse::{Kind, Packet},
 };
 
 const NS: u64 = 1_000_000_000;
@@ -172,7 +173,7 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
         if unsafe { (*pp).xlate } != p.tuple.reversed() {
             // Our translated tuple belongs to another flow: this half is stale.
             remove(table, &p.tuple);
-            count(Counter::CtPairConflict);
+            count(Counter::ConntrackPairConflict);
             return Lookup::Miss { expired: false };
         }
     }
@@ -197,7 +198,7 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
         if remove(table, &p.tuple) {
             crate::zone_ct::ended(p.tuple.zone, table == Table::Established);
         }
-        count(Counter::FlowReopened);
+        count(Counter::FlowsReopened);
         return Lookup::Miss { expired: false };
     }
     if pair_ptr.is_none() {
@@ -212,7 +213,7 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
             ..*e
         };
         if insert(table, &pair_key, &pair, BPF_NOEXIST as u64) {
-            count(Counter::CtPairRepaired);
+            count(Counter::ConntrackPairRepaired);
         }
         pair_ptr = get(table, &pair_key).map(|pp| (table, pp));
     }
@@ -276,7 +277,7 @@ fn track_tcp(p: &Packet, e: &mut CtEntry, pair: Option<&CtEntry>, state: u8) -> 
             let lo = e.seq_end.wrapping_sub(win).wrapping_sub(1);
             let hi = e.seq_end.wrapping_add(win).wrapping_add(1);
             if !(after(t.seq, lo) && after(hi, t.seq)) {
-                count(Counter::RstIgnored);
+                count(Counter::TcpRstOutOfWindow);
                 return state;
             }
         }
@@ -318,25 +319,25 @@ fn track_tcp(p: &Packet, e: &mut CtEntry, pair: Option<&CtEntry>, state: u8) -> 
 #[inline(always)]
 fn promote(key: &Tuple, e: &CtEntry, pair_key: &Tuple, pair: &CtEntry) {
     if !crate::zone_ct::may_promote(key.zone) {
-        count(Counter::CtTableFull);
+        count(Counter::ConntrackEstablishedFull);
         return;
     }
     let inserted_pair = insert(Table::Established, pair_key, pair, BPF_NOEXIST as u64);
     if !inserted_pair && get(Table::Established, pair_key).is_none() {
-        count(Counter::CtTableFull);
+        count(Counter::ConntrackEstablishedFull);
         return;
     }
     if !insert(Table::Established, key, e, BPF_NOEXIST as u64) && get(Table::Established, key).is_none() {
         if inserted_pair {
             let _ = CT.remove(pair_key);
         }
-        count(Counter::CtTableFull);
+        count(Counter::ConntrackEstablishedFull);
         return;
     }
     remove(Table::New, pair_key);
     if remove(Table::New, key) {
         crate::zone_ct::promoted(key.zone);
-        count(Counter::CtPromoted);
+        count(Counter::ConntrackPromoted);
     }
 }
 
@@ -429,7 +430,7 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
     // a tenant's flood must not mark its backends down.
     if f.flags & CT_F_LOCAL == 0 && !crate::zone_ct::may_open(orig.zone) {
         // The zone holds its share of `ct_new`: no room for this flow.
-        return Err(Counter::DropCtInsert);
+        return Err(Counter::DropConntrackInsert);
     }
     let cfg = config();
     let mut x = f.xlate;
@@ -482,7 +483,7 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
         }
     }
     if !claimed {
-        return Err(if movable { Counter::DropNoPort } else { Counter::DropUntranslatable });
+        return Err(if movable { Counter::DropNoFreePort } else { Counter::DropUntranslatable });
     }
     reply.flags = f.flags;
     reply.xlate = x;
@@ -492,7 +493,7 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
         return match find(&orig) {
             // SAFETY: a map value pointer stays valid for the program run.
             Some((_, e)) => Ok(unsafe { (*e).xlate }),
-            None => Err(Counter::DropCtInsert),
+            None => Err(Counter::DropConntrackInsert),
         };
     }
     crate::zone_ct::opened(orig.zone);

@@ -26,16 +26,16 @@ use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
 use lbagent_common::*;
 
 use crate::{
-    TC_ACT_OK, TC_ACT_SHOT,
     conntrack::{self, Lookup, NewFlow},
     counters::count,
+    hdr::tcp,
     icmp_error::{self, Side, rewrite_error},
-    parse::{Embedded, Frag, Kind, Packet, Parsed, TCP_SYN, ip_proto, parse},
+    parse::{Embedded, Frag, Kind, Packet, Parsed, ip_proto, parse},
     qos,
     rewrite::{Store, rewrite},
     route,
+    tc::{TC_ACT_OK, TC_ACT_SHOT, zone},
     verdict::verdict,
-    zone,
 };
 
 /// Lowest source port a clashing local connection moves to.
@@ -85,16 +85,16 @@ fn looped_error(ctx: &TcContext, p: &Packet, e: &Embedded) -> i32 {
     // The error goes where the quoted packet came from: the flow's endpoint.
     let to = if p.tuple.daddr == e.tuple.saddr { x.daddr } else { p.tuple.daddr };
     if rewrite_error(ctx, p, e, &x).is_none() {
-        return verdict(Counter::DropRewrite);
+        return verdict(Counter::DropRewriteFailed);
     }
-    count(Counter::LocalIcmpErrorXlated);
+    count(Counter::IcmpErrorsLocalTranslated);
     if to == p.tuple.daddr {
         return TC_ACT_OK;
     }
     match route::forward(ctx, p.tuple.proto, p.tuple.saddr, to, p.ifindex) {
         Some(rc) => rc,
         // No route or neighbour yet: the error is lost, as a router's would be.
-        None => verdict(Counter::PassUnmatched),
+        None => verdict(Counter::PassedUnmatched),
     }
 }
 
@@ -125,7 +125,7 @@ fn own_connection(ctx: &TcContext, p: &Packet) -> i32 {
             // Only what opens a connection: a SYN (or SYN-ACK of a local
             // listener), a UDP datagram, an echo request.
             let opens = match p.kind {
-                Kind::Ports => p.tuple.proto != PROTO_TCP || p.tcp.flags & TCP_SYN != 0,
+                Kind::Ports => p.tuple.proto != PROTO_TCP || p.tcp.flags & tcp::SYN != 0,
                 Kind::EchoRequest => true,
                 _ => false,
             };
@@ -153,6 +153,6 @@ fn own_connection(ctx: &TcContext, p: &Packet) -> i32 {
     };
     match rewrite(ctx, p, &x, false, Store::Fields) {
         Ok(()) => TC_ACT_OK,
-        Err(_) => verdict(Counter::DropRewrite),
+        Err(_) => verdict(Counter::DropRewriteFailed),
     }
 }

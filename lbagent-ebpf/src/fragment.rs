@@ -61,7 +61,7 @@ pub fn later(ctx: &TcContext, p: &Packet) -> i32 {
     };
     count_flow(e.dnat_rule, e.snat_rule, ctx.len() as u64);
     match rewrite_addresses(ctx, p, &e.xlate) {
-        Ok(()) => verdict(Counter::FragTranslated),
-        Err(_) => verdict(Counter::DropRewrite),
+        Ok(()) => verdict(Counter::FragmentsTranslated),
+        Err(_) => verdict(Counter::DropRewriteFailed),
     }
 }

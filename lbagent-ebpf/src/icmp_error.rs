@@ -11,10 +11,12 @@ use aya_ebpf::programs::TcContext;
 use lbagent_common::{Counter, Tuple, csum};
 
 use crate::{
-    TC_ACT_OK, TC_ACT_SHOT, conntrack,
+    conntrack,
     counters::count,
+    hdr::{icmp, ipv4, tcp},
     parse::{Embedded, Kind, Packet, read},
-    rewrite::{IP_CSUM, IP_DADDR, IP_SADDR, raw16, raw32, set_addr},
+    rewrite::{raw16, raw32, set_addr},
+    tc::{TC_ACT_OK, TC_ACT_SHOT},
     verdict::unmatched,
 };
 
@@ -42,11 +44,15 @@ pub fn translate(ctx: &TcContext, p: &Packet, e: &Embedded, side: Side) -> i32 {
     };
     match rewrite_error(ctx, p, e, &x) {
         Some(()) => {
-            count(if side == Side::Egress { Counter::LocalIcmpErrorXlated } else { Counter::IcmpErrorXlated });
+            count(if side == Side::Egress {
+                Counter::IcmpErrorsLocalTranslated
+            } else {
+                Counter::IcmpErrorsTranslated
+            });
             TC_ACT_OK
         }
         None => {
-            count(Counter::DropRewrite);
+            count(Counter::DropRewriteFailed);
             TC_ACT_SHOT
         }
     }
@@ -55,11 +61,11 @@ pub fn translate(ctx: &TcContext, p: &Packet, e: &Embedded, side: Side) -> i32 {
 /// Rewrites the outer header toward `x` and the embedded header to `x` reversed.
 #[inline(always)]
 pub fn rewrite_error(ctx: &TcContext, p: &Packet, e: &Embedded, x: &Tuple) -> Option<()> {
-    let icmp_csum = p.l4 + 2;
+    let icmp_csum = p.l4 + icmp::CSUM;
     let inner = x.reversed();
     let t = &e.tuple;
     // Read every old checksum before the first write (writes invalidate packet pointers).
-    let old_ip_csum = u16::from_ne_bytes(read::<2>(ctx, e.l3 + IP_CSUM)?);
+    let old_ip_csum = u16::from_ne_bytes(read::<2>(ctx, e.l3 + ipv4::CSUM)?);
     let old_l4_csum = match e.l4_csum {
         Some(off) => Some((off, u16::from_ne_bytes(read::<2>(ctx, off)?))),
         None => None,
@@ -68,10 +74,10 @@ pub fn rewrite_error(ctx: &TcContext, p: &Packet, e: &Embedded, x: &Tuple) -> Op
     // Outer header: the error goes to where the flow's packets go; its source
     // is translated only when the flow's endpoint itself sent it.
     if p.tuple.daddr == t.saddr && x.daddr != p.tuple.daddr {
-        set_addr(ctx, p.l3 + IP_DADDR, p.l3, p.tuple.daddr, x.daddr, None).ok()?;
+        set_addr(ctx, p.l3 + ipv4::DADDR, p.l3, p.tuple.daddr, x.daddr, None).ok()?;
     }
     if p.tuple.saddr == t.daddr && x.saddr != p.tuple.saddr {
-        set_addr(ctx, p.l3 + IP_SADDR, p.l3, p.tuple.saddr, x.saddr, None).ok()?;
+        set_addr(ctx, p.l3 + ipv4::SADDR, p.l3, p.tuple.saddr, x.saddr, None).ok()?;
     }
 
     // Embedded IP header.
@@ -79,37 +85,38 @@ pub fn rewrite_error(ctx: &TcContext, p: &Packet, e: &Embedded, x: &Tuple) -> Op
     let mut l4 = old_l4_csum.map(|(_, c)| c).unwrap_or(0);
     let pseudo = e.kind == Kind::Ports;
     if inner.saddr != t.saddr {
-        payload_store(ctx, icmp_csum, e.l3 + IP_SADDR, &t.saddr, &inner.saddr)?;
+        payload_store(ctx, icmp_csum, e.l3 + ipv4::SADDR, &t.saddr, &inner.saddr)?;
         ip_csum = csum::replace32(ip_csum, t.saddr, inner.saddr);
         if pseudo {
             l4 = csum::replace32(l4, t.saddr, inner.saddr);
         }
     }
     if inner.daddr != t.daddr {
-        payload_store(ctx, icmp_csum, e.l3 + IP_DADDR, &t.daddr, &inner.daddr)?;
+        payload_store(ctx, icmp_csum, e.l3 + ipv4::DADDR, &t.daddr, &inner.daddr)?;
         ip_csum = csum::replace32(ip_csum, t.daddr, inner.daddr);
         if pseudo {
             l4 = csum::replace32(l4, t.daddr, inner.daddr);
         }
     }
     if ip_csum != old_ip_csum {
-        payload_store(ctx, icmp_csum, e.l3 + IP_CSUM, &old_ip_csum.to_ne_bytes(), &ip_csum.to_ne_bytes())?;
+        payload_store(ctx, icmp_csum, e.l3 + ipv4::CSUM, &old_ip_csum.to_ne_bytes(), &ip_csum.to_ne_bytes())?;
     }
 
     // Embedded ports (or echo id).
     if e.kind == Kind::EchoRequest || e.kind == Kind::EchoReply {
         let (old, new) = if e.kind == Kind::EchoRequest { (t.sport, inner.sport) } else { (t.dport, inner.dport) };
         if old != new {
-            payload_store(ctx, icmp_csum, e.l4 + 4, &old.to_be_bytes(), &new.to_be_bytes())?;
+            payload_store(ctx, icmp_csum, e.l4 + icmp::ECHO_ID, &old.to_be_bytes(), &new.to_be_bytes())?;
             l4 = csum::replace16(l4, raw16(old) as u16, raw16(new) as u16);
         }
     } else if e.kind == Kind::Ports {
+        // TCP and UDP keep their ports at the same offsets.
         if inner.sport != t.sport {
-            payload_store(ctx, icmp_csum, e.l4, &t.sport.to_be_bytes(), &inner.sport.to_be_bytes())?;
+            payload_store(ctx, icmp_csum, e.l4 + tcp::SPORT, &t.sport.to_be_bytes(), &inner.sport.to_be_bytes())?;
             l4 = csum::replace16(l4, raw16(t.sport) as u16, raw16(inner.sport) as u16);
         }
         if inner.dport != t.dport {
-            payload_store(ctx, icmp_csum, e.l4 + 2, &t.dport.to_be_bytes(), &inner.dport.to_be_bytes())?;
+            payload_store(ctx, icmp_csum, e.l4 + tcp::DPORT, &t.dport.to_be_bytes(), &inner.dport.to_be_bytes())?;
             l4 = csum::replace16(l4, raw16(t.dport) as u16, raw16(inner.dport) as u16);
         }
     }

@@ -2,13 +2,22 @@
 //! the VPC load balancer and the VPC NAT gateway.
 //!
 //! The program runs at clsact *ingress* of every interface of a zone's
-//! namespace (a small companion, `lbagent_nat_egress`, at egress). Translating before the routing decision lets the kernel route on
-//! the translated destination; replies are matched by their conntrack entry on
-//! the interface they come back on. Packet flow of one packet:
+//! namespace (a small companion, `lbagent_nat_egress`, at egress).
+//! Translating before the routing decision lets the kernel route on the
+//! translated destination; replies are matched by their conntrack entry on
+//! the interface they come back on. One packet through `nat::process`:
 //!
-//! `parse` → (later fragment? `fragment`) → (ICMP error? `icmp_error`)
-//!         → `conntrack` hit → `rewrite`
-//!         → miss → `rules` (DNAT, SNAT) → `conntrack::create` → `rewrite`
+//! ```text
+//! qos::police ─drop─▶ TC_ACT_SHOT
+//!   └▶ parse ─┬─ later fragment ─▶ fragment::later (the first one's translation)
+//!             ├─ ICMP error ─────▶ icmp_error::translate (outer and quoted headers)
+//!             └─ flow ─▶ conntrack::lookup ─┬─ hit ──▶ rewrite (+ route::next_hop: the fast path)
+//!                                           └─ miss ─▶ rules (ACL, DNAT, SNAT) ─▶ conntrack::create
+//!                                                      ─▶ rewrite; nothing to do ─▶ verdict
+//! ```
+//!
+//! Header layout is `hdr/`'s, the zone and the verdicts `tc.rs`'s; this file
+//! only declares the modules and the entry points.
 #![no_std]
 #![no_main]
 // The BPF target has no 64-bit `fetch_add` in core; QoS uses the intrinsic
@@ -25,6 +34,7 @@ mod counters;
 mod egress;
 mod fragment;
 mod hash;
+mod hdr;
 mod icmp_error;
 mod maps;
 mod nat;
@@ -35,6 +45,7 @@ mod rewrite;
 mod route;
 mod rules;
 mod sched;
+mod tc;
 mod verdict;
 mod xdp;
 mod zone_ct;
@@ -43,20 +54,6 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-
-/// The zone (namespace) this program instance serves; set by the loader.
-#[unsafe(no_mangle)]
-static ZONE: u16 = 0;
-
-#[inline(always)]
-pub(crate) fn zone() -> u16 {
-    // SAFETY: a read of a static the loader sets before the program runs
-    // (volatile, so the compiler does not fold the default 0 in).
-    unsafe { core::ptr::read_volatile(&ZONE) }
-}
-
-pub(crate) const TC_ACT_OK: i32 = 0;
-pub(crate) const TC_ACT_SHOT: i32 = 2;
 
 // `inline(always)`: the macro wraps this body in the exported entry point;
 // without it LLVM may keep the (large) body as a BPF-to-BPF call.

@@ -4,18 +4,18 @@ use aya_ebpf::programs::TcContext;
 use lbagent_common::*;
 
 use crate::{
-    TC_ACT_OK, TC_ACT_SHOT,
     conntrack::{self, Lookup, NewFlow},
     counters::{count, count_acl_drop, count_flow},
     fragment,
+    hdr::ipv4,
     icmp_error::{self, Side},
     parse::{Frag, Packet, Parsed, parse},
     qos,
-    rewrite::{IP_TTL, Store, rewrite},
+    rewrite::{Store, rewrite},
     route::{next_hop, redirect, route},
     rules,
+    tc::{TC_ACT_OK, TC_ACT_SHOT, zone},
     verdict::{unmatched, verdict},
-    zone,
 };
 
 /// Lowest port a translated flow that is not SNAT'ed moves to on a collision.
@@ -49,7 +49,7 @@ pub fn process(ctx: &TcContext) -> i32 {
 fn flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     match conntrack::lookup(p, now) {
         Lookup::Hit(e) => {
-            count(if e.flags & CT_F_REPLY != 0 { Counter::XlateReply } else { Counter::XlateOrig });
+            count(if e.flags & CT_F_REPLY != 0 { Counter::TranslatedReply } else { Counter::TranslatedOriginal });
             count_flow(e.dnat_rule, e.snat_rule, ctx.len() as u64);
             apply(ctx, p, &e.xlate, Store::OneStore)
         }
@@ -115,7 +115,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         f.random = r.flags & DNAT_F_SNAT_RANDOM != 0;
     }
     if f.flags == 0 {
-        return verdict(Counter::PassUnmatched);
+        return verdict(Counter::PassedUnmatched);
     }
     match conntrack::create(p, &f, now) {
         Ok(x) => {
@@ -151,7 +151,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
 #[inline(always)]
 fn apply(ctx: &TcContext, p: &Packet, to: &Tuple, store: Store) -> i32 {
     let hop = if conntrack::config().flags & NAT_CFG_FAST_PATH != 0 {
-        crate::parse::read::<1>(ctx, p.l3 + IP_TTL).and_then(|[ttl]| next_hop(ctx, p, to, ttl))
+        crate::parse::read::<1>(ctx, p.l3 + ipv4::TTL).and_then(|[ttl]| next_hop(ctx, p, to, ttl))
     } else {
         None
     };
@@ -162,7 +162,7 @@ fn apply(ctx: &TcContext, p: &Packet, to: &Tuple, store: Store) -> i32 {
     match rewrite(ctx, p, to, hop.is_some(), store) {
         Ok(()) => verdict,
         Err(_) => {
-            count(Counter::DropRewrite);
+            count(Counter::DropRewriteFailed);
             TC_ACT_SHOT
         }
     }

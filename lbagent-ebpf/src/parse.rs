@@ -10,41 +10,11 @@
 use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
 use lbagent_common::{Counter, PROTO_ICMP, PROTO_TCP, PROTO_UDP, Tuple};
 
-pub const ETH_LEN: usize = 14;
-/// Offset of the EtherType in the Ethernet header.
-pub const ETH_TYPE: usize = 12;
-pub const TCP_FIN: u8 = 0x01;
-pub const TCP_SYN: u8 = 0x02;
-pub const TCP_RST: u8 = 0x04;
-pub const TCP_ACK: u8 = 0x10;
+use crate::hdr::{be16_at, eth, icmp, ipv4, tcp, udp};
 
-pub const ICMP_ECHO_REPLY: u8 = 0;
-pub const ICMP_DEST_UNREACH: u8 = 3;
-pub const ICMP_ECHO_REQUEST: u8 = 8;
-pub const ICMP_TIME_EXCEEDED: u8 = 11;
-pub const ICMP_PARAM_PROBLEM: u8 = 12;
-
-/// IPv4 header field offsets.
-const IP_TOT_LEN: usize = 2;
-const IP_ID: usize = 4;
-const IP_FRAG_OFF: usize = 6;
-const IP_PROTO: usize = 9;
-const IP_MF: u16 = 0x2000;
-const IP_OFFSET_MASK: u16 = 0x1fff;
-/// TCP header field offsets.
-const TCP_SEQ: usize = 4;
-pub const TCP_DOFF: usize = 12;
-const TCP_FLAGS: usize = 13;
-const TCP_WINDOW: usize = 14;
-const TCP_OPT_EOL: u8 = 0;
-const TCP_OPT_NOP: u8 = 1;
-const TCP_OPT_WSCALE: u8 = 3;
-/// TCP header without options; a UDP header.
-const TCP_FIXED: u32 = 20;
-const UDP_LEN: u32 = 8;
 /// Most bytes parsing ever reads: Ethernet, IPv4 with options, ICMP, the
 /// quoted IPv4 header with options and 20 bytes of its L4 header.
-const PARSE_MAX: u32 = (ETH_LEN + 60 + 8 + 60 + 20) as u32;
+const PARSE_MAX: u32 = (eth::LEN + ipv4::MAX_LEN + icmp::LEN + ipv4::MAX_LEN + tcp::MIN_LEN) as u32;
 
 /// What the L4 identifiers of a tuple are.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -139,11 +109,6 @@ fn bytes<const N: usize>(ctx: &TcContext, off: usize) -> Option<[u8; N]> {
     Some(unsafe { core::ptr::read_unaligned((start + off) as *const [u8; N]) })
 }
 
-#[inline(always)]
-fn be16(b: [u8; 2]) -> u16 {
-    u16::from_be_bytes(b)
-}
-
 /// The IPv4 header at `l3`.
 #[derive(Clone, Copy)]
 struct Ipv4 {
@@ -159,31 +124,29 @@ struct Ipv4 {
 
 #[inline(always)]
 fn ipv4(ctx: &TcContext, l3: usize) -> Option<Ipv4> {
-    let h: [u8; 20] = bytes(ctx, l3)?;
-    if h[0] >> 4 != 4 {
+    let h = ipv4::Head(bytes(ctx, l3)?);
+    if h.version() != 4 {
         return None;
     }
-    let ihl = ((h[0] & 0x0f) as usize) * 4;
-    if ihl < 20 {
+    let ihl = h.header_len();
+    if ihl < ipv4::MIN_LEN {
         return None;
     }
-    let tot = be16([h[IP_TOT_LEN], h[IP_TOT_LEN + 1]]) as u32;
-    let frag_off = be16([h[IP_FRAG_OFF], h[IP_FRAG_OFF + 1]]);
-    let frag = if frag_off & IP_OFFSET_MASK != 0 {
+    let frag = if h.is_later_fragment() {
         Frag::Later
-    } else if frag_off & IP_MF != 0 {
+    } else if h.has_more_fragments() {
         Frag::First
     } else {
         Frag::None
     };
     Some(Ipv4 {
         l4: l3 + ihl,
-        proto: h[IP_PROTO],
-        saddr: [h[12], h[13], h[14], h[15]],
-        daddr: [h[16], h[17], h[18], h[19]],
-        id: be16([h[IP_ID], h[IP_ID + 1]]),
+        proto: h.proto(),
+        saddr: h.saddr(),
+        daddr: h.daddr(),
+        id: h.id(),
         frag,
-        payload_len: tot.saturating_sub(ihl as u32),
+        payload_len: (h.total_len() as u32).saturating_sub(ihl as u32),
     })
 }
 
@@ -209,18 +172,18 @@ fn pull_headers(ctx: &TcContext) {
 /// header, and a header not linear enough to say: everything, `PARSE_MAX`.
 #[inline(always)]
 fn reads(ctx: &TcContext) -> u32 {
-    let Some(h) = bytes::<{ ETH_LEN + 20 }>(ctx, 0) else { return PARSE_MAX };
-    if !is_ipv4(&h) {
-        return ETH_LEN as u32;
+    let Some(h) = bytes::<{ eth::LEN + ipv4::MIN_LEN }>(ctx, 0) else { return PARSE_MAX };
+    if !eth::is_ipv4(&h) {
+        return eth::LEN as u32;
     }
-    let l4 = (ETH_LEN + ((h[ETH_LEN] & 0x0f) as usize) * 4) as u32;
-    let frag_off = be16([h[ETH_LEN + IP_FRAG_OFF], h[ETH_LEN + IP_FRAG_OFF + 1]]);
-    if frag_off & IP_OFFSET_MASK != 0 {
+    let ip = ipv4::Head::in_frame(&h);
+    let l4 = (eth::LEN + ip.header_len()) as u32;
+    if ip.is_later_fragment() {
         return l4;
     }
-    match h[ETH_LEN + IP_PROTO] {
-        PROTO_TCP => l4 + TCP_FIXED,
-        PROTO_UDP => l4 + UDP_LEN,
+    match ip.proto() {
+        PROTO_TCP => l4 + tcp::MIN_LEN as u32,
+        PROTO_UDP => l4 + udp::LEN as u32,
         PROTO_ICMP => PARSE_MAX,
         _ => l4,
     }
@@ -229,11 +192,11 @@ fn reads(ctx: &TcContext) -> u32 {
 #[inline(always)]
 pub fn parse(ctx: &TcContext, zone: u16) -> Result<Parsed, Counter> {
     pull_headers(ctx);
-    let eth: [u8; ETH_LEN] = bytes(ctx, 0).ok_or(Counter::PassNonIpv4)?;
-    if !is_ipv4(&eth) {
-        return Err(Counter::PassNonIpv4);
+    let frame: [u8; eth::LEN] = bytes(ctx, 0).ok_or(Counter::PassedNonIpv4)?;
+    if !eth::is_ipv4(&frame) {
+        return Err(Counter::PassedNonIpv4);
     }
-    let l3 = ETH_LEN;
+    let l3 = eth::LEN;
     let ip = ipv4(ctx, l3).ok_or(Counter::DropMalformed)?;
     // SAFETY: the context pointer of a TC program is a valid __sk_buff.
     let ifindex = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).ifindex };
@@ -258,54 +221,55 @@ pub fn parse(ctx: &TcContext, zone: u16) -> Result<Parsed, Counter> {
     }
     match ip.proto {
         PROTO_TCP => {
-            let h: [u8; 20] = bytes(ctx, l4).ok_or(Counter::DropMalformed)?;
+            let h: [u8; tcp::MIN_LEN] = bytes(ctx, l4).ok_or(Counter::DropMalformed)?;
             p.kind = Kind::Ports;
-            p.tuple.sport = be16([h[0], h[1]]);
-            p.tuple.dport = be16([h[2], h[3]]);
-            let doff = ((h[TCP_DOFF] >> 4) as u32) * 4;
-            if doff < 20 {
+            p.tuple.sport = be16_at(&h, tcp::SPORT);
+            p.tuple.dport = be16_at(&h, tcp::DPORT);
+            let doff = ((h[tcp::DOFF] >> 4) as u32) * 4;
+            if doff < tcp::MIN_LEN as u32 {
                 return Err(Counter::DropMalformed);
             }
-            let flags = h[TCP_FLAGS];
+            let flags = h[tcp::FLAGS];
             let mut seq_len = ip.payload_len.saturating_sub(doff);
-            if flags & TCP_SYN != 0 {
+            if flags & tcp::SYN != 0 {
                 seq_len += 1;
             }
-            if flags & TCP_FIN != 0 {
+            if flags & tcp::FIN != 0 {
                 seq_len += 1;
             }
+            let s = tcp::SEQ;
             p.tcp = TcpInfo {
                 flags,
-                wscale: if flags & TCP_SYN != 0 { wscale_option(ctx, l4, doff as usize) } else { None },
-                seq: u32::from_be_bytes([h[TCP_SEQ], h[TCP_SEQ + 1], h[TCP_SEQ + 2], h[TCP_SEQ + 3]]),
+                wscale: if flags & tcp::SYN != 0 { wscale_option(ctx, l4, doff as usize) } else { None },
+                seq: u32::from_be_bytes([h[s], h[s + 1], h[s + 2], h[s + 3]]),
                 seq_len,
-                window: be16([h[TCP_WINDOW], h[TCP_WINDOW + 1]]),
+                window: be16_at(&h, tcp::WINDOW),
             };
             Ok(Parsed::Flow(p))
         }
         PROTO_UDP => {
-            let h: [u8; 8] = bytes(ctx, l4).ok_or(Counter::DropMalformed)?;
+            let h: [u8; udp::LEN] = bytes(ctx, l4).ok_or(Counter::DropMalformed)?;
             p.kind = Kind::Ports;
-            p.tuple.sport = be16([h[0], h[1]]);
-            p.tuple.dport = be16([h[2], h[3]]);
+            p.tuple.sport = be16_at(&h, udp::SPORT);
+            p.tuple.dport = be16_at(&h, udp::DPORT);
             Ok(Parsed::Flow(p))
         }
         PROTO_ICMP => {
-            let h: [u8; 8] = bytes(ctx, l4).ok_or(Counter::DropMalformed)?;
-            let id = be16([h[4], h[5]]);
-            match h[0] {
-                ICMP_ECHO_REQUEST => {
+            let h: [u8; icmp::LEN] = bytes(ctx, l4).ok_or(Counter::DropMalformed)?;
+            let id = be16_at(&h, icmp::ECHO_ID);
+            match h[icmp::TYPE] {
+                icmp::ECHO_REQUEST => {
                     p.kind = Kind::EchoRequest;
                     p.tuple.sport = id;
                     Ok(Parsed::Flow(p))
                 }
-                ICMP_ECHO_REPLY => {
+                icmp::ECHO_REPLY => {
                     p.kind = Kind::EchoReply;
                     p.tuple.dport = id;
                     Ok(Parsed::Flow(p))
                 }
-                ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAM_PROBLEM if ip.frag == Frag::None => {
-                    match embedded(ctx, l4 + 8, zone) {
+                icmp::DEST_UNREACH | icmp::TIME_EXCEEDED | icmp::PARAM_PROBLEM if ip.frag == Frag::None => {
+                    match embedded(ctx, l4 + icmp::LEN, zone) {
                         Some(e) => Ok(Parsed::IcmpError(p, e)),
                         // Nothing we could translate is quoted: an address-only packet.
                         None => Ok(Parsed::Flow(p)),
@@ -324,7 +288,7 @@ pub fn parse(ctx: &TcContext, zone: u16) -> Result<Parsed, Counter> {
 /// verifier of 5.10 cannot follow).
 #[inline(always)]
 fn wscale_option(ctx: &TcContext, l4: usize, doff: usize) -> Option<u8> {
-    let mut off = 20;
+    let mut off = tcp::MIN_LEN;
     // SYNs carry a handful of options (Linux 5, Windows 6 with NOPs); past
     // ten the option is treated as absent (the RST check then fails open).
     for _ in 0..10 {
@@ -333,9 +297,9 @@ fn wscale_option(ctx: &TcContext, l4: usize, doff: usize) -> Option<u8> {
         }
         let [kind, len, value] = ctx.load::<[u8; 3]>(l4 + off).ok()?;
         match kind {
-            TCP_OPT_EOL => return None,
-            TCP_OPT_NOP => off += 1,
-            TCP_OPT_WSCALE => return Some(if value > 14 { 14 } else { value }),
+            tcp::OPT_EOL => return None,
+            tcp::OPT_NOP => off += 1,
+            tcp::OPT_WSCALE => return Some(if value > tcp::WSCALE_MAX { tcp::WSCALE_MAX } else { value }),
             _ if len < 2 => return None,
             _ => off += len as usize,
         }
@@ -356,32 +320,34 @@ fn embedded(ctx: &TcContext, l3: usize, zone: u16) -> Option<Embedded> {
     let mut kind = Kind::AddressOnly;
     match ip.proto {
         PROTO_TCP => {
+            // An error quotes at least 8 bytes of the L4 header: the ports;
+            // the checksum only when more was quoted.
             let h: [u8; 8] = bytes(ctx, l4)?;
             kind = Kind::Ports;
-            t.sport = be16([h[0], h[1]]);
-            t.dport = be16([h[2], h[3]]);
-            if bytes::<2>(ctx, l4 + 16).is_some() {
-                l4_csum = Some(l4 + 16);
+            t.sport = be16_at(&h, tcp::SPORT);
+            t.dport = be16_at(&h, tcp::DPORT);
+            if bytes::<2>(ctx, l4 + tcp::CSUM).is_some() {
+                l4_csum = Some(l4 + tcp::CSUM);
             }
         }
         PROTO_UDP => {
-            let h: [u8; 8] = bytes(ctx, l4)?;
+            let h: [u8; udp::LEN] = bytes(ctx, l4)?;
             kind = Kind::Ports;
-            t.sport = be16([h[0], h[1]]);
-            t.dport = be16([h[2], h[3]]);
-            if h[6] != 0 || h[7] != 0 {
-                l4_csum = Some(l4 + 6);
+            t.sport = be16_at(&h, udp::SPORT);
+            t.dport = be16_at(&h, udp::DPORT);
+            if h[udp::CSUM] != 0 || h[udp::CSUM + 1] != 0 {
+                l4_csum = Some(l4 + udp::CSUM);
             }
         }
         PROTO_ICMP => {
-            let h: [u8; 8] = bytes(ctx, l4)?;
-            let id = be16([h[4], h[5]]);
-            match h[0] {
-                ICMP_ECHO_REQUEST => {
+            let h: [u8; icmp::LEN] = bytes(ctx, l4)?;
+            let id = be16_at(&h, icmp::ECHO_ID);
+            match h[icmp::TYPE] {
+                icmp::ECHO_REQUEST => {
                     kind = Kind::EchoRequest;
                     t.sport = id;
                 }
-                ICMP_ECHO_REPLY => {
+                icmp::ECHO_REPLY => {
                     kind = Kind::EchoReply;
                     t.dport = id;
                 }
@@ -389,7 +355,7 @@ fn embedded(ctx: &TcContext, l3: usize, zone: u16) -> Option<Embedded> {
                 _ => {}
             }
             if kind != Kind::AddressOnly {
-                l4_csum = Some(l4 + 2);
+                l4_csum = Some(l4 + icmp::CSUM);
             }
         }
         _ => {}
@@ -397,22 +363,15 @@ fn embedded(ctx: &TcContext, l3: usize, zone: u16) -> Option<Embedded> {
     Some(Embedded { l3, l4, tuple: t, kind, l4_csum })
 }
 
-/// Whether the frame starting with `h` (at least the Ethernet header) is
-/// IPv4 (EtherType 0x0800).
-#[inline(always)]
-pub fn is_ipv4<const N: usize>(h: &[u8; N]) -> bool {
-    h[ETH_TYPE] == 0x08 && h[ETH_TYPE + 1] == 0x00
-}
-
 /// The protocol of an IPv4 frame, read without parsing it; `None` when it
 /// is not IPv4 or its header is not in the linear area yet.
 #[inline(always)]
 pub fn ip_proto(ctx: &TcContext) -> Option<u8> {
-    let h: [u8; ETH_LEN + IP_PROTO + 1] = bytes(ctx, 0)?;
-    if !is_ipv4(&h) {
+    let h: [u8; eth::LEN + ipv4::PROTO + 1] = bytes(ctx, 0)?;
+    if !eth::is_ipv4(&h) {
         return None;
     }
-    Some(h[ETH_LEN + IP_PROTO])
+    Some(h[eth::LEN + ipv4::PROTO])
 }
 
 /// Reads `N` bytes at `off` (bounds-checked direct access).

@@ -20,22 +20,15 @@ use aya_ebpf::{EbpfContext, bindings::__sk_buff, helpers::bpf_get_socket_uid, pr
 use lbagent_common::*;
 
 use crate::{
-    TC_ACT_OK, TC_ACT_SHOT,
+    hdr::{eth, icmp, ipv4, tcp},
     maps::{PROXY_GUARD, PROXY_GUARD_DROPS},
-    parse::{ETH_LEN, TCP_ACK, TCP_SYN},
+    tc::{TC_ACT_OK, TC_ACT_SHOT},
 };
-
-const ETH_P_IP: [u8; 2] = [0x08, 0x00];
-const IP_OFFSET_MASK: u16 = 0x1fff;
-/// Destination unreachable, time exceeded, parameter problem.
-const ICMP_ERRORS: [u8; 3] = [3, 11, 12];
-/// TCP flags: byte 13 of the header.
-const TCP_FLAGS: usize = 13;
 
 #[inline(always)]
 pub fn process(ctx: &TcContext) -> i32 {
-    let Ok(ethertype) = ctx.load::<[u8; 2]>(12) else { return TC_ACT_OK };
-    if ethertype != ETH_P_IP {
+    let Ok(ethertype) = ctx.load::<[u8; 2]>(eth::TYPE) else { return TC_ACT_OK };
+    if ethertype != eth::P_IP {
         return TC_ACT_OK;
     }
     if trusted(ctx) {
@@ -81,14 +74,15 @@ fn trusted(ctx: &TcContext) -> bool {
 /// kernel sends it with no socket), or an ICMP error.
 #[inline(always)]
 fn cannot_open(ctx: &TcContext) -> bool {
-    let Ok(ip) = ctx.load::<[u8; 20]>(ETH_LEN) else { return false };
-    let ihl = ((ip[0] & 0x0f) as usize) * 4;
-    if ihl < 20 || u16::from_be_bytes([ip[6], ip[7]]) & IP_OFFSET_MASK != 0 {
+    let Ok(ip) = ctx.load::<[u8; ipv4::MIN_LEN]>(eth::LEN).map(ipv4::Head) else { return false };
+    let ihl = ip.header_len();
+    if ihl < ipv4::MIN_LEN || ip.is_later_fragment() {
         return false;
     }
-    match ip[9] {
-        PROTO_TCP => ctx.load::<u8>(ETH_LEN + ihl + TCP_FLAGS).is_ok_and(|f| f & TCP_SYN == 0 || f & TCP_ACK != 0),
-        PROTO_ICMP => ctx.load::<u8>(ETH_LEN + ihl).is_ok_and(|t| ICMP_ERRORS.contains(&t)),
+    let l4 = eth::LEN + ihl;
+    match ip.proto() {
+        PROTO_TCP => ctx.load::<u8>(l4 + tcp::FLAGS).is_ok_and(|f| f & tcp::SYN == 0 || f & tcp::ACK != 0),
+        PROTO_ICMP => ctx.load::<u8>(l4 + icmp::TYPE).is_ok_and(|t| icmp::ERRORS.contains(&t)),
         _ => false,
     }
 }

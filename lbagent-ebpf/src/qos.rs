@@ -43,22 +43,12 @@ use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
 use lbagent_common::*;
 
 use crate::{
+    hdr::{eth, ipv4, tcp, udp},
     maps::{QOS_CONFIG, QOS_DROPS, QOS_EIPS, QOS_HOOKS, QOS_STATE, QOS_STATS, QOS_ZONES},
-    parse::{ETH_LEN, is_ipv4},
 };
 
 /// Ethernet header and the fixed IPv4 header.
-const HEAD_LEN: usize = ETH_LEN + 20;
-
-/// IPv4 header offsets.
-const IP_TOS: usize = 1;
-const IP_FRAG: usize = 6;
-const IP_CSUM: usize = 10;
-/// TCP data offset (header length in 32-bit words, high nibble).
-const TCP_DOFF: usize = 12;
-/// ECN codepoints (low two bits of the TOS byte).
-const ECN_MASK: u8 = 0x03;
-const ECN_CE: u8 = 0x03;
+const HEAD_LEN: usize = eth::LEN + ipv4::MIN_LEN;
 
 /// The few header fields QoS needs, read on its own (`ctx.load`, which
 /// copes with non-linear packets) before the engine parses the packet: the
@@ -94,18 +84,18 @@ pub fn police(ctx: &TcContext, zone: u16, dir: u8, clock: impl Fn() -> u64) -> b
         return false;
     }
     let Some(head) = header(ctx) else { return false };
-    if !is_ipv4(&head) {
+    if !eth::is_ipv4(&head) {
         return false;
     }
-    let ip = &head[ETH_LEN..];
+    let ip = ipv4::Head::in_frame(&head);
     // SAFETY: the context pointer of a TC program is a valid __sk_buff.
     let ifindex = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).ifindex };
     let h = Head {
-        saddr: [ip[12], ip[13], ip[14], ip[15]],
-        daddr: [ip[16], ip[17], ip[18], ip[19]],
-        proto: ip[9],
-        later_fragment: (ip[IP_FRAG] & 0x1f) != 0 || ip[IP_FRAG + 1] != 0,
-        l4: ETH_LEN + ((ip[0] & 0x0f) as usize) * 4,
+        saddr: ip.saddr(),
+        daddr: ip.daddr(),
+        proto: ip.proto(),
+        later_fragment: ip.is_later_fragment(),
+        l4: eth::LEN + ip.header_len(),
     };
     let bucket = classify(&h, ifindex, eip_if, z.hooks, zone, dir);
     bucket != 0 && limit(ctx, &h, bucket, clock())
@@ -250,7 +240,7 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
 
 /// TCP header bytes `spared` reads: ports, sequence number, acknowledgment
 /// number and the data offset.
-const TCP_HEAD: usize = TCP_DOFF + 1;
+const TCP_HEAD: usize = tcp::DOFF + 1;
 
 /// Whether a TCP segment about to be dropped passes instead (charged; the
 /// caller bounds how far past the tail): `qos_drops` keeps, per bucket and
@@ -282,8 +272,10 @@ const TCP_HEAD: usize = TCP_DOFF + 1;
 #[inline(always)]
 fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, cost: u64, rate_bps: u64, now: u64) -> bool {
     let Ok(t) = ctx.load::<[u8; TCP_HEAD]>(p.l4) else { return false };
-    let key = QosDropKey { bucket, saddr: p.saddr, daddr: p.daddr, sport: [t[0], t[1]], dport: [t[2], t[3]] };
-    let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
+    let (sp, dp, sq) = (tcp::SPORT, tcp::DPORT, tcp::SEQ);
+    let key =
+        QosDropKey { bucket, saddr: p.saddr, daddr: p.daddr, sport: [t[sp], t[sp + 1]], dport: [t[dp], t[dp + 1]] };
+    let seq = u32::from_be_bytes([t[sq], t[sq + 1], t[sq + 2], t[sq + 3]]);
     let seen_us = qos_seen_us(now);
     // SAFETY: a hash map value, copied out at once.
     if let Some(last) = unsafe { QOS_DROPS.get(&key) }.copied() {
@@ -298,7 +290,7 @@ fn spared(ctx: &TcContext, p: &Head, bucket: u32, len: u64, cost: u64, rate_bps:
             return true;
         }
     }
-    let payload = (ctx.len() as usize).saturating_sub(p.l4 + ((t[TCP_DOFF] >> 4) as usize) * 4);
+    let payload = (ctx.len() as usize).saturating_sub(p.l4 + ((t[tcp::DOFF] >> 4) as usize) * 4);
     let end_seq = seq.wrapping_add(payload as u32);
     let _ = QOS_DROPS.insert(&key, &QosDrop { end_seq, seen_us, at_ns: now }, 0);
     false
@@ -319,11 +311,11 @@ fn wire_len(ctx: &TcContext, p: &Head) -> u64 {
         return len;
     }
     let l4 = match p.proto {
-        PROTO_TCP => match ctx.load::<u8>(p.l4 + TCP_DOFF) {
+        PROTO_TCP => match ctx.load::<u8>(p.l4 + tcp::DOFF) {
             Ok(b) => ((b >> 4) as u64) * 4,
-            Err(_) => 20,
+            Err(_) => tcp::MIN_LEN as u64,
         },
-        _ => 8,
+        _ => udp::LEN as u64,
     };
     let headers = p.l4 as u64 + l4;
     let payload = len.saturating_sub(headers);
@@ -335,19 +327,21 @@ fn wire_len(ctx: &TcContext, p: &Head) -> u64 {
 /// packet is not ECN-capable. A packet already marked counts as marked.
 #[inline(always)]
 fn mark_ce(ctx: &TcContext, _p: &Head) -> bool {
-    let Ok(word) = ctx.load::<[u8; 2]>(ETH_LEN) else { return false };
-    let tos = word[1];
-    if tos & ECN_MASK == 0 {
+    // The version/IHL byte and the TOS: the 16-bit word the checksum covers.
+    let Ok(word) = ctx.load::<[u8; 2]>(eth::LEN + ipv4::VER_IHL) else { return false };
+    let tos = word[ipv4::TOS];
+    if tos & ipv4::ECN_MASK == 0 {
         return false;
     }
-    if tos & ECN_MASK == ECN_CE {
+    if tos & ipv4::ECN_MASK == ipv4::ECN_CE {
         return true;
     }
-    let new = [word[0], tos | ECN_CE];
-    if ctx.store(ETH_LEN + IP_TOS, &new[1], 0).is_err() {
+    let new = [word[0], tos | ipv4::ECN_CE];
+    if ctx.store(eth::LEN + ipv4::TOS, &new[ipv4::TOS], 0).is_err() {
         return false;
     }
-    ctx.l3_csum_replace(ETH_LEN + IP_CSUM, u16::from_ne_bytes(word) as u64, u16::from_ne_bytes(new) as u64, 2).is_ok()
+    let csum = eth::LEN + ipv4::CSUM;
+    ctx.l3_csum_replace(csum, u16::from_ne_bytes(word) as u64, u16::from_ne_bytes(new) as u64, 2).is_ok()
 }
 
 /// Counts the packet in the bucket's stats: this CPU's slot of a per-CPU

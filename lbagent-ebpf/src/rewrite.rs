@@ -31,29 +31,14 @@ use lbagent_common::{
     csum::{apply, diff16, diff32},
 };
 
-use crate::parse::{ETH_LEN, Frag, Kind, Packet};
+use crate::{
+    hdr::{eth, icmp, ipv4, tcp, udp},
+    parse::{Frag, Kind, Packet},
+};
 
-/// L4 checksum offsets within their headers.
-const TCP_CSUM: usize = 16;
-const UDP_CSUM: usize = 6;
-const ICMP_CSUM: usize = 2;
-/// DCCP's and UDP-Lite's checksums (both cover a pseudo header with the
-/// addresses, like UDP's, at the same offset).
-const DCCP_CSUM: usize = 6;
-const UDPLITE_CSUM: usize = 6;
-const ICMP_ECHO_ID: usize = 4;
-
-/// Offset of the TTL in the IPv4 header (the protocol follows it: the
-/// 16-bit word the checksum update covers).
-pub const IP_TTL: usize = 8;
-pub const IP_CSUM: usize = 10;
-pub const IP_SADDR: usize = 12;
-pub const IP_DADDR: usize = 16;
-/// An IPv4 header without options.
-const IP_MIN_LEN: usize = 20;
 /// From the TTL to the ports (IPv4 without options): TTL, protocol, header
 /// checksum, both addresses, both ports.
-const HEAD_LEN: usize = IP_MIN_LEN - IP_TTL + 4;
+const HEAD_LEN: usize = ipv4::MIN_LEN - ipv4::TTL + 4;
 
 #[inline(always)]
 pub fn raw32(a: [u8; 4]) -> u64 {
@@ -77,7 +62,7 @@ pub fn set_addr(
     l4csum: Option<(usize, u64)>,
 ) -> Result<(), i64> {
     ctx.store(off, &new, 0)?;
-    ctx.l3_csum_replace(l3 + IP_CSUM, raw32(old), raw32(new), 4)?;
+    ctx.l3_csum_replace(l3 + ipv4::CSUM, raw32(old), raw32(new), 4)?;
     if let Some((csum_off, flags)) = l4csum {
         ctx.l4_csum_replace(csum_off, raw32(old), raw32(new), flags | BPF_F_PSEUDO_HDR as u64 | 4)?;
     }
@@ -111,44 +96,45 @@ pub fn rewrite(ctx: &TcContext, p: &Packet, to: &Tuple, hop: bool, store: Store)
     }
     let t = &p.tuple;
     let (l4csum, flags) = match (p.kind, t.proto) {
-        (Kind::Ports, PROTO_TCP) => (Some(p.l4 + TCP_CSUM), 0u64),
-        (Kind::Ports, PROTO_UDP) => (Some(p.l4 + UDP_CSUM), BPF_F_MARK_MANGLED_0 as u64),
+        (Kind::Ports, PROTO_TCP) => (Some(p.l4 + tcp::CSUM), 0u64),
+        (Kind::Ports, PROTO_UDP) => (Some(p.l4 + udp::CSUM), BPF_F_MARK_MANGLED_0 as u64),
         // Address-only, but their checksums cover the addresses: updated
         // with them (ports untouched). UDP-Lite's 0 (invalid there: it has
         // no "no checksum") is left as it came; a result of 0 is written as
         // 0xffff, its one's-complement twin.
-        (Kind::AddressOnly, PROTO_UDPLITE) => (Some(p.l4 + UDPLITE_CSUM), BPF_F_MARK_MANGLED_0 as u64),
-        (Kind::AddressOnly, PROTO_DCCP) => (Some(p.l4 + DCCP_CSUM), 0u64),
+        (Kind::AddressOnly, PROTO_UDPLITE) => (Some(p.l4 + udp::UDPLITE_CSUM), BPF_F_MARK_MANGLED_0 as u64),
+        (Kind::AddressOnly, PROTO_DCCP) => (Some(p.l4 + udp::DCCP_CSUM), 0u64),
         _ => (None, 0u64),
     };
     if let Some(csum) = l4csum
         && p.kind == Kind::Ports
         && store == Store::OneStore
-        && p.l3 == ETH_LEN
-        && p.l4 == p.l3 + IP_MIN_LEN
+        && p.l3 == eth::LEN
+        && p.l4 == p.l3 + ipv4::MIN_LEN
     {
         return rewrite_head(ctx, csum, flags, t, to, hop);
     }
     let pseudo = l4csum.map(|c| (c, flags));
     if to.saddr != t.saddr {
-        set_addr(ctx, p.l3 + IP_SADDR, p.l3, t.saddr, to.saddr, pseudo)?;
+        set_addr(ctx, p.l3 + ipv4::SADDR, p.l3, t.saddr, to.saddr, pseudo)?;
     }
     if to.daddr != t.daddr {
-        set_addr(ctx, p.l3 + IP_DADDR, p.l3, t.daddr, to.daddr, pseudo)?;
+        set_addr(ctx, p.l3 + ipv4::DADDR, p.l3, t.daddr, to.daddr, pseudo)?;
     }
     match (p.kind, l4csum) {
         (Kind::EchoRequest, _) if to.sport != t.sport => {
-            set_port(ctx, p.l4 + ICMP_ECHO_ID, p.l4 + ICMP_CSUM, 0, t.sport, to.sport)?
+            set_port(ctx, p.l4 + icmp::ECHO_ID, p.l4 + icmp::CSUM, 0, t.sport, to.sport)?
         }
         (Kind::EchoReply, _) if to.dport != t.dport => {
-            set_port(ctx, p.l4 + ICMP_ECHO_ID, p.l4 + ICMP_CSUM, 0, t.dport, to.dport)?
+            set_port(ctx, p.l4 + icmp::ECHO_ID, p.l4 + icmp::CSUM, 0, t.dport, to.dport)?
         }
+        // TCP and UDP keep their ports at the same offsets.
         (Kind::Ports, Some(csum)) => {
             if to.sport != t.sport {
-                set_port(ctx, p.l4, csum, flags, t.sport, to.sport)?;
+                set_port(ctx, p.l4 + tcp::SPORT, csum, flags, t.sport, to.sport)?;
             }
             if to.dport != t.dport {
-                set_port(ctx, p.l4 + 2, csum, flags, t.dport, to.dport)?;
+                set_port(ctx, p.l4 + tcp::DPORT, csum, flags, t.dport, to.dport)?;
             }
         }
         _ => {}
@@ -163,11 +149,11 @@ fn write_hop(ctx: &TcContext, p: &Packet, hop: bool) -> Result<(), i64> {
     if !hop {
         return Ok(());
     }
-    let Some([ttl]) = crate::parse::read::<1>(ctx, p.l3 + IP_TTL) else { return Err(-1) };
+    let Some([ttl]) = crate::parse::read::<1>(ctx, p.l3 + ipv4::TTL) else { return Err(-1) };
     let old = [ttl, p.tuple.proto];
     let new = [ttl - 1, p.tuple.proto];
-    ctx.store(p.l3 + IP_TTL, &new[0], 0)?;
-    ctx.l3_csum_replace(p.l3 + IP_CSUM, u16::from_ne_bytes(old) as u64, u16::from_ne_bytes(new) as u64, 2)
+    ctx.store(p.l3 + ipv4::TTL, &new[0], 0)?;
+    ctx.l3_csum_replace(p.l3 + ipv4::CSUM, u16::from_ne_bytes(old) as u64, u16::from_ne_bytes(new) as u64, 2)
 }
 
 /// Rewrites only the IPv4 addresses (address-only protocols' later
@@ -176,10 +162,10 @@ fn write_hop(ctx: &TcContext, p: &Packet, hop: bool) -> Result<(), i64> {
 pub fn rewrite_addresses(ctx: &TcContext, p: &Packet, to: &Tuple) -> Result<(), i64> {
     let t = &p.tuple;
     if to.saddr != t.saddr {
-        set_addr(ctx, p.l3 + IP_SADDR, p.l3, t.saddr, to.saddr, None)?;
+        set_addr(ctx, p.l3 + ipv4::SADDR, p.l3, t.saddr, to.saddr, None)?;
     }
     if to.daddr != t.daddr {
-        set_addr(ctx, p.l3 + IP_DADDR, p.l3, t.daddr, to.daddr, None)?;
+        set_addr(ctx, p.l3 + ipv4::DADDR, p.l3, t.daddr, to.daddr, None)?;
     }
     Ok(())
 }
@@ -193,11 +179,11 @@ fn rewrite_head(ctx: &TcContext, csum_off: usize, flags: u64, t: &Tuple, to: &Tu
     // A direct read (parse pulled the headers in): no helper call. Only
     // this copy is kept on the stack (the differences come from the
     // tuples): the program's frame is close to Linux 5.10's limit.
-    let base = ETH_LEN + IP_TTL;
+    let base = eth::LEN + ipv4::TTL;
     let Some(mut head) = crate::parse::read::<HEAD_LEN>(ctx, base) else { return Err(-1) };
     // Offsets in `head`.
     let (ttl_at, csum_at, saddr_at, daddr_at, ports_at) =
-        (0, IP_CSUM - IP_TTL, IP_SADDR - IP_TTL, IP_DADDR - IP_TTL, IP_MIN_LEN - IP_TTL);
+        (0, ipv4::CSUM - ipv4::TTL, ipv4::SADDR - ipv4::TTL, ipv4::DADDR - ipv4::TTL, ipv4::MIN_LEN - ipv4::TTL);
     // The header checksum covers the TTL and the addresses (RFC 1624, eqn.
     // 3: HC' = ~(~HC + ~m + m')); the L4 one the addresses (pseudo header)
     // and the ports.

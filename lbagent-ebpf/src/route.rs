@@ -40,11 +40,7 @@ use aya_ebpf::{
 };
 use lbagent_common::{MtuKey, PROTO_TCP, Tuple};
 
-use crate::{
-    maps::EGRESS_MTU,
-    parse::{Packet, TCP_DOFF},
-    zone,
-};
+use crate::{hdr::tcp, maps::EGRESS_MTU, parse::Packet, tc::zone};
 
 const AF_INET: u8 = 2;
 /// `struct bpf_fib_lookup` is 64 bytes: eight words.
@@ -170,7 +166,7 @@ fn fits(ctx: &TcContext, p: &Packet, mtu: u32) -> bool {
     if p.tuple.proto != PROTO_TCP {
         return false;
     }
-    let l4_len = match crate::parse::read::<1>(ctx, p.l4 + TCP_DOFF) {
+    let l4_len = match crate::parse::read::<1>(ctx, p.l4 + tcp::DOFF) {
         Some([doff]) => u32::from(doff >> 4) * 4,
         None => return false,
     };

@@ -5,7 +5,13 @@
 use aya_ebpf::programs::TcContext;
 use lbagent_common::Counter;
 
-use crate::{TC_ACT_OK, TC_ACT_SHOT, counters::count, parse::Packet, route::route, rules};
+use crate::{
+    counters::count,
+    parse::Packet,
+    route::route,
+    rules,
+    tc::{TC_ACT_OK, TC_ACT_SHOT},
+};
 
 /// Counts `c` and returns what it means for the packet.
 #[inline(always)]
@@ -23,7 +29,7 @@ pub fn unmatched(ctx: &TcContext, p: &Packet) -> i32 {
     if snat_covers(ctx, p) {
         return verdict(Counter::DropUntranslatable);
     }
-    verdict(Counter::PassUnmatched)
+    verdict(Counter::PassedUnmatched)
 }
 
 /// A later fragment whose first fragment is not on record: dropped when it
@@ -31,9 +37,9 @@ pub fn unmatched(ctx: &TcContext, p: &Packet) -> i32 {
 #[inline(always)]
 pub fn untracked_fragment(ctx: &TcContext, p: &Packet) -> i32 {
     if snat_covers(ctx, p) || rules::address_wide_dnat(p.tuple.zone, p.tuple.daddr) {
-        return verdict(Counter::DropFragUntracked);
+        return verdict(Counter::DropFragmentUntracked);
     }
-    verdict(Counter::PassFragment)
+    verdict(Counter::PassedFragment)
 }
 
 /// A later fragment whose first fragment is on record but opened no flow
@@ -43,9 +49,9 @@ pub fn untracked_fragment(ctx: &TcContext, p: &Packet) -> i32 {
 #[inline(always)]
 pub fn orphan_fragment(ctx: &TcContext, p: &Packet, t: &lbagent_common::Tuple) -> i32 {
     if snat_covers(ctx, p) || rules::dnat_applies(t) {
-        return verdict(Counter::DropFragUntracked);
+        return verdict(Counter::DropFragmentUntracked);
     }
-    verdict(Counter::PassFragment)
+    verdict(Counter::PassedFragment)
 }
 
 /// Whether a SNAT rule covers the packet's source on the interface it will

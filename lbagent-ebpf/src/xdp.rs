@@ -17,7 +17,7 @@
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_redirect, programs::XdpContext};
 
-use crate::parse::ETH_LEN;
+use crate::hdr::{eth, ipv4};
 
 /// Egress interface of `lbagent_xdp_forward` (set by the loader).
 #[unsafe(no_mangle)]
@@ -26,12 +26,8 @@ static XDP_FORWARD_IFINDEX: u32 = 0;
 #[unsafe(no_mangle)]
 static XDP_FORWARD_MACS: [u8; 12] = [0; 12];
 
-/// Ethernet type field offset; IPv4 TTL and header checksum offsets.
-const ETH_TYPE: usize = 12;
-const IP_TTL: usize = 8;
-const IP_CSUM: usize = 10;
 /// Ethernet and the fixed IPv4 header.
-const HEAD_LEN: usize = ETH_LEN + 20;
+const HEAD_LEN: usize = eth::LEN + ipv4::MIN_LEN;
 
 #[inline(always)]
 pub fn pass(_ctx: &XdpContext) -> u32 {
@@ -48,17 +44,17 @@ pub fn forward(ctx: &XdpContext) -> u32 {
     // SAFETY: every offset below is < HEAD_LEN, checked against data_end;
     // XDP packet data is writable.
     unsafe {
-        if *p.add(ETH_TYPE) != 0x08 || *p.add(ETH_TYPE + 1) != 0x00 {
+        if *p.add(eth::TYPE) != eth::P_IP[0] || *p.add(eth::TYPE + 1) != eth::P_IP[1] {
             return xdp_action::XDP_PASS;
         }
-        let ttl = p.add(ETH_LEN + IP_TTL);
+        let ttl = p.add(eth::LEN + ipv4::TTL);
         if *ttl <= 1 {
             return xdp_action::XDP_PASS;
         }
         // RFC 1624: the TTL is the high byte of its 16-bit word, so one
         // less adds 0x0100 to the checksum (end-around carry), as Linux's
         // ip_decrease_ttl does.
-        let csum = p.add(ETH_LEN + IP_CSUM);
+        let csum = p.add(eth::LEN + ipv4::CSUM);
         let sum = u16::from_be_bytes([*csum, *csum.add(1)]) as u32 + 0x0100;
         let sum = (sum + (sum >> 16)) as u16;
         *ttl -= 1;

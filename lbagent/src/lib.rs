@@ -1,9 +1,21 @@
-//! lbagent: userspace side of the eBPF dataplane.
+//! lbagent: the userspace side of the eBPF dataplane. From the top layer
+//! down (a module uses only those below it; docs/architecture.md has every
+//! file and a table of where to change what):
 //!
-//! - [`dataplane`]: the eBPF object, bpffs pins, loading, attaching, and typed
-//!   access to the pinned maps (the kernel-facing layer, kept thin);
-//! - [`netns`]: running kernel-facing work inside a network namespace;
-//! - [`cli`]: the `lbagent` commands.
+//! - [`cli`]: the `lbagent` commands; `run` starts the [`daemon`];
+//! - [`fleet`]: desired state from etcd, status and liveness written back;
+//! - [`daemon`]: the run loop over a desired-state source, the API, metrics;
+//! - [`reconcile`]: plan (pure diff of typed specs) and the one dispatcher
+//!   that applies it through a realizer, persisting progress;
+//! - [`lb`], [`natgw`]: the two products, each plumbing + rules + (LB) the
+//!   proxy and health checks, on the skeleton they share, [`zone`];
+//! - [`dataplane`]: the eBPF object, pins, loading, attaching, the engine
+//!   and typed access to the pinned maps (the kernel-facing layer);
+//! - [`state`]: the state file: model, validation, the typed specs;
+//!   [`naming`]: every derived name and key;
+//! - [`plumbing`] (rtnetlink, veths, OVS, sysctls, ARP), [`alloc`] (zones,
+//!   addresses, ports, rule ids), [`proto`], [`netns`], [`files`],
+//!   [`tools`], [`crash`]: the ground floor.
 
 pub mod alloc;
 pub mod cli;
@@ -16,6 +28,7 @@ pub mod lb;
 pub mod naming;
 pub mod natgw;
 pub mod netns;
+pub mod outcome;
 pub mod plumbing;
 pub mod proto;
 pub mod reconcile;

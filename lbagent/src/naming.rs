@@ -158,7 +158,7 @@ pub fn gw_qos_key(gw: &str, target: QosTarget, policy: &str, rule: &str) -> Stri
     }
 }
 
-/// Prefix of every fleet key in etcd (`../shared/DESIGN.md` §9).
+/// Prefix of every fleet key in etcd (docs/operations.md, *Fleet mode*).
 pub const FLEET_PREFIX: &str = "/lbagent/v1/";
 
 /// A host's desired state (the whole document): `/lbagent/v1/desired/<host>`.

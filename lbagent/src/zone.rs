@@ -6,6 +6,7 @@
 
 use anyhow::{Context, Result};
 
+use crate::outcome::Changes;
 use crate::{alloc::Allocations, dataplane::engine::Engine};
 
 /// Where one object's programs run.
@@ -25,7 +26,7 @@ pub struct Site {
 /// pass: an MTU changed by hand is taken up by the next repair pass); then,
 /// after the first apply over a previous layout, flushes the flows its
 /// programs opened, up to the switch, that the zone's ACLs refuse.
-pub fn attach(engine: &mut Engine, zone: u16, site: &Site, changes: &mut Vec<String>) -> Result<()> {
+pub fn attach(engine: &mut Engine, zone: u16, site: &Site, changes: &mut Changes) -> Result<()> {
     // Never holds the attach back: without current entries the fast path
     // leaves packets to the stack (no entry) or to the FIB's own check.
     if let Err(e) = sync_egress_mtu(engine, zone, &site.netns) {
@@ -59,7 +60,7 @@ pub fn release_unused_rules(
     alloc: &mut Allocations,
     site: &Site,
     in_use: &std::collections::BTreeSet<String>,
-    changes: &mut Vec<String>,
+    changes: &mut Changes,
 ) -> Result<()> {
     let released = alloc.release_rules(&site.rule_prefix, in_use);
     if !released.is_empty() {
@@ -71,7 +72,7 @@ pub fn release_unused_rules(
 
 /// Detaches the zone's programs and clears its rules, QoS entries and flows
 /// (when the object ever got a zone). Its plumbing is the caller's.
-pub fn clear(engine: &mut Engine, alloc: &Allocations, site: &Site, changes: &mut Vec<String>) -> Result<()> {
+pub fn clear(engine: &mut Engine, alloc: &Allocations, site: &Site, changes: &mut Changes) -> Result<()> {
     if let Some(zone) = alloc.zones.get(&site.zone_key).copied() {
         let ifaces: Vec<&str> = site.ifaces.iter().map(String::as_str).collect();
         engine.release(zone, &site.netns, &ifaces);
@@ -83,7 +84,7 @@ pub fn clear(engine: &mut Engine, alloc: &Allocations, site: &Site, changes: &mu
 
 /// Releases every rule id of the object (and their statistics), then its
 /// zone id: the last step of removing it.
-pub fn release(engine: &mut Engine, alloc: &mut Allocations, site: &Site, changes: &mut Vec<String>) -> Result<()> {
+pub fn release(engine: &mut Engine, alloc: &mut Allocations, site: &Site, changes: &mut Changes) -> Result<()> {
     let released = alloc.release_rules(&site.rule_prefix, &Default::default());
     engine.tables()?.forget_rule_stats(&released)?;
     if let Some(z) = alloc.release_zone(&site.zone_key) {

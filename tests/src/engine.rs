@@ -102,7 +102,9 @@ impl Drop for TestPins {
     }
 }
 
-pub struct Engine {
+/// One zone's programs over pins and a namespace of the test's own (not
+/// the agent's `dataplane::engine::Engine`, which serves every zone).
+pub struct TestZone {
     pub prog: ZoneProgram,
     pub tables: Tables,
     pub pins: TestPins,
@@ -120,7 +122,7 @@ const SK_BUFF_GSO_SEGS: usize = 164;
 const SK_BUFF_GSO_SIZE: usize = 176;
 pub const TC_ACT_SHOT: u32 = 2;
 
-impl Engine {
+impl TestZone {
     pub fn new(zone: u16) -> Result<Self> {
         Self::with_ct_max(zone, None)
     }
@@ -133,7 +135,7 @@ impl Engine {
         let sizes = CtSizes::new(ct_max, None);
         let prog = ZoneProgram::load_sized(&pins.root, zone, sizes)?;
         let tables = Tables::open(&pins.root)?;
-        Ok(Engine { prog, tables, pins, net, sizes })
+        Ok(TestZone { prog, tables, pins, net, sizes })
     }
 
     /// An engine for `zone` with one rule: udp 198.51.100.10:53 → 10.0.2.2:5353.
@@ -273,7 +275,7 @@ impl Engine {
     ///
     /// `BPF_PROG_TEST_RUN` runs the program `repeat` times on one packet,
     /// each run on what the run before left: time a packet the program
-    /// leaves unchanged, or one from [`Engine::looped_flow`]. A flow's
+    /// leaves unchanged, or one from [`TestZone::looped_flow`]. A flow's
     /// packet timed as is would be translated once and then match nothing.
     pub fn time(&mut self, frame: &[u8], repeat: u32) -> Result<f64> {
         let mut out = vec![0u8; frame.len() + 256];
@@ -287,7 +289,7 @@ impl Engine {
     }
 
     /// A UDP packet whose every repeated run is a conntrack hit, for
-    /// [`Engine::time`]: two DNAT rules of `zone` that undo each other
+    /// [`TestZone::time`]: two DNAT rules of `zone` that undo each other
     /// (`vip:53 → server:5353` with rule `rule_id`, `server:5353 → vip:53`
     /// with `rule_id + 1`) make two flows from `client:4000`, each one's
     /// translation the other one's next packet. `answered`: both flows are

@@ -11,7 +11,7 @@ use lbagent::dataplane::tables::{DnatSpec, SnatSpec};
 use lbagent_common::*;
 
 use crate::{
-    engine::{Engine, TC_ACT_OK, out_ifindex},
+    engine::{TC_ACT_OK, TestZone, out_ifindex},
     packet::{self, ACK, Ip, L4, SYN, frame, verify},
     require_root,
 };
@@ -59,13 +59,13 @@ pub fn snat(cidr: ([u8; 4], u8), to: [u8; 4], ports: (u16, u16), random: bool, r
     }
 }
 
-/// Engine with: tcp/80 → server:8080, udp/53 → server:5353, icmp → server,
+/// TestZone with: tcp/80 → server:8080, udp/53 → server:5353, icmp → server,
 /// SNAT 10.0.1.0/24 → 10.0.2.1 ports 20000-29999 (keep-port order).
-pub fn engine() -> Option<Engine> {
+pub fn engine() -> Option<TestZone> {
     if !require_root() {
         return None;
     }
-    let e = Engine::new(ZONE).unwrap();
+    let e = TestZone::new(ZONE).unwrap();
     e.tables.set_dnat(&dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080)])).unwrap();
     e.tables.set_dnat(&dnat(PROTO_UDP, 53, 2, &[(SERVER, 5353)])).unwrap();
     e.tables.set_dnat(&dnat(PROTO_ICMP, 0, 3, &[(SERVER, 0)])).unwrap();
@@ -82,7 +82,7 @@ pub fn udp(sport: u16, dport: u16, payload: &[u8]) -> L4 {
 }
 
 /// Runs `input` and asserts the output is exactly `expected` (and verifies).
-pub fn expect(e: &mut Engine, input: Vec<u8>, expected: Vec<u8>) {
+pub fn expect(e: &mut TestZone, input: Vec<u8>, expected: Vec<u8>) {
     let (rc, out) = e.run(&input).unwrap();
     assert_eq!(rc, TC_ACT_OK, "verdict");
     verify(&out).unwrap_or_else(|err| panic!("{err}: {out:02x?}"));
@@ -93,7 +93,7 @@ pub fn expect(e: &mut Engine, input: Vec<u8>, expected: Vec<u8>) {
 /// Like `expect`, for a new SNAT flow whose port the engine picks: the
 /// expected frame is built from the port found in the output, which must be
 /// in the SNAT range.
-pub fn expect_snat(e: &mut Engine, input: Vec<u8>, expected: impl Fn(u16) -> Vec<u8>) -> u16 {
+pub fn expect_snat(e: &mut TestZone, input: Vec<u8>, expected: impl Fn(u16) -> Vec<u8>) -> u16 {
     let (rc, out) = e.run(&input).unwrap();
     assert_eq!(rc, TC_ACT_OK, "verdict");
     let port = packet::summary(&out).sport;
@@ -103,14 +103,14 @@ pub fn expect_snat(e: &mut Engine, input: Vec<u8>, expected: impl Fn(u16) -> Vec
     port
 }
 
-pub fn expect_untouched(e: &mut Engine, input: Vec<u8>) {
+pub fn expect_untouched(e: &mut TestZone, input: Vec<u8>) {
     let (rc, out) = e.run(&input).unwrap();
     assert_eq!(rc, TC_ACT_OK);
     assert_eq!(out, input);
 }
 
 /// client:24000 → VIP:80 becomes SNAT:24000 → server:8080 (the port is in range: kept).
-pub fn open_tcp(e: &mut Engine) {
+pub fn open_tcp(e: &mut TestZone) {
     expect(
         e,
         frame(&Ip::new(CLIENT, VIP), &tcp(SYN, 24000, 80, b"")),
@@ -119,7 +119,7 @@ pub fn open_tcp(e: &mut Engine) {
 }
 
 /// client:24000 → VIP:80 with `flags`/`payload` on the established test flow.
-pub fn tcp_orig(e: &mut Engine, flags: u8, payload: &[u8]) {
+pub fn tcp_orig(e: &mut TestZone, flags: u8, payload: &[u8]) {
     expect(
         e,
         frame(&Ip::new(CLIENT, VIP), &tcp(flags, 24000, 80, payload)),
@@ -128,7 +128,7 @@ pub fn tcp_orig(e: &mut Engine, flags: u8, payload: &[u8]) {
 }
 
 /// The server's answer on the established test flow.
-pub fn tcp_reply(e: &mut Engine, flags: u8, payload: &[u8]) {
+pub fn tcp_reply(e: &mut TestZone, flags: u8, payload: &[u8]) {
     expect(
         e,
         frame(&Ip::new(SERVER, SNAT), &tcp(flags, 8080, 24000, payload)),
@@ -136,7 +136,7 @@ pub fn tcp_reply(e: &mut Engine, flags: u8, payload: &[u8]) {
     );
 }
 
-pub fn ct_state(e: &Engine, key: Tuple) -> u8 {
+pub fn ct_state(e: &TestZone, key: Tuple) -> u8 {
     e.tables.conntrack().unwrap().into_iter().find(|(k, _)| *k == key).map(|(_, v)| v.state).expect("entry")
 }
 
@@ -148,7 +148,7 @@ pub fn orig_key() -> Tuple {
 /// the /32 SNAT rule back, as the NAT gateway programs a FIP.
 pub const FIP: [u8; 4] = [198, 51, 100, 20];
 
-pub fn fip(e: &Engine) {
+pub fn fip(e: &TestZone) {
     e.tables
         .set_dnat(&DnatSpec {
             zone: ZONE,

@@ -72,7 +72,7 @@ pub fn mac_in(ns: &str, ifname: &str) -> Result<[u8; 6]> {
     mac(&in_ns(ns, &["ip", "-br", "link", "show", ifname])?)
 }
 
-/// The mixed-offload setting of DESIGN §7: senders transmit with checksum
+/// The mixed-offload setting every traffic test uses: senders transmit with checksum
 /// offload (CHECKSUM_PARTIAL packets reach the dataplane) but do not trust
 /// received checksums; the dataplane's veths have tx offload off.
 pub fn sender_offloads(ns: &Netns, ifname: &str) -> Result<()> {

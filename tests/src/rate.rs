@@ -2,7 +2,7 @@
 //!
 //! A rate is measured as layer-2 bytes received on the receiver's interface
 //! (`/proc/net/dev` inside its namespace) over a window that starts after
-//! the limiter's initial burst has drained (DESIGN §4.1): iperf3's own
+//! the limiter's initial burst has drained (docs/qos.md): iperf3's own
 //! goodput is at most 1448/1514 of the layer-2 rate and hides the burst.
 
 use std::{

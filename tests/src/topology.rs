@@ -7,7 +7,7 @@
 //! ```
 //! The client talks to VIP 198.51.100.10 (tcp/80 → 8080, udp/53 → 5353,
 //! udp/54 → 5454 with no listener, icmp); everything from 10.0.1.0/24 that
-//! enters on n0 is SNAT'ed to 10.0.2.1. Mixed offloads per DESIGN §7.
+//! enters on n0 is SNAT'ed to 10.0.2.1. Mixed offloads (`net.rs`).
 
 use std::{fs::File, net::Ipv4Addr, thread::JoinHandle};
 
@@ -83,7 +83,7 @@ impl NatTopology {
         let mut prog = ZoneProgram::load(&pins.root, ZONE)?;
         let mut used = mode.unwrap_or_default();
         // Both programs on both interfaces, as the agent attaches them
-        // (`Engine::attach`): forwarded packets also pass the egress one.
+        // (`TestZone::attach`): forwarded packets also pass the egress one.
         for ifn in [&n0, &n1] {
             if let Some(mode) = mode {
                 for direction in attach::Direction::BOTH {

@@ -6,7 +6,7 @@
 use lbagent::dataplane::tables::{AclSpec, DnatSpec};
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_SHOT},
+    engine::{TC_ACT_SHOT, TestZone},
     fixture::*,
     packet::{Ip, SYN, frame},
 };
@@ -16,12 +16,12 @@ fn with_acl(mut d: DnatSpec, allow: bool, cidrs: &[([u8; 4], u8)]) -> DnatSpec {
     d
 }
 
-fn refused(e: &mut Engine, f: Vec<u8>) {
+fn refused(e: &mut TestZone, f: Vec<u8>) {
     let (rc, _) = e.run(&f).unwrap();
     assert_eq!(rc, TC_ACT_SHOT);
 }
 
-fn acl_drops(e: &Engine, rule: u32) -> u64 {
+fn acl_drops(e: &TestZone, rule: u32) -> u64 {
     e.tables.rule_stats().unwrap().into_iter().find(|(id, _)| *id == rule).map(|(_, s)| s.acl_drops).unwrap_or(0)
 }
 

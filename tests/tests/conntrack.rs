@@ -9,7 +9,7 @@ use std::collections::HashSet;
 
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_OK},
+    engine::{TC_ACT_OK, TestZone},
     fixture::*,
     packet::{self, ACK, FIN, Ip, L4, RST, SYN, frame, verify},
     require_root,
@@ -78,8 +78,8 @@ fn a_handshake_completed_on_two_cpus_at_once_promotes_the_flow_once() {
     assert_eq!(ct.len(), 2 * FLOWS as usize, "both halves of every flow established");
     assert!(ct.iter().all(|(_, v)| v.state == CT_ESTABLISHED));
     assert_eq!(e.tables.conntrack_table(MAP_CT_NEW).unwrap().len(), 0, "halves left behind in ct_new");
-    assert_eq!(e.tables.counter(Counter::CtTableFull).unwrap(), 0, "a promotion taken for a full table");
-    assert_eq!(e.tables.counter(Counter::CtPromoted).unwrap(), u64::from(FLOWS), "promotions");
+    assert_eq!(e.tables.counter(Counter::ConntrackEstablishedFull).unwrap(), 0, "a promotion taken for a full table");
+    assert_eq!(e.tables.counter(Counter::ConntrackPromoted).unwrap(), u64::from(FLOWS), "promotions");
     assert_eq!(e.tables.recount_zone_flows().unwrap(), 0, "the zone's flow counts off");
     assert_pairs_consistent(&e);
 }
@@ -88,13 +88,13 @@ fn udp_key(sport: u16) -> Tuple {
     Tuple { saddr: CLIENT, daddr: VIP, sport, dport: 53, proto: PROTO_UDP, _pad0: 0, zone: ZONE }
 }
 
-fn entry(e: &Engine, key: &Tuple) -> Option<CtEntry> {
+fn entry(e: &TestZone, key: &Tuple) -> Option<CtEntry> {
     e.tables.conntrack().unwrap().into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
 }
 
 /// Every original entry's translated tuple is held by exactly one flow, and
 /// every reply entry points back at its original.
-fn assert_pairs_consistent(e: &Engine) {
+fn assert_pairs_consistent(e: &TestZone) {
     let all = e.tables.conntrack().unwrap();
     let by_key: std::collections::HashMap<_, _> = all.iter().copied().collect();
     let mut xlates = HashSet::new();
@@ -112,7 +112,7 @@ fn tcp_seq(flags: u8, sport: u16, dport: u16, seq: u32) -> L4 {
 }
 
 /// SYN, SYN-ACK, ACK on the fixture's TCP flow.
-fn establish(e: &mut Engine) {
+fn establish(e: &mut TestZone) {
     open_tcp(e);
     tcp_reply(e, SYN | ACK, b"");
     tcp_orig(e, ACK, b"");
@@ -126,7 +126,7 @@ fn lost_reply_half_is_recreated_and_the_flow_keeps_its_tuple() {
     let xlate = entry(&e, &udp_key(25000)).unwrap().xlate;
     assert!(e.tables.remove_conntrack_entry(&xlate.reversed()).unwrap(), "reply half removed by hand");
     expect(&mut e, q(b"two"), frame(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"two")));
-    assert_eq!(e.tables.counter(Counter::CtPairRepaired).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::ConntrackPairRepaired).unwrap(), 1);
     expect(
         &mut e,
         frame(&Ip::new(SERVER, SNAT), &udp(5353, 25000, b"answer")),
@@ -176,7 +176,7 @@ fn a_lost_half_never_lets_two_flows_share_a_tuple() {
     let (rc, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &tcp(ACK, 24000, 80, b"more"))).unwrap();
     assert_eq!(rc, TC_ACT_OK);
     assert_ne!(packet::summary(&out).sport, 24000, "A was moved off B's tuple");
-    assert_eq!(e.tables.counter(Counter::CtPairConflict).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::ConntrackPairConflict).unwrap(), 1);
     expect(
         &mut e,
         frame(&Ip::new(SERVER, SNAT), &tcp(SYN | ACK, 8080, 24000, b"")),
@@ -190,7 +190,7 @@ fn established_flows_survive_a_flood_of_new_flows() {
     if !require_root() {
         return;
     }
-    let mut e = Engine::with_ct_max(ZONE, Some(1024)).unwrap();
+    let mut e = TestZone::with_ct_max(ZONE, Some(1024)).unwrap();
     e.tables.set_dnat(&dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080)])).unwrap();
     let clients: Vec<[u8; 4]> = (0..10).map(|i| [192, 0, 2, 10 + i]).collect();
     for c in &clients {
@@ -198,7 +198,7 @@ fn established_flows_survive_a_flood_of_new_flows() {
         e.run(&frame(&Ip::new(SERVER, *c), &tcp(SYN | ACK, 8080, 40000, b""))).unwrap();
         e.run(&frame(&Ip::new(*c, VIP), &tcp(ACK, 40000, 80, b""))).unwrap();
     }
-    assert_eq!(e.tables.counter(Counter::CtPromoted).unwrap(), 10);
+    assert_eq!(e.tables.counter(Counter::ConntrackPromoted).unwrap(), 10);
     // A SYN flood: 4 000 half-open flows, 16 times what ct_new holds.
     for i in 0..4000u32 {
         let src = [203, 0, 113, (i % 200) as u8 + 1];
@@ -221,7 +221,7 @@ fn one_way_stream_keeps_its_port_through_table_churn() {
         return;
     }
     // ct_new holds 256 entries: 128 flows; 3 000 one-shot flows churn it.
-    let mut e = Engine::with_ct_max(ZONE, Some(64)).unwrap();
+    let mut e = TestZone::with_ct_max(ZONE, Some(64)).unwrap();
     e.tables.set_dnat(&dnat(PROTO_UDP, 53, 2, &[(SERVER, 5353)])).unwrap();
     e.tables.set_snat(&snat(([10, 0, 0, 0], 8), SNAT, (20000, 29999), true, 10)).unwrap();
     let stream = frame(&Ip::new(CLIENT, VIP), &udp(5000, 53, b"stream"));
@@ -245,7 +245,7 @@ fn one_way_stream_keeps_its_port_through_table_churn() {
 }
 
 /// Among flows whose halves point at each other, no translated tuple repeats.
-fn assert_whole_flows_unique(e: &Engine) {
+fn assert_whole_flows_unique(e: &TestZone) {
     let all = e.tables.conntrack().unwrap();
     let by_key: std::collections::HashMap<_, _> = all.iter().copied().collect();
     let mut xlates = HashSet::new();
@@ -265,7 +265,7 @@ fn syn_on_a_closed_flow_starts_a_new_flow() {
     assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
     open_tcp(&mut e);
     assert_eq!(ct_state(&e, orig_key()), CT_NEW);
-    assert_eq!(e.tables.counter(Counter::FlowReopened).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::FlowsReopened).unwrap(), 1);
     assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 2);
 }
 
@@ -279,7 +279,7 @@ fn rst_outside_the_window_does_not_close_the_flow() {
     assert_eq!(rc, TC_ACT_OK, "still translated: the endpoint judges it");
     assert_eq!(out, frame(&Ip::new(VIP, CLIENT), &tcp_seq(RST, 80, 24000, 1000 + 10_000_000)));
     assert_eq!(ct_state(&e, orig_key()), CT_ESTABLISHED);
-    assert_eq!(e.tables.counter(Counter::RstIgnored).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::TcpRstOutOfWindow).unwrap(), 1);
     // An in-window RST closes it.
     e.run(&frame(&Ip::new(SERVER, SNAT), &tcp_seq(RST, 8080, 24000, 1001))).unwrap();
     assert_eq!(ct_state(&e, orig_key()), CT_CLOSING);
@@ -298,7 +298,7 @@ fn icmp_errors_neither_refresh_nor_advance_a_flow() {
     let sent = packet::ipv4(&Ip::new(SNAT, SERVER), &udp(25000, 5353, b"q"));
     let (rc, _) = e.run(&frame(&Ip::new(SERVER, SNAT), &L4::Error { kind: 3, code: 3, inner: sent })).unwrap();
     assert_eq!(rc, TC_ACT_OK);
-    assert_eq!(e.tables.counter(Counter::IcmpErrorXlated).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::IcmpErrorsTranslated).unwrap(), 1);
     let after = entry(&e, &udp_key(25000)).unwrap();
     assert_eq!((after.state, after.last_seen_ns), (before.state, before.last_seen_ns));
     let reply = entry(&e, &before.xlate.reversed()).unwrap();
@@ -336,7 +336,7 @@ fn an_expired_flow_frees_its_port_for_a_new_one() {
     let (rc, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(2222, 53, b"b"))).unwrap();
     assert_eq!(rc, TC_ACT_OK);
     assert_eq!(packet::summary(&out).sport, 30000);
-    assert_eq!(e.tables.counter(Counter::DropNoPort).unwrap(), 0);
+    assert_eq!(e.tables.counter(Counter::DropNoFreePort).unwrap(), 0);
     assert_eq!(e.tables.counter(Counter::ExpiredFlows).unwrap(), 1);
 }
 
@@ -467,7 +467,7 @@ fn full_conntrack_evicts_the_oldest_and_keeps_translating() {
         return;
     }
     // ct holds 64 entries, ct_new 256 (128 flows): 400 new flows must all still be translated.
-    let mut e = Engine::with_ct_max(ZONE, Some(64)).unwrap();
+    let mut e = TestZone::with_ct_max(ZONE, Some(64)).unwrap();
     e.tables.set_dnat(&dnat(PROTO_UDP, 53, 2, &[(SERVER, 5353)])).unwrap();
     let mut last = 0;
     for sport in 30000..30400u16 {
@@ -478,7 +478,7 @@ fn full_conntrack_evicts_the_oldest_and_keeps_translating() {
     }
     assert!(e.tables.conntrack_table(MAP_CT).unwrap().len() <= 64);
     assert!(e.tables.conntrack_table(MAP_CT_NEW).unwrap().len() <= ct_new_max(64) as usize);
-    for c in [Counter::DropNoPort, Counter::DropCtInsert, Counter::DropRewrite] {
+    for c in [Counter::DropNoFreePort, Counter::DropConntrackInsert, Counter::DropRewriteFailed] {
         assert_eq!(e.tables.counter(c).unwrap(), 0, "{c:?}");
     }
     // The newest flow survived eviction: its reply is translated.
@@ -537,8 +537,8 @@ fn a_promotion_that_finds_its_pair_promoted_is_not_a_full_table() {
         aya::maps::HashMap::try_from(aya::maps::Map::HashMap(aya::maps::MapData::from_pin(pin).unwrap())).unwrap();
     ct.insert(&x.reversed(), &reply, 0).unwrap();
     tcp_orig(&mut e, ACK, b"");
-    assert_eq!(e.tables.counter(Counter::CtTableFull).unwrap(), 0, "not a full table");
-    assert_eq!(e.tables.counter(Counter::CtPromoted).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::ConntrackEstablishedFull).unwrap(), 0, "not a full table");
+    assert_eq!(e.tables.counter(Counter::ConntrackPromoted).unwrap(), 1);
     assert_eq!(e.tables.conntrack_table(MAP_CT).unwrap().len(), 2, "both halves in ct");
     assert!(e.tables.conntrack_table(MAP_CT_NEW).unwrap().is_empty(), "none left in ct_new");
     tcp_reply(&mut e, ACK, b"data");

@@ -33,28 +33,28 @@ fn port_exhaustion_drops_and_counts() {
     assert_eq!(rc, TC_ACT_OK);
     let (rc, _) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(2222, 53, b"b"))).unwrap();
     assert_eq!(rc, TC_ACT_SHOT);
-    assert_eq!(e.tables.counter(Counter::DropNoPort).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::DropNoFreePort).unwrap(), 1);
 }
 
-/// The bench's per-packet cost (`Engine::time`, section 1) must time the
+/// The bench's per-packet cost (`TestZone::time`, section 1) must time the
 /// path it names on every run. `BPF_PROG_TEST_RUN` with `repeat` runs the
 /// program again on the packet it already rewrote: an established flow's
 /// packet timed as is matched no flow after the first run, so section 1's
-/// "established" column timed unmatched packets. `Engine::looped_flow`
+/// "established" column timed unmatched packets. `TestZone::looped_flow`
 /// gives a packet whose every run is a translation.
 #[test]
 fn every_timed_run_of_an_established_flow_is_a_translation() {
     if !lbagent_tests::require_root() {
         return;
     }
-    let mut e = lbagent_tests::engine::Engine::new(ZONE).unwrap();
+    let mut e = lbagent_tests::engine::TestZone::new(ZONE).unwrap();
     let flow = e.looped_flow(ZONE, a(CLIENT), a(VIP), a(SERVER), 1, true).unwrap();
-    let count = |e: &lbagent_tests::engine::Engine, c| e.tables.counter(c).unwrap();
+    let count = |e: &lbagent_tests::engine::TestZone, c| e.tables.counter(c).unwrap();
     let (before, unmatched, new) =
-        (count(&e, Counter::XlateOrig), count(&e, Counter::PassUnmatched), count(&e, Counter::NewFlows));
+        (count(&e, Counter::TranslatedOriginal), count(&e, Counter::PassedUnmatched), count(&e, Counter::NewFlows));
     let ns = e.time(&flow, 1000).unwrap();
     assert!(ns > 0.0, "{ns}");
-    assert_eq!(count(&e, Counter::XlateOrig) - before, 1000, "every run translated the packet");
-    assert_eq!(count(&e, Counter::PassUnmatched), unmatched, "no run missed");
+    assert_eq!(count(&e, Counter::TranslatedOriginal) - before, 1000, "every run translated the packet");
+    assert_eq!(count(&e, Counter::PassedUnmatched), unmatched, "no run missed");
     assert_eq!(count(&e, Counter::NewFlows), new, "no run opened a flow");
 }

@@ -404,6 +404,8 @@ fn kill_9_and_restart_keep_established_connections() {
     );
     assert!(metrics.contains(&share), "{share} in {metrics}");
     assert!(metrics.contains("lbagent_last_apply_success 1"));
+    assert!(metrics.contains("lbagent_last_apply_errors{kind=\"plumbing\"} 0"), "{metrics}");
+    assert!(metrics.contains("content-type: application/openmetrics-text"), "{metrics}");
     let status: Value = serde_json::from_str(&env.cli(&["status", "--json"])).unwrap();
     assert!(status["rule_stats"][format!("lb/{id}/listener/direct")]["packets"].as_u64().unwrap() > 0, "{status}");
     assert!(env.cli(&["status"]).contains("listener direct"));
@@ -1520,6 +1522,8 @@ fn a_change_during_a_long_repair_pass_is_applied_at_once() {
     let errors = done["last_apply"]["errors"].as_array().cloned().unwrap_or_default();
     assert_eq!(errors.len(), 1, "{done}\n{}", d.log());
     assert!(errors[0]["object"].as_str().unwrap().starts_with("natgw/"), "{done}");
+    // Its external bridge does not exist: the bridge-ports step failed.
+    assert_eq!(errors[0]["kind"], "ovs", "{done}");
     assert_eq!(done["last_apply"]["changes"], serde_json::json!([]), "{done}\n{}", d.log());
     let tries = d.log().matches("step failed").count();
     assert_eq!(tries, 3, "the gateway tried by the first apply, the change's apply and the pass:\n{}", d.log());

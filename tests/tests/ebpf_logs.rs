@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use lbagent::dataplane::logs::{self, EbpfLogLevel};
 use lbagent_tests::{
-    engine::Engine,
+    engine::TestZone,
     packet::{Ip, L4, frame},
     require_root,
 };
@@ -27,7 +27,7 @@ impl log::Log for Capture {
     fn flush(&self) {}
 }
 
-fn new_flow(e: &mut Engine, sport: u16) {
+fn new_flow(e: &mut TestZone, sport: u16) {
     let pkt = frame(
         &Ip::new([10, 0, 1, 2], [198, 51, 100, 10]),
         &L4::Udp { sport, dport: 53, payload: vec![1], zero_csum: false },
@@ -35,8 +35,8 @@ fn new_flow(e: &mut Engine, sport: u16) {
     e.run(&pkt).unwrap();
 }
 
-fn engine() -> Engine {
-    Engine::with_dns_rule(4, 7).unwrap()
+fn engine() -> TestZone {
+    TestZone::with_dns_rule(4, 7).unwrap()
 }
 
 #[test]

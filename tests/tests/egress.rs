@@ -9,7 +9,7 @@
 use lbagent::dataplane::attach::Direction;
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_OK},
+    engine::{TC_ACT_OK, TestZone},
     fixture::*,
     packet::{self, ACK, Ip, L4, SYN, frame, verify},
 };
@@ -19,14 +19,14 @@ const TC_ACT_REDIRECT: u32 = 7;
 /// The gateway's own address toward the client.
 const GW: [u8; 4] = [198, 51, 100, 1];
 
-fn egress(e: &mut Engine, input: Vec<u8>) -> Vec<u8> {
+fn egress(e: &mut TestZone, input: Vec<u8>) -> Vec<u8> {
     let (rc, out) = e.run_on(Direction::Egress, &input).unwrap();
     assert_eq!(rc, TC_ACT_OK);
     out
 }
 
 /// other:24000 -> VIP:80 became other:24000 -> server:8080 at ingress.
-fn dnat_flow(e: &mut Engine) {
+fn dnat_flow(e: &mut TestZone) {
     expect(
         e,
         frame(&Ip::new(OTHER, VIP), &tcp(SYN, 24000, 80, b"")),
@@ -45,7 +45,7 @@ fn frag_needed_from_the_gateway_quotes_what_the_client_sent() {
     let out = egress(&mut e, frame(&Ip::new(GW, OTHER), &L4::Error { kind: 3, code: 4, inner: quoted }));
     assert_eq!(out, frame(&Ip::new(GW, OTHER), &L4::Error { kind: 3, code: 4, inner: seen }));
     verify(&out).unwrap();
-    assert_eq!(e.tables.counter(Counter::LocalIcmpErrorXlated).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::IcmpErrorsLocalTranslated).unwrap(), 1);
 }
 
 #[test]
@@ -74,7 +74,7 @@ fn errors_about_nothing_we_translated_leave_untouched() {
     let client_view = packet::ipv4(&Ip::new(OTHER, VIP), &tcp(SYN, 24000, 80, b""));
     let f = frame(&Ip::new(VIP, OTHER), &L4::Error { kind: 3, code: 3, inner: client_view });
     assert_eq!(egress(&mut e, f.clone()), f);
-    assert_eq!(e.tables.counter(Counter::LocalIcmpErrorXlated).unwrap(), 0);
+    assert_eq!(e.tables.counter(Counter::IcmpErrorsLocalTranslated).unwrap(), 0);
     assert_eq!(e.tables.counter(Counter::DropUntranslatable).unwrap(), 0);
 }
 

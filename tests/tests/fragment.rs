@@ -5,7 +5,7 @@
 
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_OK, TC_ACT_SHOT},
+    engine::{TC_ACT_OK, TC_ACT_SHOT, TestZone},
     fixture::*,
     packet::{self, Ip, L4, fragments, frame},
 };
@@ -13,7 +13,7 @@ use lbagent_tests::{
 const OTHER: [u8; 4] = [203, 0, 113, 5];
 
 /// Runs every fragment; each must pass and equal the expected fragment.
-fn expect_all(e: &mut Engine, input: &[Vec<u8>], expected: &[Vec<u8>]) {
+fn expect_all(e: &mut TestZone, input: &[Vec<u8>], expected: &[Vec<u8>]) {
     assert_eq!(input.len(), expected.len());
     for (i, (f, want)) in input.iter().zip(expected).enumerate() {
         let (rc, out) = e.run(f).unwrap();
@@ -37,7 +37,7 @@ fn udp_datagram_through_dnat_and_snat_both_directions() {
     expect_all(&mut e, &q, &fragments(&Ip::new(SNAT, SERVER), &udp(25000, 5353, &data), 1480));
     let a = fragments(&Ip::new(SERVER, SNAT), &udp(5353, 25000, &data), 1480);
     expect_all(&mut e, &a, &fragments(&Ip::new(VIP, CLIENT), &udp(53, 25000, &data), 1480));
-    assert_eq!(e.tables.counter(Counter::FragTranslated).unwrap(), 4);
+    assert_eq!(e.tables.counter(Counter::FragmentsTranslated).unwrap(), 4);
     assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 1);
 }
 
@@ -105,14 +105,14 @@ fn a_later_fragment_without_its_first_never_leaks_a_private_source() {
         let (rc, _) = e.run(f).unwrap();
         assert_eq!(rc, TC_ACT_SHOT);
     }
-    assert_eq!(e.tables.counter(Counter::DropFragUntracked).unwrap(), 2);
+    assert_eq!(e.tables.counter(Counter::DropFragmentUntracked).unwrap(), 2);
     // Fragments of traffic the gateway does not translate pass untouched.
     let other = fragments(&Ip::new([192, 0, 2, 1], [192, 0, 2, 2]), &udp(1, 2, &data), 1480);
     for f in &other {
         let (rc, out) = e.run(f).unwrap();
         assert_eq!((rc, &out), (TC_ACT_OK, f));
     }
-    assert_eq!(e.tables.counter(Counter::PassFragment).unwrap(), 2);
+    assert_eq!(e.tables.counter(Counter::PassedFragment).unwrap(), 2);
     assert!(e.tables.conntrack().unwrap().is_empty());
 }
 
@@ -123,7 +123,7 @@ fn a_later_fragment_without_its_first_never_leaks_a_private_source() {
 fn later_fragments_follow_a_dropped_first_fragment() {
     let Some(mut e) = engine() else { return };
     let data = payload(4000);
-    let dropped_all = |e: &mut Engine, q: &[Vec<u8>]| {
+    let dropped_all = |e: &mut TestZone, q: &[Vec<u8>]| {
         for (i, f) in q.iter().enumerate() {
             let (rc, _) = e.run(f).unwrap();
             assert_eq!(rc, TC_ACT_SHOT, "fragment {i}");
@@ -142,6 +142,6 @@ fn later_fragments_follow_a_dropped_first_fragment() {
     assert_eq!(rc, TC_ACT_OK);
     let q = fragments(&Ip { id: 0x2222, ..Ip::new(CLIENT, OTHER) }, &udp(5001, 9999, &data), 1480);
     dropped_all(&mut e, &q);
-    assert_eq!(e.tables.counter(Counter::DropFragUntracked).unwrap(), 4, "the later fragments of both");
-    assert_eq!(e.tables.counter(Counter::PassFragment).unwrap(), 0);
+    assert_eq!(e.tables.counter(Counter::DropFragmentUntracked).unwrap(), 4, "the later fragments of both");
+    assert_eq!(e.tables.counter(Counter::PassedFragment).unwrap(), 0);
 }

@@ -26,7 +26,7 @@ fn icmp_port_unreachable_for_udp_is_translated() {
         frame(&Ip::new(SERVER, SNAT), &L4::Error { kind: 3, code: 3, inner: sent }),
         frame(&Ip::new(VIP, CLIENT), &L4::Error { kind: 3, code: 3, inner: seen }),
     );
-    assert_eq!(e.tables.counter(Counter::IcmpErrorXlated).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::IcmpErrorsTranslated).unwrap(), 1);
 }
 
 #[test]

@@ -276,7 +276,7 @@ fn broken_links_are_repaired() {
     let Some(mut b) = lb_bed() else { return };
     b.apply(&b.state(G1, false));
     // Someone deletes h…0 inside the namespace (its peer h…1 goes too) and
-    // adds a stray link: the repair pass restores the seed's layout.
+    // adds a stray link: the repair pass restores the namespace's links.
     let id = &b.ids[1].clone();
     let ns = naming::lb_netns(id);
     let (h0, _) = naming::lb_host_veth(id);
@@ -379,7 +379,7 @@ fn a_link_the_agent_did_not_make_is_never_deleted() {
     let report = apply(&mut bed, true);
     assert!(!report.ok(), "{:?}", report.changes);
     assert!(
-        report.errors.iter().any(|(_, e)| e.contains(&o1) && e.contains("refusing to delete it")),
+        report.errors.iter().any(|e| e.error.contains(&o1) && e.error.contains("refusing to delete it")),
         "{:?}",
         report.errors
     );
@@ -510,7 +510,14 @@ fn an_ovsdb_outage_does_not_freeze_rule_updates() {
     let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), true);
     let took = t.elapsed();
     assert!(took < std::time::Duration::from_secs(15), "the pass took {took:?}");
-    assert!(report.errors.iter().any(|(_, e)| e.contains("ovsdb unavailable")), "{:?}", report.errors);
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| e.kind == lbagent::outcome::ErrorKind::Ovs && e.error.contains("ovsdb unavailable")),
+        "{:?}",
+        report.errors
+    );
     assert_eq!(tags(16), HashSet::from(["h21".to_string()]), "the removed backend still gets new flows");
 
     drop(frozen);

@@ -160,8 +160,8 @@ fn large_udp_datagrams_are_translated_fragment_by_fragment() {
     let (view, from) = seen(udp_big_ask(&inet, at("198.51.100.11", 5353), 4000).unwrap());
     assert_eq!((view.as_str(), from), ("198.51.100.1", at("198.51.100.11", 5353)));
     let t = b.bed.reconciler.realizer.engine.tables().unwrap();
-    assert!(t.counter(lbagent_common::Counter::FragTranslated).unwrap() >= 8);
-    assert_eq!(t.counter(lbagent_common::Counter::DropFragUntracked).unwrap(), 0);
+    assert!(t.counter(lbagent_common::Counter::FragmentsTranslated).unwrap() >= 8);
+    assert_eq!(t.counter(lbagent_common::Counter::DropFragmentUntracked).unwrap(), 0);
 }
 
 /// Protocols without ports (GRE, ESP, SCTP) through a FIP, both ways and
@@ -205,7 +205,7 @@ fn gateway_icmp_errors_quote_what_the_sender_sent() {
     let out = ping(&["-t", "1", "198.51.100.10"]);
     assert!(out.contains("Time to live exceeded"), "{out}");
     let t = b.bed.reconciler.realizer.engine.tables().unwrap();
-    assert!(t.counter(lbagent_common::Counter::LocalIcmpErrorXlated).unwrap() >= 2);
+    assert!(t.counter(lbagent_common::Counter::IcmpErrorsLocalTranslated).unwrap() >= 2);
     // The right size still goes through.
     let out = ping(&["-M", "do", "-s", "1100", "198.51.100.10"]);
     assert!(out.contains("1 received"), "{out}");

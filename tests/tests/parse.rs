@@ -51,7 +51,7 @@ fn non_ipv4_passes() {
     v6.extend_from_slice(&[0xfd; 32]);
     v6.extend_from_slice(&[0, 1, 0, 53, 0, 8, 0, 0]);
     expect_untouched(&mut e, v6);
-    assert_eq!(e.tables.counter(Counter::PassNonIpv4).unwrap(), 2);
+    assert_eq!(e.tables.counter(Counter::PassedNonIpv4).unwrap(), 2);
 }
 
 #[test]
@@ -110,7 +110,7 @@ fn non_linear_packets_are_translated_wherever_their_headers_lie() {
         assert!(bytes[nl + 1..] == payload[..], "{what}: payload changed ({} bytes back)", bytes.len() - nl - 1);
     }
     assert_eq!(t.tables.counter(Counter::DropMalformed).unwrap(), 0);
-    assert_eq!(t.tables.counter(Counter::DropRewrite).unwrap(), 0);
+    assert_eq!(t.tables.counter(Counter::DropRewriteFailed).unwrap(), 0);
 }
 
 /// Receives one datagram on `at` in `ns` (bound before this returns).

@@ -7,7 +7,7 @@ use lbagent::dataplane::{
 };
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_OK, TestPins},
+    engine::{TC_ACT_OK, TestPins, TestZone},
     net::sh,
     packet::{self, Ip, L4, frame},
     require_root,
@@ -17,8 +17,8 @@ fn udp(sport: u16, dport: u16) -> L4 {
     L4::Udp { sport, dport, payload: b"pin".to_vec(), zero_csum: false }
 }
 
-fn engine_with_flow() -> Engine {
-    Engine::with_dns_rule(3, 1).unwrap()
+fn engine_with_flow() -> TestZone {
+    TestZone::with_dns_rule(3, 1).unwrap()
 }
 
 #[test]
@@ -105,7 +105,7 @@ fn pins_of_another_layout_version_are_refused() {
     if !require_root() {
         return;
     }
-    let e = Engine::new(1).unwrap();
+    let e = TestZone::new(1).unwrap();
     set_meta(&pins::versioned_dir(&e.pins.root).join(MAP_META), 99);
     let err = ZoneProgram::load(&e.pins.root, 1).err().expect("must refuse").to_string();
     assert!(err.contains("layout version 99"), "{err}");
@@ -126,7 +126,7 @@ fn reload_keeps_conntrack_and_rules() {
     assert_eq!(rc, TC_ACT_OK);
     let s = packet::summary(&out);
     assert_eq!((s.src, s.sport), ([198, 51, 100, 10], 53), "reply translated by the reloaded program");
-    assert_eq!(e.tables.counter(Counter::XlateReply).unwrap(), 1);
+    assert_eq!(e.tables.counter(Counter::TranslatedReply).unwrap(), 1);
 }
 
 /// Pins a `meta` map (array[1] of `Meta`) recording `recorded` in
@@ -154,7 +154,7 @@ fn a_newer_layout_is_refused_as_a_downgrade() {
     if !require_root() {
         return;
     }
-    let e = Engine::new(1).unwrap();
+    let e = TestZone::new(1).unwrap();
     pin_meta(&e.pins.root, LAYOUT_VERSION + 1, (LAYOUT_VERSION + 1) as u8);
     let err = format!("{:#}", ZoneProgram::load(&e.pins.root, 1).err().expect("must refuse"));
     assert!(err.contains(&format!("layout version {} (a newer lbagent)", LAYOUT_VERSION + 1)), "{err}");

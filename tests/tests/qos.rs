@@ -1,4 +1,4 @@
-//! QoS (issue 10): the limiter in the program (`lbagent-ebpf/src/qos.rs`),
+//! QoS: the limiter in the program (`lbagent-ebpf/src/qos.rs`),
 //! its maps (`lbagent_common::qos`) and their writer (`dataplane/qos.rs`).
 //!
 //! Program tests run the classifier on crafted frames (`BPF_PROG_TEST_RUN`
@@ -12,7 +12,7 @@
 use lbagent::dataplane::{attach::Direction, qos::QosZone};
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_OK, TC_ACT_SHOT},
+    engine::{TC_ACT_OK, TC_ACT_SHOT, TestZone},
     fixture::{LO, ZONE, engine, tcp, udp},
     packet::{ACK, Ip, L4, checksum, frame, verify},
 };
@@ -59,12 +59,12 @@ fn eip_rule(priority: u32) -> QosZone {
     z
 }
 
-fn stats(e: &Engine, bucket: u32) -> QosStats {
+fn stats(e: &TestZone, bucket: u32) -> QosStats {
     e.tables.qos_stats().unwrap().get(&bucket).copied().unwrap_or_default()
 }
 
 /// Sends `f` `n` times; returns how many passed.
-fn passed(e: &mut Engine, f: &[u8], n: usize) -> usize {
+fn passed(e: &mut TestZone, f: &[u8], n: usize) -> usize {
     (0..n).filter(|_| e.run_on(Direction::Ingress, f).unwrap().0 == TC_ACT_OK).count()
 }
 
@@ -174,7 +174,7 @@ fn a_flow_loses_one_segment_per_round_and_never_a_resend_or_a_probe() {
     // Fill the bucket to its tail with UDP.
     let fit = (QOS_BURST_FLOOR / big_udp(PEER).len() as u64) as usize;
     passed(&mut e, &big_udp(PEER), fit + 2);
-    let verdict = |e: &mut Engine, seq: u32| e.run_on(Direction::Ingress, &segment(seq)).unwrap().0;
+    let verdict = |e: &mut TestZone, seq: u32| e.run_on(Direction::Ingress, &segment(seq)).unwrap().0;
     let s = 1_000_000u32;
     assert_eq!(verdict(&mut e, s), TC_ACT_SHOT, "new data at the tail is dropped");
     // Segments that pass beyond the tail (all charged).
@@ -247,7 +247,7 @@ fn above_the_spacing_rate_new_data_right_after_a_drop_passes() {
             assert!(n < 100_000, "the bucket does not fill");
         }
     }
-    let verdict = |e: &mut Engine, seq: u32| e.run_on(Direction::Ingress, &segment(seq)).unwrap().0;
+    let verdict = |e: &mut TestZone, seq: u32| e.run_on(Direction::Ingress, &segment(seq)).unwrap().0;
     let s = 1_000_000u32;
     assert_eq!(verdict(&mut e, s), TC_ACT_SHOT, "new data at the tail is dropped");
     let dropped = std::time::Instant::now();
@@ -304,7 +304,7 @@ fn the_priority_ladder_picks_the_first_matching_rule() {
     // Whether the program takes the EIP's rule without reading the hook.
     let first = |z: &QosZone| z.eips[&(EIP, QOS_INGRESS)].flags & QOS_EIP_F_FIRST != 0;
     assert!(first(&ladder(1)) && first(&ladder(2)) && !first(&ladder(5)));
-    let counted = |e: &Engine| [BUCKET_EIP, BUCKET_GW, BUCKET_ALL].map(|b| stats(e, b).passed_packets);
+    let counted = |e: &TestZone| [BUCKET_EIP, BUCKET_GW, BUCKET_ALL].map(|b| stats(e, b).passed_packets);
     // EIP rule priority 1 beats the gateway's src rule (2) and catch-all (3).
     e.tables.sync_qos(ZONE, &ladder(1)).unwrap();
     passed(&mut e, &big_udp(PEER), 1);
@@ -348,7 +348,7 @@ fn a_rate_change_keeps_the_bucket_and_applies_at_once() {
     let f = big_udp(PEER);
     let fit = (QOS_BURST_FLOOR / f.len() as u64) as usize;
     passed(&mut e, &f, fit / 2);
-    let clock = |e: &Engine| e.tables.qos_dump().unwrap().state[0].1.clock_ns;
+    let clock = |e: &TestZone| e.tables.qos_dump().unwrap().state[0].1.clock_ns;
     let before = clock(&e);
     // 0.1 → 100 Mbit/s: same bucket, same clock, the new cost at once.
     let mut z = eip_rule(1);
@@ -602,7 +602,7 @@ mod traffic {
         assert!(
             qos.iter().any(|q| q["rule"] == "from-inet" && q["interface"] == "net1" && q["rate_bps"] == 10_000_000)
         );
-        let metrics = lbagent::daemon::metrics::render(&b.bed.reconciler.realizer.engine.bpffs, &status);
+        let metrics = lbagent::daemon::metrics::render(&b.bed.reconciler.realizer.engine.bpffs, &status).unwrap();
         let key = format!("natgw/{}/qos/eip/eip1/e/in", b.gw);
         let dropped = metrics
             .lines()

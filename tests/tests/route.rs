@@ -7,7 +7,7 @@
 
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_OK},
+    engine::{TC_ACT_OK, TestZone},
     fixture::*,
     net::sh,
     packet::{Ip, frame, summary, verify},
@@ -19,7 +19,7 @@ const TC_ACT_REDIRECT: u32 = 7;
 /// udp/5353 on the VIP → the client (its neighbour entry is resolved in
 /// the test net, `v0`), from a sender arriving on `lo`; the test net's
 /// MTUs written as the agent writes them.
-fn fast_engine() -> Option<Engine> {
+fn fast_engine() -> Option<TestZone> {
     let e = engine()?;
     e.tables.set_dnat(&dnat(PROTO_UDP, 5353, 9, &[(CLIENT, 53)])).unwrap();
     e.tables.set_config(NatConfig { flags: NAT_CFG_FAST_PATH, ..Default::default() }).unwrap();
@@ -27,7 +27,7 @@ fn fast_engine() -> Option<Engine> {
     Some(e)
 }
 
-fn sync_mtus(e: &Engine) {
+fn sync_mtus(e: &TestZone) {
     e.sync_egress_mtu(ZONE).unwrap();
 }
 

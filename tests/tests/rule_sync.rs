@@ -4,18 +4,21 @@
 //! its rule while TCP flows drain, and a pass repairs what changed behind
 //! the agent's back.
 
-use lbagent::dataplane::{attach::AttachMode, engine, tables::DnatSpec};
+use lbagent::{
+    dataplane::{attach::AttachMode, engine, tables::DnatSpec},
+    outcome::Changes,
+};
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::Engine,
+    engine::TestZone,
     fixture::*,
     packet::{self, Ip, SYN, frame},
 };
 
 /// One sync of the fixture's zone, as a pass of the agent does it.
-fn sync_dnat(e: &Engine, want: &[DnatSpec]) -> Vec<String> {
+fn sync_dnat(e: &TestZone, want: &[DnatSpec]) -> Changes {
     let mut agent = engine::Engine::new(e.pins.root.clone(), AttachMode::Netlink);
-    let mut out = Vec::new();
+    let mut out = Changes::new();
     agent.sync_zone(ZONE, want, None, &mut out).unwrap();
     out
 }
@@ -72,18 +75,18 @@ fn a_pass_reads_the_maps_once_and_repairs_what_changed_behind_its_back() {
     let Some(e) = engine() else { return };
     let mut agent = engine::Engine::new(e.pins.root.clone(), AttachMode::Netlink);
     let rule = dnat(PROTO_TCP, 443, 41, &[(SERVER, 8443)]);
-    let mut out = Vec::new();
+    let mut out = Changes::new();
     agent.sync_zone(ZONE, std::slice::from_ref(&rule), None, &mut out).unwrap();
     assert!(out.iter().any(|c| c.contains("port 443")), "{out:?}");
     // Someone deletes the rule by hand; within a pass the agent trusts what it wrote...
     e.tables.remove_dnat(&rule.key()).unwrap();
-    out.clear();
+    out = Changes::new();
     agent.sync_zone(ZONE, std::slice::from_ref(&rule), None, &mut out).unwrap();
     assert!(out.is_empty(), "{out:?}");
     // ...and the next pass reads the maps again and puts it back.
     agent.begin_pass();
     agent.sync_zone(ZONE, std::slice::from_ref(&rule), None, &mut out).unwrap();
-    assert_eq!(out, ["dnat 198.51.100.10 proto 6 port 443 -> [(10.0.2.2, 8443)]"]);
+    assert_eq!(&out[..], ["dnat 198.51.100.10 proto 6 port 443 -> [(10.0.2.2, 8443)]"]);
     assert!(e.tables.dnat_rules().unwrap().iter().any(|(k, _, _)| *k == rule.key()));
 }
 
@@ -117,11 +120,11 @@ fn a_changed_acl_keeps_the_flows_it_still_accepts() {
         d.acl = Some(lbagent::dataplane::tables::AclSpec { allow, cidrs });
         d
     };
-    let open = |e: &mut Engine, client: [u8; 4]| {
+    let open = |e: &mut TestZone, client: [u8; 4]| {
         let (rc, _) = e.run(&frame(&Ip::new(client, VIP), &tcp(SYN, 24000, 80, b""))).unwrap();
         assert_eq!(rc, lbagent_tests::engine::TC_ACT_OK);
     };
-    let clients = |e: &Engine| -> Vec<[u8; 4]> {
+    let clients = |e: &TestZone| -> Vec<[u8; 4]> {
         let mut c: Vec<_> = e
             .tables
             .conntrack()

@@ -89,7 +89,7 @@ fn unmatched_traffic_is_untouched() {
         &mut e,
         frame(&Ip::new(SERVER, CLIENT), &L4::Echo { request: false, id: 1, seq: 1, payload: vec![] }),
     );
-    assert!(e.tables.counter(Counter::PassUnmatched).unwrap() >= 3);
+    assert!(e.tables.counter(Counter::PassedUnmatched).unwrap() >= 3);
     assert!(e.tables.conntrack().unwrap().is_empty());
 }
 
@@ -106,7 +106,7 @@ fn snat_without_a_range_keeps_privileged_ports_in_their_class() {
     e.tables.set_snat(&rule).unwrap();
     // Traffic to a host with no DNAT rule: SNAT alone.
     let to = [10, 0, 2, 9];
-    let sport_of = |e: &mut lbagent_tests::engine::Engine, sport: u16| {
+    let sport_of = |e: &mut lbagent_tests::engine::TestZone, sport: u16| {
         let (rc, out) = e.run(&frame(&Ip::new(CLIENT, to), &udp(sport, 2049, b"x"))).unwrap();
         assert_eq!(rc, TC_ACT_OK);
         verify(&out).unwrap();

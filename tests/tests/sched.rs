@@ -325,7 +325,7 @@ fn round_robin_cpus_start_at_different_positions() {
         assert!(std::env::var("CI").is_err(), "needs two CPUs");
         return;
     }
-    let mut e = lbagent_tests::engine::Engine::new(ZONE).unwrap();
+    let mut e = lbagent_tests::engine::TestZone::new(ZONE).unwrap();
     // Five backends in turn: the table's slot i is backend i % 5.
     let table: Vec<(Ipv4Addr, u16)> =
         (0..SCHED_TABLE_SIZE).map(|i| (Ipv4Addr::new(10, 0, 2, 10 + (i % 5) as u8), 80)).collect();
@@ -384,14 +384,14 @@ fn a_flow_opened_on_two_cpus_at_once_is_counted_once() {
     use lbagent::dataplane::tables::{DnatSpec, SchedKind, SchedSpec};
     use lbagent_common::PROTO_TCP;
     use lbagent_tests::{
-        engine::{Engine, TC_ACT_SHOT},
+        engine::{TC_ACT_SHOT, TestZone},
         fixture::{VIP as FIXTURE_VIP, ZONE, tcp},
         packet::{Ip, SYN, frame, summary},
     };
     if !require_root() {
         return;
     }
-    let e = Engine::new(ZONE).unwrap();
+    let e = TestZone::new(ZONE).unwrap();
     let backends: Vec<(Ipv4Addr, u16)> = (0..4).map(|i| (Ipv4Addr::new(10, 0, 2, 10 + i), 80)).collect();
     let least = SchedSpec { kind: SchedKind::Least, table: Default::default(), weights: vec![1; backends.len()] };
     e.tables

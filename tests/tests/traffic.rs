@@ -42,9 +42,9 @@ fn scenario(mode: AttachMode) {
     let out = t.client.exec(&["ping", "-c", "2", "-W", "2", &VIP.to_string()]).unwrap();
     assert!(out.contains(&format!("from {VIP}")), "{out}");
 
-    assert!(t.tables.counter(Counter::IcmpErrorXlated).unwrap() >= 1);
+    assert!(t.tables.counter(Counter::IcmpErrorsTranslated).unwrap() >= 1);
     assert!(t.tables.counter(Counter::NewFlows).unwrap() >= 5);
-    assert_eq!(t.tables.counter(Counter::DropRewrite).unwrap(), 0);
+    assert_eq!(t.tables.counter(Counter::DropRewriteFailed).unwrap(), 0);
 }
 
 #[test]

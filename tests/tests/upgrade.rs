@@ -535,6 +535,11 @@ fn upgrade(attach: &'static str, extra: usize) {
     // copy of the old tables brings them back), new ones are refused.
     assert!(refused.ping("after").is_err(), "a connection the new ACL refuses survived the upgrade");
     // And so were those opened during the swap, up to the zone's switch.
+    assert!(
+        seen.refused_opened.len() >= 10,
+        "only {} connections the new ACL refuses opened during the swap",
+        seen.refused_opened.len()
+    );
     let survived = OpenConn::ping_all(&seen.refused_opened, "after").iter().filter(|r| r.is_ok()).count();
     assert_eq!(survived, 0, "of {} connections the new ACL refuses, opened during the swap", seen.refused_opened.len());
     assert!(ask_tcp(&topo.vpc[2].ns.name, at("10.10.0.5:9000")).is_err(), "the new ACL refuses new connections");
@@ -566,6 +571,7 @@ fn upgrade(attach: &'static str, extra: usize) {
     );
     assert!(log.contains(&format!("migrating it to layout {LAYOUT_VERSION}")), "{log}");
     assert!(log.contains("conntrack tables shared with the running programs"), "{log}");
+    assert!(log.contains("flows the previous programs opened before the switch"), "{log}");
     assert!(log.contains(&format!("migration from layout {FROM_VERSION} done")), "{log}");
     // Each QoS rule kept its bucket and its counts (they only grew).
     let counted_after = qos_counts(&new.status(&env).unwrap());

@@ -7,7 +7,7 @@
 use lbagent::dataplane::loader::ZoneProgram;
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::{Engine, TC_ACT_OK, TC_ACT_SHOT, run_program},
+    engine::{TC_ACT_OK, TC_ACT_SHOT, TestZone, run_program},
     fixture::*,
     packet::{ACK, Ip, SYN, frame, summary},
     require_root,
@@ -47,7 +47,7 @@ fn a_tenant_cannot_take_another_tenants_conntrack() {
     if !require_root() {
         return;
     }
-    let e = Engine::with_ct_max(A, Some(CT_MAX)).unwrap();
+    let e = TestZone::with_ct_max(A, Some(CT_MAX)).unwrap();
     let mut a = e.zone_program(A).unwrap();
     let mut b = e.zone_program(B).unwrap();
     let mut c = e.zone_program(C).unwrap();
@@ -118,7 +118,7 @@ fn counts_follow_expiry_and_never_wrap_into_a_refusal() {
     if !require_root() {
         return;
     }
-    let e = Engine::with_ct_max(A, Some(CT_MAX)).unwrap();
+    let e = TestZone::with_ct_max(A, Some(CT_MAX)).unwrap();
     let mut a = e.zone_program(A).unwrap();
     e.tables.set_dnat(&dnat(PROTO_TCP, 80, 1, &[(SERVER, 8080)])).unwrap();
     e.tables.set_zone_ct_limits(A, ZoneCtLimits { established: 5, new: 5 }).unwrap();

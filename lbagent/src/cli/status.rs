@@ -114,6 +114,7 @@ pub fn render(doc: &StatusDoc) -> String {
                 or_dash(&last.time)
             );
             for e in &last.errors {
+                // The error names its kind first when the step gave one.
                 out += &format!("  error {}: {}\n", e.object, e.error);
             }
         }

@@ -1,12 +1,17 @@
 //! Prometheus text exposition on `--metrics ADDR` (any path).
 
 use std::{
-    fmt::Write as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
     time::Duration,
 };
 
+use anyhow::{Context, Result};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
@@ -14,104 +19,177 @@ use tokio::{
 };
 
 use super::status::Status;
-use crate::dataplane::tables::Tables;
+use crate::{dataplane::tables::Tables, outcome::ErrorKind};
 
-pub fn render(bpffs: &Path, status: &Status) -> String {
-    let mut out = String::new();
-    out += "# HELP lbagent_dataplane_packets_total Packets by engine outcome (counters map, summed over CPUs).\n";
-    out += "# TYPE lbagent_dataplane_packets_total counter\n";
-    if let Ok(t) = Tables::open(bpffs) {
-        for (c, v) in t.counters().unwrap_or_default() {
-            let _ = writeln!(out, "lbagent_dataplane_packets_total{{counter=\"{}\"}} {v}", c.name());
-        }
-        let stats = t.rule_stats().unwrap_or_default();
-        out += "# HELP lbagent_rule_packets_total Packets translated per rule (listener, backend, FIP, DNAT, SNAT).\n";
-        out += "# TYPE lbagent_rule_packets_total counter\n";
-        let name = |id: u32| status.rule_names.get(&id).cloned().unwrap_or_else(|| format!("id/{id}"));
-        for (id, st) in &stats {
-            let _ = writeln!(out, "lbagent_rule_packets_total{{rule=\"{}\"}} {}", name(*id), st.packets);
-        }
-        out += "# TYPE lbagent_rule_bytes_total counter\n";
-        for (id, st) in &stats {
-            let _ = writeln!(out, "lbagent_rule_bytes_total{{rule=\"{}\"}} {}", name(*id), st.bytes);
-        }
-        let qos = t.qos_stats_of(status.qos_names.keys().copied()).unwrap_or_default();
-        out += "# HELP lbagent_qos_packets_total Packets by QoS rule instance and outcome (passed includes marked).\n";
-        out += "# TYPE lbagent_qos_packets_total counter\n";
-        out += "# HELP lbagent_qos_bytes_total Layer-2 bytes by QoS rule instance and outcome.\n";
-        out += "# TYPE lbagent_qos_bytes_total counter\n";
-        for (id, st) in &qos {
-            for (outcome, p, b) in [
-                ("passed", st.passed_packets, st.passed_bytes),
-                ("marked", st.marked_packets, st.marked_bytes),
-                ("dropped", st.dropped_packets, st.dropped_bytes),
-            ] {
-                let key = &status.qos_names[id];
-                let _ = writeln!(out, "lbagent_qos_packets_total{{rule=\"{key}\",outcome=\"{outcome}\"}} {p}");
-                let _ = writeln!(out, "lbagent_qos_bytes_total{{rule=\"{key}\",outcome=\"{outcome}\"}} {b}");
-            }
-        }
-        // Each object's share of the conntrack tables; objects (zones), not
-        // clients, label them: bounded by the objects the host runs.
-        let zones = t.zone_ct().unwrap_or_default();
-        let named = || zones.iter().filter_map(|(z, v)| Some((status.zone_names.get(z)?, v)));
-        out += "# HELP lbagent_conntrack_zone_flows Flows an object holds per conntrack table (established: ct, new: ct_new).\n";
-        out += "# TYPE lbagent_conntrack_zone_flows gauge\n";
-        out += "# HELP lbagent_conntrack_zone_limit The object's share of each table (flows).\n";
-        out += "# TYPE lbagent_conntrack_zone_limit gauge\n";
-        out += "# HELP lbagent_conntrack_zone_refused_total Packets the object's share refused: promotions (established), new flows (new).\n";
-        out += "# TYPE lbagent_conntrack_zone_refused_total counter\n";
-        for (object, v) in named() {
-            for (table, flows, limit, refused) in [
-                ("established", v.flows.established, v.limits.established, v.refused.established),
-                ("new", v.flows.new, v.limits.new, v.refused.new),
-            ] {
-                let labels = format!("object=\"{object}\",table=\"{table}\"");
-                let _ = writeln!(out, "lbagent_conntrack_zone_flows{{{labels}}} {flows}");
-                let _ = writeln!(out, "lbagent_conntrack_zone_limit{{{labels}}} {limit}");
-                let _ = writeln!(out, "lbagent_conntrack_zone_refused_total{{{labels}}} {refused}");
-            }
-        }
-        out += "# HELP lbagent_rule_acl_drops_total New flows a listener's ACL refused.\n";
-        out += "# TYPE lbagent_rule_acl_drops_total counter\n";
-        for (id, st) in &stats {
-            let _ = writeln!(out, "lbagent_rule_acl_drops_total{{rule=\"{}\"}} {}", name(*id), st.acl_drops);
-        }
+/// The content type of the OpenMetrics text the renderer writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByCounter {
+    counter: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByRule {
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByQosOutcome {
+    rule: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByObjectTable {
+    object: String,
+    table: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByErrorKind {
+    kind: &'static str,
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str, value: u64) {
+    let c = Counter::<u64>::default();
+    c.inc_by(value);
+    registry.register(name, help, c);
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
+    let g = Gauge::<i64>::default();
+    g.set(value);
+    registry.register(name, help, g);
+}
+
+/// The metrics of one scrape, read from the pinned maps and the daemon's
+/// status. A map that cannot be read fails the scrape (answered 500): a
+/// value read as zero would look like traffic that stopped.
+pub fn render(bpffs: &Path, status: &Status) -> Result<String> {
+    let mut r = Registry::with_prefix("lbagent");
+    // Nothing loaded yet (no object was ever applied): no dataplane series.
+    if crate::dataplane::pins::versioned_dir(bpffs).join(lbagent_common::MAP_CT).exists() {
+        dataplane(&mut r, bpffs, status)?;
     }
     let doc = &status.document;
-    let ok = doc.last_apply.as_ref().map(|l| l.ok as u8).unwrap_or(0);
-    let _ = writeln!(out, "# TYPE lbagent_applies_total counter\nlbagent_applies_total {}", doc.applies);
-    let _ = writeln!(out, "# TYPE lbagent_last_apply_success gauge\nlbagent_last_apply_success {ok}");
-    let _ = writeln!(
-        out,
-        "# TYPE lbagent_state_rejected gauge\nlbagent_state_rejected {}",
-        doc.rejected_state.is_some() as u8
+    let last = doc.last_apply.as_ref();
+    counter(&mut r, "applies", "Applies of desired state (documents, repair passes, health changes).", doc.applies);
+    gauge(&mut r, "last_apply_success", "Whether the last apply succeeded.", last.is_some_and(|l| l.ok) as i64);
+    let errors = Family::<ByErrorKind, Gauge>::default();
+    for kind in ErrorKind::ALL {
+        let n = last.map_or(0, |l| l.errors.iter().filter(|e| e.kind == kind).count());
+        errors.get_or_create(&ByErrorKind { kind: kind.name() }).set(n as i64);
+    }
+    r.register(
+        "last_apply_errors",
+        "Objects the last apply could not bring to their spec, by the kind of step that failed.",
+        errors,
     );
-    let _ = writeln!(out, "# TYPE lbagent_load_balancers gauge\nlbagent_load_balancers {}", doc.load_balancers.len());
-    let _ = writeln!(out, "# TYPE lbagent_nat_gateways gauge\nlbagent_nat_gateways {}", doc.nat_gateways.len());
+    gauge(
+        &mut r,
+        "state_rejected",
+        "Whether the newest document was refused (the last good one runs).",
+        doc.rejected_state.is_some() as i64,
+    );
+    gauge(&mut r, "load_balancers", "Load balancers applied.", doc.load_balancers.len() as i64);
+    gauge(&mut r, "nat_gateways", "NAT gateways applied.", doc.nat_gateways.len() as i64);
     let p = &doc.health_prober;
-    out +=
-        "# HELP lbagent_health_prober_running Whether the direct-mode health prober runs (0: the status says why).\n";
-    let _ =
-        writeln!(out, "# TYPE lbagent_health_prober_running gauge\nlbagent_health_prober_running {}", p.running as u8);
-    out += "# HELP lbagent_health_prober_failures_total Times the prober could not start or stopped.\n";
-    let _ = writeln!(
-        out,
-        "# TYPE lbagent_health_prober_failures_total counter\nlbagent_health_prober_failures_total {}",
-        p.failures
+    gauge(
+        &mut r,
+        "health_prober_running",
+        "Whether the direct-mode health prober runs (0: the status says why).",
+        p.running as i64,
     );
-    let _ = writeln!(out, "# TYPE lbagent_health_probes_total counter\nlbagent_health_probes_total {}", p.probes);
-    out += "# HELP lbagent_health_checks_late_total Checks skipped: the backend already had a check waiting for a probe slot.\n";
-    let _ =
-        writeln!(out, "# TYPE lbagent_health_checks_late_total counter\nlbagent_health_checks_late_total {}", p.late);
-    let _ =
-        writeln!(out, "# TYPE lbagent_health_probes_in_flight gauge\nlbagent_health_probes_in_flight {}", p.in_flight);
-    let _ = writeln!(
-        out,
-        "# TYPE lbagent_health_backends_down gauge\nlbagent_health_backends_down {}",
-        doc.backends_down.len()
+    counter(&mut r, "health_prober_failures", "Times the prober could not start or stopped.", p.failures);
+    counter(&mut r, "health_probes", "Health probes sent.", p.probes);
+    counter(
+        &mut r,
+        "health_checks_late",
+        "Checks skipped: the backend already had a check waiting for a probe slot.",
+        p.late,
     );
-    out
+    gauge(&mut r, "health_probes_in_flight", "Health probes waiting for their answer.", p.in_flight as i64);
+    gauge(&mut r, "health_backends_down", "Backends their health checks hold down.", doc.backends_down.len() as i64);
+    let mut out = String::new();
+    encode(&mut out, &r).context("encoding the metrics")?;
+    Ok(out)
+}
+
+/// The series read from the pinned maps.
+fn dataplane(r: &mut Registry, bpffs: &Path, status: &Status) -> Result<()> {
+    let t = Tables::open(bpffs).context("opening the pinned maps")?;
+    let packets = Family::<ByCounter, Counter>::default();
+    for (c, v) in t.counters().context("reading counters")? {
+        packets.get_or_create(&ByCounter { counter: c.name() }).inc_by(v);
+    }
+    r.register("dataplane_packets", "Packets by engine outcome (counters map, summed over CPUs).", packets);
+
+    let name = |id: u32| status.rule_names.get(&id).cloned().unwrap_or_else(|| format!("id/{id}"));
+    let stats = t.rule_stats().context("reading rule_stats")?;
+    let (rule_packets, rule_bytes, acl_drops) = (
+        Family::<ByRule, Counter>::default(),
+        Family::<ByRule, Counter>::default(),
+        Family::<ByRule, Counter>::default(),
+    );
+    for (id, st) in &stats {
+        let rule = ByRule { rule: name(*id) };
+        rule_packets.get_or_create(&rule).inc_by(st.packets);
+        rule_bytes.get_or_create(&rule).inc_by(st.bytes);
+        acl_drops.get_or_create(&rule).inc_by(st.acl_drops);
+    }
+    r.register("rule_packets", "Packets translated per rule (listener, backend, FIP, DNAT, SNAT).", rule_packets);
+    r.register("rule_bytes", "Bytes translated per rule.", rule_bytes);
+    r.register("rule_acl_drops", "New flows a listener's ACL refused.", acl_drops);
+
+    let qos = t.qos_stats_of(status.qos_names.keys().copied()).context("reading qos_stats")?;
+    let (qos_packets, qos_bytes) =
+        (Family::<ByQosOutcome, Counter>::default(), Family::<ByQosOutcome, Counter>::default());
+    for (id, st) in &qos {
+        for (outcome, p, b) in [
+            ("passed", st.passed_packets, st.passed_bytes),
+            ("marked", st.marked_packets, st.marked_bytes),
+            ("dropped", st.dropped_packets, st.dropped_bytes),
+        ] {
+            let labels = ByQosOutcome { rule: status.qos_names[id].clone(), outcome };
+            qos_packets.get_or_create(&labels).inc_by(p);
+            qos_bytes.get_or_create(&labels).inc_by(b);
+        }
+    }
+    r.register("qos_packets", "Packets by QoS rule instance and outcome (passed includes marked).", qos_packets);
+    r.register("qos_bytes", "Layer-2 bytes by QoS rule instance and outcome.", qos_bytes);
+
+    // Each object's share of the conntrack tables; objects (zones), not
+    // clients, label them: bounded by the objects the host runs.
+    let zones = t.zone_ct().context("reading the zones' conntrack shares")?;
+    let (flows, limits, refused) = (
+        Family::<ByObjectTable, Gauge>::default(),
+        Family::<ByObjectTable, Gauge>::default(),
+        Family::<ByObjectTable, Counter>::default(),
+    );
+    for (object, v) in zones.iter().filter_map(|(z, v)| Some((status.zone_names.get(z)?, v))) {
+        for (table, n, limit, refusals) in [
+            ("established", v.flows.established, v.limits.established, v.refused.established),
+            ("new", v.flows.new, v.limits.new, v.refused.new),
+        ] {
+            let labels = ByObjectTable { object: object.clone(), table };
+            flows.get_or_create(&labels).set(n as i64);
+            limits.get_or_create(&labels).set(limit as i64);
+            refused.get_or_create(&labels).inc_by(refusals);
+        }
+    }
+    r.register(
+        "conntrack_zone_flows",
+        "Flows an object holds per conntrack table (established: ct, new: ct_new).",
+        flows,
+    );
+    r.register("conntrack_zone_limit", "The object's share of each table (flows).", limits);
+    r.register(
+        "conntrack_zone_refused",
+        "Packets the object's share refused: promotions (established), new flows (new).",
+        refused,
+    );
+    Ok(())
 }
 
 /// Scrapes served at once (more wait in the backlog).
@@ -151,13 +229,62 @@ pub async fn serve(listener: TcpListener, bpffs: PathBuf, status: Arc<Mutex<Stat
                 let _ = s.read(&mut buf).await;
                 let snapshot = status.lock().unwrap().clone();
                 let Ok(body) = tokio::task::spawn_blocking(move || render(&bpffs, &snapshot)).await else { return };
+                let (code, ctype, body) = match body {
+                    Ok(b) => ("200 OK", CONTENT_TYPE, b),
+                    Err(e) => {
+                        tracing::warn!("metrics scrape failed: {e:#}");
+                        ("500 Internal Server Error", "text/plain; charset=utf-8", format!("scrape failed: {e:#}\n"))
+                    }
+                };
                 let resp = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {code}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = s.write_all(resp.as_bytes()).await;
             })
             .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        daemon::status::LastApply,
+        outcome::{ErrorKind, ObjectError},
+    };
+
+    #[test]
+    fn renders_typed_families_and_counts_errors_by_kind() {
+        let dir = std::env::temp_dir().join(format!("lbagent-metrics-{}", std::process::id()));
+        let mut status = Status::default();
+        status.document.applies = 3;
+        let err = |kind| ObjectError { object: "lb/a".into(), kind, error: "boom".into() };
+        status.document.last_apply = Some(LastApply {
+            errors: vec![err(ErrorKind::Ovs), err(ErrorKind::Ovs), err(ErrorKind::Plumbing)],
+            ..Default::default()
+        });
+        // No maps pinned: no dataplane series, the daemon's own are there.
+        let text = render(&dir, &status).unwrap();
+        assert!(text.contains("lbagent_applies_total 3\n"), "{text}");
+        assert!(text.contains("lbagent_last_apply_success 0\n"), "{text}");
+        assert!(text.contains("lbagent_last_apply_errors{kind=\"ovs\"} 2\n"), "{text}");
+        assert!(text.contains("lbagent_last_apply_errors{kind=\"plumbing\"} 1\n"), "{text}");
+        assert!(text.contains("lbagent_last_apply_errors{kind=\"rules\"} 0\n"), "{text}");
+        assert!(!text.contains("lbagent_dataplane_packets"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn a_map_that_cannot_be_read_fails_the_scrape() {
+        let dir = std::env::temp_dir().join(format!("lbagent-metrics-bad-{}", std::process::id()));
+        let maps = crate::dataplane::pins::versioned_dir(&dir);
+        std::fs::create_dir_all(&maps).unwrap();
+        // A plain file where the conntrack table's pin should be.
+        std::fs::write(maps.join(lbagent_common::MAP_CT), b"not a map").unwrap();
+        let e = render(&dir, &Status::default()).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(format!("{e:#}").contains("pinned maps") || format!("{e:#}").contains("counters"), "{e:#}");
     }
 }

@@ -26,6 +26,7 @@ use tracing::{error, info, warn};
 use crate::{
     dataplane::{attach::AttachMode, loader::ZoneProgram, migrate::Migration},
     lb::health,
+    outcome::{Changes, ObjectError},
     reconcile::{ApplyReport, Kind, Reconciler, RepairPass, host::Host},
     state::Desired,
 };
@@ -189,7 +190,7 @@ impl Daemon {
             pass: RepairPass::default(),
             started: std::time::SystemTime::now(),
             steps: 0,
-            changes: Vec::new(),
+            changes: Changes::new(),
             errors: BTreeMap::new(),
         };
         let objects = self.last_good.as_ref().map_or(0, |g| g.lbs.len() + g.gws.len());
@@ -225,7 +226,7 @@ impl Daemon {
             started: Some(p.started),
             steps: p.steps,
             changes: p.changes,
-            errors: p.errors.into_iter().collect(),
+            errors: p.errors.into_values().collect(),
             ..Default::default()
         };
         if !total.ok() {
@@ -234,6 +235,7 @@ impl Daemon {
             // Every zone runs this build's programs now: the old layout's
             // maps can go (after catching up what its programs still wrote).
             let from = m.from;
+            self.reconciler.realizer.engine.migrating = false;
             if let Err(e) = m.finish() {
                 warn!("finishing the migration from layout {from}: {e:#}; the old pins stay until teardown");
             }
@@ -287,12 +289,12 @@ struct PassUnderWay {
     pass: RepairPass,
     started: std::time::SystemTime,
     steps: usize,
-    changes: Vec<String>,
+    changes: Changes,
     /// Each object's last failure, by object: an object that succeeded
     /// since (in a slice, a document's apply or a health change's) is
     /// taken out, so the pass reports what still fails, not what failed
     /// against an older document.
-    errors: BTreeMap<String, String>,
+    errors: BTreeMap<String, ObjectError>,
 }
 
 impl PassUnderWay {
@@ -301,8 +303,8 @@ impl PassUnderWay {
         for o in &report.succeeded {
             self.errors.remove(o);
         }
-        for (o, e) in &report.errors {
-            self.errors.insert(o.clone(), e.clone());
+        for e in &report.errors {
+            self.errors.insert(e.object.clone(), e.clone());
         }
     }
 }
@@ -338,6 +340,7 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     ZoneProgram::load_sized(&opts.bpffs, 0, opts.conntrack).context("preparing the dataplane")?;
     let mut host = Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir);
     host.engine.ct_sizes = opts.conntrack;
+    host.engine.migrating = migration.is_some();
     let reconciler = Reconciler::open(host, &opts.state_dir)?;
     let mut status = Status::default();
     status.document.state_file = source.describe();
@@ -474,8 +477,8 @@ pub fn teardown(state_dir: &Path, bpffs: &Path, api_socket: &Path) -> Result<()>
         println!("{c}");
     }
     if !report.ok() {
-        for (o, e) in &report.errors {
-            eprintln!("{o}: {e}");
+        for e in &report.errors {
+            eprintln!("{}: {}", e.object, e.error);
         }
         anyhow::bail!("teardown incomplete; fix the errors above and run it again");
     }

@@ -5,7 +5,7 @@
 //! running whatever the source (a refused document changes nothing). The
 //! state file is the first source: polled every second, a change applied
 //! once it has stayed the same for a whole poll interval, re-read on SIGHUP
-//! (once it stays the same for a poll interval too). etcd is the other (`fleet::source`, `../shared/DESIGN.md` §9),
+//! (once it stays the same for a poll interval too). etcd is the other (`fleet::source`, docs/operations.md, *Fleet mode*),
 //! which also reports the daemon's status back through [`Feedback`].
 
 use std::{

@@ -9,9 +9,11 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::outcome::ObjectError;
 use crate::{
     alloc::Allocations,
     naming,
+    outcome::Changes,
     reconcile::{Applied, ApplyReport},
     state::{
         Problems,
@@ -70,7 +72,7 @@ pub struct LastApply {
     pub time: Option<u64>,
     pub ok: bool,
     pub steps: usize,
-    pub changes: Vec<String>,
+    pub changes: Changes,
     pub errors: Vec<ObjectError>,
 }
 
@@ -82,12 +84,6 @@ pub struct RepairProgress {
     /// Objects re-ensured so far, of `objects`.
     pub objects_done: usize,
     pub objects: usize,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ObjectError {
-    pub object: String,
-    pub error: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -186,7 +182,7 @@ impl LastApply {
             ok: r.ok(),
             steps: r.steps,
             changes: r.changes.clone(),
-            errors: r.errors.iter().map(|(o, e)| ObjectError { object: o.clone(), error: e.clone() }).collect(),
+            errors: r.errors.clone(),
         }
     }
 }

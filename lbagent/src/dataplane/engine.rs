@@ -13,6 +13,7 @@ use super::{
     sync::{self, DnatEntry, SnatEntry},
     tables::{DnatSpec, SnatSpec, Tables},
 };
+use crate::outcome::Changes;
 
 const LOOPBACK: &str = "lo";
 
@@ -30,9 +31,16 @@ pub struct Engine {
     /// Every zone's rule entries, read from the maps at the first sync of a
     /// pass and kept equal to what the syncs write; `None` = read again.
     rules: Option<ZoneRules>,
-    /// ACLs written afresh by a zone's sync, to flush by again once the
-    /// zone's programs are attached (`flush_refused_after_attach`).
-    fresh_acls: HashMap<u16, sync::RuleAcls>,
+    /// Set while an upgrade's migration is under way (until its first
+    /// complete pass): every zone's ACLs are flushed by once its programs
+    /// are attached (`flush_refused_after_attach`), also after a crash in
+    /// the middle of that pass.
+    pub migrating: bool,
+    /// Zones whose flows the ACLs they hold now must be flushed by once
+    /// their programs are attached: written afresh (the maps held none of
+    /// the zone's rules: an upgrade, a new object) or written during a
+    /// migration. Kept current by every sync until then.
+    flush_after_attach: HashMap<u16, sync::RuleAcls>,
 }
 
 /// DNAT and SNAT entries of the maps, by zone.
@@ -65,7 +73,8 @@ impl Engine {
             programs: HashMap::new(),
             guard: None,
             rules: None,
-            fresh_acls: HashMap::new(),
+            migrating: false,
+            flush_after_attach: HashMap::new(),
         }
     }
 
@@ -133,19 +142,20 @@ impl Engine {
         zone: u16,
         dnats: &[DnatSpec],
         snats: Option<&[SnatSpec]>,
-        changes: &mut Vec<String>,
+        changes: &mut Changes,
     ) -> Result<()> {
         let t = self.tables()?;
+        let was_pending = self.migrating || self.flush_after_attach.contains_key(&zone);
         let rules = self.zone_rules(&t)?;
         let have_dnat = rules.dnat.remove(&zone).unwrap_or_default();
         let have_snat = rules.snat.remove(&zone).unwrap_or_default();
-        let mut fresh = sync::RuleAcls::new();
-        let result = sync::dnat(&t, &have_dnat, dnats, changes).and_then(|acls| {
-            fresh = acls;
-            match snats {
-                Some(snats) => sync::snat(&t, &have_snat, snats, changes),
-                None => Ok(()),
-            }
+        // Decided before anything is written: a sync that fails half-way
+        // leaves rules in the maps, and the next pass would not tell.
+        let pending = was_pending || have_dnat.is_empty();
+        let acls = if pending { sync::rule_acls(dnats) } else { sync::RuleAcls::new() };
+        let result = sync::dnat(&t, &have_dnat, dnats, changes).and_then(|()| match snats {
+            Some(snats) => sync::snat(&t, &have_snat, snats, changes),
+            None => Ok(()),
         });
         match result {
             Ok(()) => {
@@ -159,15 +169,17 @@ impl Engine {
             // Half written: read the maps again next time.
             Err(_) => self.rules = None,
         }
-        if !fresh.is_empty() {
-            self.fresh_acls.insert(zone, fresh);
+        if acls.is_empty() {
+            self.flush_after_attach.remove(&zone);
+        } else {
+            self.flush_after_attach.insert(zone, acls);
         }
         result
     }
 
     /// Removes every rule of `zone` and flushes its flows; returns the flow count.
     pub fn clear_zone(&mut self, zone: u16) -> Result<usize> {
-        self.sync_zone(zone, &[], Some(&[]), &mut Vec::new())?;
+        self.sync_zone(zone, &[], Some(&[]), &mut Changes::new())?;
         let t = self.tables()?;
         t.sync_qos(zone, &super::qos::QosZone::default())?;
         t.clear_egress_mtu(zone)?;
@@ -237,22 +249,21 @@ impl Engine {
     }
 
     /// Once `zone`'s programs are attached after a sync that wrote its ACLs
-    /// afresh (the first apply after an upgrade): flushes again the flows
-    /// those ACLs refuse. Between that sync and the attach, the previous
-    /// programs still ran the zone with the old ACL and opened flows into
-    /// the shared conntrack tables. Returns the flows flushed, `None` when
-    /// no sync left ACLs to flush by.
+    /// afresh or during a migration: flushes the flows the zone's ACLs
+    /// refuse. Until the attach, the previous programs still ran the zone
+    /// with the old ACL and opened flows into the shared conntrack tables.
+    /// Returns the flows flushed, `None` when no sync left ACLs to flush by.
     pub fn flush_refused_after_attach(&mut self, zone: u16) -> Result<Option<usize>> {
-        let Some(acls) = self.fresh_acls.get(&zone) else { return Ok(None) };
-        let n = sync::flush_refused(&self.tables()?, acls)?;
-        self.fresh_acls.remove(&zone);
+        let Some(acls) = self.flush_after_attach.get(&zone) else { return Ok(None) };
+        let n = sync::flush_refused(&self.tables()?, zone, acls)?;
+        self.flush_after_attach.remove(&zone);
         Ok(Some(n))
     }
 
     /// Detaches from interfaces of a namespace about to go (and its `lo`)
     /// and forgets the zone.
     pub fn release(&mut self, zone: u16, netns: &str, ifnames: &[&str]) {
-        self.fresh_acls.remove(&zone);
+        self.flush_after_attach.remove(&zone);
         for ifname in ifnames.iter().chain(&[LOOPBACK]) {
             for direction in Direction::BOTH {
                 let _ = attach::detach(&self.bpffs, &Hook { netns: Some(netns), ifname, direction });

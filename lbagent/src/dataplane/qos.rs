@@ -16,6 +16,7 @@ use anyhow::Result;
 use lbagent_common::*;
 
 use super::tables::Tables;
+use crate::outcome::Changes;
 
 /// One zone's QoS entries as the program reads them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -99,12 +100,12 @@ impl Tables {
     }
 
     /// Makes the zone's QoS entries equal `want`; returns what changed.
-    pub fn sync_qos(&self, zone: u16, want: &QosZone) -> Result<Vec<String>> {
+    pub fn sync_qos(&self, zone: u16, want: &QosZone) -> Result<Changes> {
         let have = self.qos_zone(zone)?;
         if &have == want {
-            return Ok(vec![]);
+            return Ok(Changes::new());
         }
-        let mut changes = Vec::new();
+        let mut changes = Changes::new();
         let mut config = self.array::<QosConfig>(MAP_QOS_CONFIG)?;
         let mut state = self.array::<QosBucket>(MAP_QOS_STATE)?;
         let mut stats = self.per_cpu_array::<QosStats>(MAP_QOS_STATS)?;

@@ -10,12 +10,13 @@ use anyhow::Result;
 use lbagent_common::{Backend, CT_F_REPLY, DnatKey, DnatRule, PROTO_UDP, SNAT_KEY_FIXED_BITS, SnatKey, SnatRule};
 
 use super::tables::{AclSpec, DnatSpec, SnatSpec, Tables};
+use crate::outcome::Changes;
 
 /// Keeps change logs readable for big configs: past `LIMIT` lines of one
 /// kind, the rest is summarised as a count.
 const LIMIT: usize = 20;
 
-fn summarise(kind: &str, lines: Vec<String>, changes: &mut Vec<String>) {
+fn summarise(kind: &str, lines: Changes, changes: &mut Changes) {
     let n = lines.len();
     changes.extend(lines.into_iter().take(LIMIT));
     if n > LIMIT {
@@ -30,11 +31,8 @@ fn summarise(kind: &str, lines: Vec<String>, changes: &mut Vec<String>) {
 /// table or ACL of a rule id still wanted under another key: a rule id that
 /// moved (a listener's port, type or VIP changed, two listeners swapped
 /// ports) keeps what it has through the pass.
-///
-/// Returns the ACLs written afresh (the maps held none of the zone's rules),
-/// by rule id, for `flush_refused` once the zone's programs are attached.
-pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<String>) -> Result<RuleAcls> {
-    let mut changes = Vec::new();
+pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Changes) -> Result<()> {
+    let mut changes = Changes::new();
     let wanted: HashSet<DnatKey> = want.iter().map(|d| d.key()).collect();
     let in_use: HashSet<u32> = want.iter().map(|d| d.rule_id).collect();
     for d in want {
@@ -68,10 +66,11 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
     // refuses nobody). When the maps hold none of the zone's rules (the
     // first apply after an upgrade writes them all afresh, over the flows
     // the previous layout's programs opened), a rule with an ACL counts as
-    // changed, and the caller flushes again once the zone's new programs
-    // are attached: until then the previous programs, with the old ACL,
-    // still open flows into the shared tables. A new listener among
-    // existing ones has a fresh rule id: no flow can carry it.
+    // changed (and `Engine::flush_refused_after_attach` flushes again once
+    // the zone's new programs are attached: until then the previous
+    // programs, with the old ACL, still open flows into the shared tables).
+    // A new listener among existing ones has a fresh rule id: no flow can
+    // carry it.
     let acl_changed: RuleAcls = want
         .iter()
         .filter(|d| match have.iter().find(|(_, r, _)| r.rule_id == d.rule_id) {
@@ -81,7 +80,8 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
         .filter_map(|d| Some((d.rule_id, d.acl.clone()?)))
         .collect();
     if !acl_changed.is_empty() {
-        let n = flush_refused(t, &acl_changed)?;
+        // Not empty: `want` has the rules.
+        let n = flush_refused(t, want[0].zone, &acl_changed)?;
         changes.push(format!("ACL changed: flushed {n} flows"));
     }
     let gone = udp_backends_gone(have, want);
@@ -97,17 +97,24 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Vec<Str
         }
     }
     summarise("dnat", changes, out);
-    Ok(if have.is_empty() { acl_changed } else { RuleAcls::new() })
+    Ok(())
 }
 
 /// ACLs by DNAT rule id.
 pub type RuleAcls = std::collections::HashMap<u32, AclSpec>;
 
-/// Flushes the flows into a rule of `acls` whose client that rule's ACL
-/// refuses; returns how many.
-pub fn flush_refused(t: &Tables, acls: &RuleAcls) -> Result<usize> {
+/// The ACLs of `want`'s rules, by rule id.
+pub fn rule_acls(want: &[DnatSpec]) -> RuleAcls {
+    want.iter().filter_map(|d| Some((d.rule_id, d.acl.clone()?))).collect()
+}
+
+/// Flushes the flows of `zone` into a rule of `acls` whose client that
+/// rule's ACL refuses; returns how many.
+pub fn flush_refused(t: &Tables, zone: u16, acls: &RuleAcls) -> Result<usize> {
     t.flush_conntrack(|k, e| {
-        e.flags & CT_F_REPLY == 0 && acls.get(&e.dnat_rule).is_some_and(|a| !a.accepts(Ipv4Addr::from(k.saddr)))
+        k.zone == zone
+            && e.flags & CT_F_REPLY == 0
+            && acls.get(&e.dnat_rule).is_some_and(|a| !a.accepts(Ipv4Addr::from(k.saddr)))
     })
 }
 
@@ -127,8 +134,8 @@ fn udp_backends_gone(have: &[DnatEntry], want: &[DnatSpec]) -> HashSet<(u32, [u8
 
 /// Upserts changed SNAT rules of a zone (`have`: its entries), removes the
 /// ones not wanted.
-pub fn snat(t: &Tables, have: &[SnatEntry], want: &[SnatSpec], out: &mut Vec<String>) -> Result<()> {
-    let mut changes = Vec::new();
+pub fn snat(t: &Tables, have: &[SnatEntry], want: &[SnatSpec], out: &mut Changes) -> Result<()> {
+    let mut changes = Changes::new();
     for s in want {
         let key = s.key();
         let same = have
@@ -171,7 +178,7 @@ pub fn snat_entry(s: &SnatSpec) -> SnatEntry {
 mod tests {
     #[test]
     fn long_change_lists_are_summarised() {
-        let mut out = vec![];
+        let mut out = crate::outcome::Changes::new();
         super::summarise("dnat", (0..25).map(|i| i.to_string()).collect(), &mut out);
         assert_eq!(out.len(), 21);
         assert_eq!(out[20], "… and 5 more dnat changes (25 in all)");

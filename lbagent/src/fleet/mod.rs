@@ -1,7 +1,6 @@
 //! Fleet mode: each host's desired state lives in etcd v3, one key holding
 //! the whole document (`naming::fleet_desired_key`), and each agent writes
-//! its status and a liveness key back (`../shared/DESIGN.md` §9,
-//! `docs/operations.md`).
+//! its status and a liveness key back (`docs/operations.md`, *Fleet mode*).
 //!
 //! - `conn.rs`: endpoints and TLS from the command line, one connection at a
 //!   time with failover across endpoints and jittered backoff (the client
@@ -159,7 +158,11 @@ mod tests {
         assert_eq!((s.seen_revision, s.running_revision, s.result), (Some(7), Some(5), Outcome::Applied));
         d.last_apply = Some(LastApply {
             ok: false,
-            errors: vec![ObjectError { object: "lb/x".into(), error: "boom".into() }],
+            errors: vec![ObjectError {
+                object: "lb/x".into(),
+                kind: crate::outcome::ErrorKind::Rules,
+                error: "boom".into(),
+            }],
             ..Default::default()
         });
         assert_eq!(HostStatus::of(&d).errors, vec!["lb/x: boom".to_string()]);

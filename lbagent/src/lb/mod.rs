@@ -10,6 +10,7 @@ pub mod sched;
 
 use anyhow::{Context, Result};
 
+use crate::outcome::{Changes, ErrorKind, WithKind};
 use crate::{
     alloc::{AllocError, Allocated, Allocations},
     dataplane::engine::Engine,
@@ -36,8 +37,8 @@ fn site(id: &str) -> Site {
 /// Allocates everything the load balancer needs (zone, link-local
 /// addresses, mapped ports, rule ids), changing nothing on the host: the
 /// reconciler persists the result before `ensure` uses it.
-pub fn allocate(lb: &Lb, alloc: &mut Allocations) -> Result<Vec<String>> {
-    let mut changes = Vec::new();
+pub fn allocate(lb: &Lb, alloc: &mut Allocations) -> Result<Changes> {
+    let mut changes = Changes::new();
     let zone_key = naming::lb_zone_key(&lb.id);
     if !alloc.zones.contains_key(&zone_key) {
         changes.push(format!("zone {}", alloc.zone(&zone_key)?));
@@ -69,48 +70,56 @@ pub fn ensure(
     lb: &Lb,
     health: &health::Health,
     alloc: &mut Allocations,
-) -> Result<Vec<String>> {
-    let mut changes = Vec::new();
+) -> Result<Changes> {
+    let mut changes = Changes::new();
     let zone_key = naming::lb_zone_key(&lb.id);
-    let zone = *alloc.zones.get(&zone_key).ok_or_else(|| AllocError::NotAllocated(zone_key.clone()))?;
-    let a =
-        alloc.lbs.get(&lb.id).cloned().ok_or_else(|| AllocError::NotAllocated(format!("addresses of {zone_key}")))?;
+    let zone = *alloc
+        .zones
+        .get(&zone_key)
+        .ok_or_else(|| AllocError::NotAllocated(zone_key.clone()))
+        .kind(ErrorKind::Allocation)?;
+    let a = alloc
+        .lbs
+        .get(&lb.id)
+        .cloned()
+        .ok_or_else(|| AllocError::NotAllocated(format!("addresses of {zone_key}")))
+        .kind(ErrorKind::Allocation)?;
 
-    let plumb::Plumbed { ovn, proxy, ovs } = plumb::ensure(lb, &a, bridge, &mut changes).context("plumbing")?;
+    let plumb::Plumbed { ovn, proxy, ovs } = plumb::ensure(lb, &a, bridge, &mut changes).kind(ErrorKind::Plumbing)?;
     // Before the rules that DNAT the inner address to the VPC: only
     // haproxy (and root) may open connections through `h…1`.
     let (_, h1) = naming::lb_host_veth(&lb.id);
-    engine.attach_proxy_guard(&h1, haproxy::config::worker_uid()).context("proxy guard")?;
+    engine.attach_proxy_guard(&h1, haproxy::config::worker_uid()).context("proxy guard").kind(ErrorKind::Attach)?;
     let site = site(&lb.id);
     let up = |listener: &str, backend: &str| health.is_up(&lb.id, listener, backend);
     let mut ids = Allocated::new(&alloc.rule_ids);
     let (want, keys) = rules::rules(lb, &a, zone, rules::LbIfaces { ovn, proxy }, &up, &mut |k| ids.get(k));
-    ids.check()?;
-    engine.sync_zone(zone, &want, None, &mut changes)?;
+    ids.check().kind(ErrorKind::Allocation)?;
+    engine.sync_zone(zone, &want, None, &mut changes).kind(ErrorKind::Rules)?;
     // Attached after the rules are written: a program that replaces an
     // older build's (an upgrade, `dataplane::migrate`) never runs against
     // a half-written table.
-    if engine.set_zone_ct_limits(zone, &lb.conntrack_limits)? {
+    if engine.set_zone_ct_limits(zone, &lb.conntrack_limits).kind(ErrorKind::Rules)? {
         changes.push("conntrack limits set".into());
     }
-    zone::attach(engine, zone, &site, &mut changes)?;
-    zone::release_unused_rules(engine, alloc, &site, &keys, &mut changes)?;
+    zone::attach(engine, zone, &site, &mut changes).kind(ErrorKind::Attach)?;
+    zone::release_unused_rules(engine, alloc, &site, &keys, &mut changes).kind(ErrorKind::Rules)?;
     // Last: an OVS outage must not hold back rule updates (health-driven
     // backend removal above all).
-    ovs.context("OVS port (the rules were updated)")?;
+    ovs.context("OVS port (the rules were updated)").kind(ErrorKind::Ovs)?;
     Ok(changes)
 }
 
-pub fn remove(engine: &mut Engine, id: &str, alloc: &mut Allocations) -> Result<Vec<String>> {
-    let mut changes = Vec::new();
+pub fn remove(engine: &mut Engine, id: &str, alloc: &mut Allocations) -> Result<Changes> {
+    let mut changes = Changes::new();
     let site = site(id);
-    zone::clear(engine, alloc, &site, &mut changes)?;
+    zone::clear(engine, alloc, &site, &mut changes).kind(ErrorKind::Rules)?;
     let (_, h1) = naming::lb_host_veth(id);
-    engine.detach_proxy_guard(&h1)?;
-    plumb::remove(id, &mut changes)?;
+    engine.detach_proxy_guard(&h1).kind(ErrorKind::Attach)?;
+    plumb::remove(id, &mut changes).kind(ErrorKind::Plumbing)?;
     if let Some(a) = alloc.release_lb(id) {
         changes.push(format!("released inner {}, outer {}, {} mapped ports", a.inner, a.outer, a.ports.len()));
     }
-    zone::release(engine, alloc, &site, &mut changes)?;
+    zone::release(engine, alloc, &site, &mut changes).kind(ErrorKind::Allocation)?;
     Ok(changes)
 }

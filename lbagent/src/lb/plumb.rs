@@ -9,6 +9,7 @@ use std::net::Ipv4Addr;
 
 use anyhow::Result;
 
+use crate::outcome::Changes;
 use crate::{
     alloc::LbAlloc,
     naming, netns,
@@ -30,7 +31,7 @@ pub struct Plumbed {
     pub ovs: Result<()>,
 }
 
-pub fn ensure(lb: &Lb, a: &LbAlloc, bridge: &str, changes: &mut Vec<String>) -> Result<Plumbed> {
+pub fn ensure(lb: &Lb, a: &LbAlloc, bridge: &str, changes: &mut Changes) -> Result<Plumbed> {
     let ns = naming::lb_netns(&lb.id);
     if netns::create(&ns)? {
         changes.push(format!("created namespace {ns}"));
@@ -87,7 +88,7 @@ pub fn ensure(lb: &Lb, a: &LbAlloc, bridge: &str, changes: &mut Vec<String>) -> 
 }
 
 /// `o…1` on the integration bridge with the load balancer's `iface-id`.
-pub fn ensure_ovs(lb: &Lb, bridge: &str, changes: &mut Vec<String>) -> Result<()> {
+pub fn ensure_ovs(lb: &Lb, bridge: &str, changes: &mut Changes) -> Result<()> {
     let (_, o1) = naming::lb_ovn_veth(&lb.id);
     if ovs::ensure_port(bridge, &o1, &naming::lb_iface_id(&lb.id))? {
         changes.push(format!("{o1} on OVS bridge {bridge} as {}", naming::lb_iface_id(&lb.id)));
@@ -98,7 +99,7 @@ pub fn ensure_ovs(lb: &Lb, bridge: &str, changes: &mut Vec<String>) -> Result<()
 /// Removes the namespace (its veths and their host ends go with it) and the
 /// OVS port; links and ports of these names that are not this load
 /// balancer's are left alone. Safe to repeat.
-pub fn remove(id: &str, changes: &mut Vec<String>) -> Result<()> {
+pub fn remove(id: &str, changes: &mut Changes) -> Result<()> {
     let ns = naming::lb_netns(id);
     if netns::delete(&ns)? {
         changes.push(format!("deleted namespace {ns}"));

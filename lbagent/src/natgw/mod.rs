@@ -8,6 +8,7 @@ pub mod rules;
 
 use anyhow::{Context, Result};
 
+use crate::outcome::{Changes, ErrorKind, WithKind};
 use crate::{
     alloc::{AllocError, Allocated, Allocations},
     dataplane::engine::Engine,
@@ -29,8 +30,8 @@ fn site(name: &str) -> Site {
 /// Allocates everything the gateway needs (zone, rule ids, QoS buckets),
 /// changing nothing on the host: the reconciler persists the result before
 /// `ensure` uses it.
-pub fn allocate(gw: &Gw, alloc: &mut Allocations) -> Result<Vec<String>> {
-    let mut changes = Vec::new();
+pub fn allocate(gw: &Gw, alloc: &mut Allocations) -> Result<Changes> {
+    let mut changes = Changes::new();
     let site = site(&gw.name);
     if !alloc.zones.contains_key(&site.zone_key) {
         changes.push(format!("zone {}", alloc.zone(&site.zone_key)?));
@@ -49,45 +50,50 @@ pub fn ensure(
     gw: &Gw,
     prev: Option<&Gw>,
     alloc: &mut Allocations,
-) -> Result<Vec<String>> {
-    let mut changes = Vec::new();
+) -> Result<Changes> {
+    let mut changes = Changes::new();
     let site = site(&gw.name);
-    let zone = *alloc.zones.get(&site.zone_key).ok_or_else(|| AllocError::NotAllocated(site.zone_key.clone()))?;
-    let plumb::Plumbed { lan, ext, bridges } = plumb::ensure(gw, bridge, &mut changes)?;
+    let zone = *alloc
+        .zones
+        .get(&site.zone_key)
+        .ok_or_else(|| AllocError::NotAllocated(site.zone_key.clone()))
+        .kind(ErrorKind::Allocation)?;
+    let plumb::Plumbed { lan, ext, bridges } = plumb::ensure(gw, bridge, &mut changes).kind(ErrorKind::Plumbing)?;
     let mut ids = Allocated::new(&alloc.rule_ids);
     let want = rules::rules(gw, zone, rules::Ifaces { lan, ext }, &mut |k| ids.get(k));
-    ids.check()?;
-    engine.sync_zone(zone, &want.dnats, Some(&want.snats), &mut changes)?;
-    let t = engine.tables()?;
+    ids.check().kind(ErrorKind::Allocation)?;
+    engine.sync_zone(zone, &want.dnats, Some(&want.snats), &mut changes).kind(ErrorKind::Rules)?;
+    let t = engine.tables().kind(ErrorKind::Rules)?;
     // Flush what the reference flushes, after the rules changed.
     if let Some(prev) = prev {
         let ids = rules::flushes(prev, Some(gw), alloc);
         if !ids.is_empty() {
-            let n =
-                t.flush_conntrack(|k, e| k.zone == zone && (ids.contains(&e.dnat_rule) || ids.contains(&e.snat_rule)))?;
+            let n = t
+                .flush_conntrack(|k, e| k.zone == zone && (ids.contains(&e.dnat_rule) || ids.contains(&e.snat_rule)))
+                .kind(ErrorKind::Rules)?;
             changes.push(format!("flushed {n} flows of deleted rules"));
         }
     }
-    let q = qos::qos(gw, rules::Ifaces { lan, ext }, alloc)?;
-    changes.extend(t.sync_qos(zone, &q.zone)?);
+    let q = qos::qos(gw, rules::Ifaces { lan, ext }, alloc).kind(ErrorKind::Allocation)?;
+    changes.append(t.sync_qos(zone, &q.zone).kind(ErrorKind::Rules)?);
     // Attached after rules and QoS are written (see `lb::ensure`).
-    if engine.set_zone_ct_limits(zone, &gw.conntrack_limits)? {
+    if engine.set_zone_ct_limits(zone, &gw.conntrack_limits).kind(ErrorKind::Rules)? {
         changes.push("conntrack limits set".into());
     }
-    zone::attach(engine, zone, &site, &mut changes)?;
+    zone::attach(engine, zone, &site, &mut changes).kind(ErrorKind::Attach)?;
     alloc.release_qos(&naming::gw_qos_prefix(&gw.name), &q.keys);
-    zone::release_unused_rules(engine, alloc, &site, &want.keys, &mut changes)?;
+    zone::release_unused_rules(engine, alloc, &site, &want.keys, &mut changes).kind(ErrorKind::Rules)?;
     // Last: an OVS outage must not hold back rule updates.
-    bridges.context("bridge ports (the rules were updated)")?;
+    bridges.context("bridge ports (the rules were updated)").kind(ErrorKind::Ovs)?;
     Ok(changes)
 }
 
-pub fn remove(engine: &mut Engine, name: &str, alloc: &mut Allocations) -> Result<Vec<String>> {
-    let mut changes = Vec::new();
+pub fn remove(engine: &mut Engine, name: &str, alloc: &mut Allocations) -> Result<Changes> {
+    let mut changes = Changes::new();
     let site = site(name);
-    zone::clear(engine, alloc, &site, &mut changes)?;
-    plumb::remove(name, &mut changes)?;
+    zone::clear(engine, alloc, &site, &mut changes).kind(ErrorKind::Rules)?;
+    plumb::remove(name, &mut changes).kind(ErrorKind::Plumbing)?;
     alloc.release_qos(&naming::gw_qos_prefix(name), &Default::default());
-    zone::release(engine, alloc, &site, &mut changes)?;
+    zone::release(engine, alloc, &site, &mut changes).kind(ErrorKind::Allocation)?;
     Ok(changes)
 }

@@ -7,6 +7,7 @@ use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use anyhow::{Result, bail};
 
+use crate::outcome::Changes;
 use crate::{
     naming, netns,
     plumbing::{
@@ -29,7 +30,7 @@ pub struct Plumbed {
 }
 
 /// Ensures everything below the engine.
-pub fn ensure(gw: &Gw, integration_bridge: &str, changes: &mut Vec<String>) -> Result<Plumbed> {
+pub fn ensure(gw: &Gw, integration_bridge: &str, changes: &mut Changes) -> Result<Plumbed> {
     let ns = naming::gw_netns(&gw.name);
     if netns::create(&ns)? {
         changes.push(format!("created namespace {ns}"));
@@ -114,7 +115,7 @@ pub fn ensure(gw: &Gw, integration_bridge: &str, changes: &mut Vec<String>) -> R
 
 /// The host ends on their bridges: `eth0`'s on the integration bridge,
 /// `net1`'s on the external OVS or Linux bridge.
-pub fn ensure_bridges(gw: &Gw, integration_bridge: &str, changes: &mut Vec<String>) -> Result<()> {
+pub fn ensure_bridges(gw: &Gw, integration_bridge: &str, changes: &mut Changes) -> Result<()> {
     let (lan_host, ext_host) = naming::gw_host_veths(&gw.name);
     if ovs::ensure_port(integration_bridge, &lan_host, &naming::gw_lan_iface_id(&gw.name))? {
         changes.push(format!("{lan_host} on OVS bridge {integration_bridge}"));
@@ -138,7 +139,7 @@ pub fn ensure_bridges(gw: &Gw, integration_bridge: &str, changes: &mut Vec<Strin
 
 /// Removes the namespace (its veths and their host ends go with it) and the
 /// OVS ports. Safe to repeat.
-pub fn remove(name: &str, changes: &mut Vec<String>) -> Result<()> {
+pub fn remove(name: &str, changes: &mut Changes) -> Result<()> {
     let (lan_host, ext_host) = naming::gw_host_veths(name);
     let ns = naming::gw_netns(name);
     if netns::delete(&ns)? {

@@ -9,6 +9,7 @@ use anyhow::{Result, bail};
 
 use super::nl::Nl;
 use crate::netns;
+use crate::outcome::Changes;
 
 /// Ensures the pair `host`/`inside` with `inside` in namespace `ns`, the
 /// host end carrying alias `owner`. A missing inside end is repaired by
@@ -22,7 +23,7 @@ pub fn ensure_pair(
     inside: &str,
     tmp: Option<&str>,
     owner: &str,
-    changes: &mut Vec<String>,
+    changes: &mut Changes,
 ) -> Result<()> {
     if netns::run_in(Some(ns), || Ok(Nl::new()?.index(inside)?.is_some()))? {
         // Pairs made before links carried aliases are adopted: the inside
@@ -76,7 +77,7 @@ fn delete_owned(nl: &Nl, name: &str, owner: &str) -> Result<bool> {
 
 /// Deletes `owner`'s host-namespace links (absent ones are fine; a link of
 /// one of these names that is not `owner`'s is left alone and reported).
-pub fn delete_host_links(names: &[&str], owner: &str, changes: &mut Vec<String>) -> Result<()> {
+pub fn delete_host_links(names: &[&str], owner: &str, changes: &mut Changes) -> Result<()> {
     let deleted = netns::run_in(None, || {
         let nl = Nl::new()?;
         let mut d = Vec::new();

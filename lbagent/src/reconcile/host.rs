@@ -9,6 +9,7 @@ use std::{
 use anyhow::Result;
 
 use super::{Applied, Finish, Realizer, Spec};
+use crate::outcome::{Changes, ErrorKind, ObjectError};
 use crate::{
     alloc::Allocations,
     dataplane::{attach::AttachMode, engine::Engine},
@@ -39,19 +40,19 @@ impl Host {
 }
 
 impl Realizer for Host {
-    fn allocate(&mut self, spec: Spec, alloc: &mut Allocations) -> Result<Vec<String>> {
+    fn allocate(&mut self, spec: Spec, alloc: &mut Allocations) -> Result<Changes> {
         match spec {
             Spec::Lb(l) => lb::allocate(l, alloc),
             Spec::Gw(g) => natgw::allocate(g, alloc),
         }
     }
 
-    fn ensure_lb(&mut self, l: &Lb, alloc: &mut Allocations) -> Result<Vec<String>> {
+    fn ensure_lb(&mut self, l: &Lb, alloc: &mut Allocations) -> Result<Changes> {
         let health = self.health.lock().unwrap();
         lb::ensure(&mut self.engine, &self.bridge, l, &health, alloc)
     }
 
-    fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>> {
+    fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Changes> {
         lb::remove(&mut self.engine, id, alloc)
     }
 
@@ -62,7 +63,11 @@ impl Realizer for Host {
         if !any_proxy {
             let stopped = self.haproxy.stop()?;
             return Ok(Finish {
-                changes: if stopped { vec!["stopped haproxy (no proxy listeners)".into()] } else { vec![] },
+                changes: if stopped {
+                    ["stopped haproxy (no proxy listeners)".to_string()].into_iter().collect()
+                } else {
+                    Changes::new()
+                },
                 errors: vec![],
             });
         }
@@ -70,7 +75,15 @@ impl Realizer for Host {
         let outcome = self.haproxy.apply(&config)?;
         Ok(Finish {
             changes: outcome.action.map(str::to_string).into_iter().collect(),
-            errors: outcome.faults.into_iter().map(|(id, e)| (crate::naming::lb_zone_key(&id), e)).collect(),
+            errors: outcome
+                .faults
+                .into_iter()
+                .map(|(id, e)| ObjectError {
+                    object: crate::naming::lb_zone_key(&id),
+                    kind: ErrorKind::Proxy,
+                    error: e,
+                })
+                .collect(),
         })
     }
 
@@ -111,11 +124,11 @@ impl Realizer for Host {
         }
     }
 
-    fn ensure_gw(&mut self, gw: &Gw, prev: Option<&Gw>, alloc: &mut Allocations) -> Result<Vec<String>> {
+    fn ensure_gw(&mut self, gw: &Gw, prev: Option<&Gw>, alloc: &mut Allocations) -> Result<Changes> {
         natgw::ensure(&mut self.engine, &self.bridge, gw, prev, alloc)
     }
 
-    fn remove_gw(&mut self, name: &str, alloc: &mut Allocations) -> Result<Vec<String>> {
+    fn remove_gw(&mut self, name: &str, alloc: &mut Allocations) -> Result<Changes> {
         natgw::remove(&mut self.engine, name, alloc)
     }
 }

@@ -13,6 +13,7 @@ use serde::Serialize;
 use tracing::{error, info};
 
 use super::plan::{Applied, Desired, Kind, Reason, Spec, Step, plan, spec};
+use crate::outcome::{Changes, ErrorKind, ObjectError, WithKind};
 use crate::{
     alloc::{Allocations, store::JsonFile},
     state::spec::{AgentConfig, Gw, Lb},
@@ -25,9 +26,9 @@ use crate::{
 /// the others.
 #[derive(Debug, Default)]
 pub struct Finish {
-    pub changes: Vec<String>,
-    /// (object, error), objects named as in the report (`lb/<id>`).
-    pub errors: Vec<(String, String)>,
+    pub changes: Changes,
+    /// Objects named as in the report (`lb/<id>`).
+    pub errors: Vec<ObjectError>,
 }
 
 pub trait Realizer {
@@ -44,21 +45,21 @@ pub trait Realizer {
     /// Makes every allocation the object needs and nothing else (no host
     /// change): the reconciler persists them before `ensure_*` runs, which
     /// only looks them up (and releases what the object stopped using).
-    fn allocate(&mut self, spec: Spec, alloc: &mut Allocations) -> Result<Vec<String>>;
-    fn ensure_lb(&mut self, lb: &Lb, alloc: &mut Allocations) -> Result<Vec<String>>;
-    fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
+    fn allocate(&mut self, spec: Spec, alloc: &mut Allocations) -> Result<Changes>;
+    fn ensure_lb(&mut self, lb: &Lb, alloc: &mut Allocations) -> Result<Changes>;
+    fn remove_lb(&mut self, id: &str, alloc: &mut Allocations) -> Result<Changes>;
     /// `prev`: the spec applied before (for deciding which flows to flush).
-    fn ensure_gw(&mut self, gw: &Gw, prev: Option<&Gw>, alloc: &mut Allocations) -> Result<Vec<String>>;
-    fn remove_gw(&mut self, name: &str, alloc: &mut Allocations) -> Result<Vec<String>>;
+    fn ensure_gw(&mut self, gw: &Gw, prev: Option<&Gw>, alloc: &mut Allocations) -> Result<Changes>;
+    fn remove_gw(&mut self, name: &str, alloc: &mut Allocations) -> Result<Changes>;
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ApplyReport {
     pub started: Option<SystemTime>,
     pub steps: usize,
-    pub changes: Vec<String>,
-    /// `(object, error)` for each failed step.
-    pub errors: Vec<(String, String)>,
+    pub changes: Changes,
+    /// Each failed step's object, kind and error.
+    pub errors: Vec<ObjectError>,
     /// The objects whose step succeeded (named as in `errors`).
     pub succeeded: Vec<String>,
     /// A repair slice that yielded: the objects its pass has still to
@@ -181,17 +182,17 @@ impl<R: Realizer> Reconciler<R> {
                     for c in &changes {
                         info!(object = %name, "{c}");
                     }
-                    report.changes.extend(changes.into_iter().map(|c| format!("{name}: {c}")));
+                    report.changes.append_of(&name, changes);
                     report.succeeded.push(name);
                 }
                 Err(e) => {
                     error!(object = %name, "step failed: {e:#}");
-                    report.errors.push((name, format!("{e:#}")));
+                    report.errors.push(ObjectError::new(name, &e));
                 }
             }
             if let Err(e) = self.persist() {
                 error!("persisting state: {e:#}");
-                report.errors.push(("state-dir".into(), format!("{e:#}")));
+                report.errors.push(ObjectError::new("state-dir", &e.context(ErrorKind::StateDir)));
             }
         }
         // The proxy is checked once per pass, and after any change: not in
@@ -204,16 +205,16 @@ impl<R: Realizer> Reconciler<R> {
                 for c in &f.changes {
                     info!(object = "proxy", "{c}");
                 }
-                report.changes.extend(f.changes.into_iter().map(|c| format!("proxy: {c}")));
+                report.changes.append_of("proxy", f.changes);
                 report.succeeded.push("proxy".into());
-                for (object, e) in f.errors {
-                    error!(object = %object, "{e}");
-                    report.errors.push((object, e));
+                for e in f.errors {
+                    error!(object = %e.object, "{}", e.error);
+                    report.errors.push(e);
                 }
             }
             Err(e) => {
                 error!(object = "proxy", "{e:#}");
-                report.errors.push(("proxy".into(), format!("{e:#}")));
+                report.errors.push(ObjectError::new("proxy", &e.context(ErrorKind::Proxy)));
             }
         }
         report
@@ -221,7 +222,7 @@ impl<R: Realizer> Reconciler<R> {
 
     /// The one dispatcher: every kind goes through the same bookkeeping;
     /// only the realizer's call differs.
-    fn run(&mut self, step: &Step, desired: &Desired) -> Result<Vec<String>> {
+    fn run(&mut self, step: &Step, desired: &Desired) -> Result<Changes> {
         match step {
             Step::Ensure { kind, key, reason } => {
                 let spec = spec(desired, *kind, key).expect("planned ensures come from desired");
@@ -234,14 +235,14 @@ impl<R: Realizer> Reconciler<R> {
                     self.applied.begin(key, spec);
                 }
                 let allocated = self.realizer.allocate(spec, &mut self.alloc);
-                self.persist()?;
-                let mut changes = allocated?;
+                self.persist().kind(ErrorKind::StateDir)?;
+                let mut changes = allocated.kind(ErrorKind::Allocation)?;
                 changes.extend(match spec {
                     Spec::Lb(lb) => self.realizer.ensure_lb(lb, &mut self.alloc)?,
                     Spec::Gw(gw) => self.realizer.ensure_gw(gw, prev.as_ref(), &mut self.alloc)?,
                 });
                 if *reason != Reason::Repair {
-                    changes.insert(0, format!("{} {}", verb(*reason), kind.noun()));
+                    changes.prepend(format!("{} {}", verb(*reason), kind.noun()));
                 }
                 self.applied.commit(key, spec);
                 Ok(changes)
@@ -251,7 +252,7 @@ impl<R: Realizer> Reconciler<R> {
                     Kind::Lb => self.realizer.remove_lb(key, &mut self.alloc)?,
                     Kind::Gw => self.realizer.remove_gw(key, &mut self.alloc)?,
                 };
-                changes.insert(0, format!("removed {}", kind.noun()));
+                changes.prepend(format!("removed {}", kind.noun()));
                 self.applied.forget(*kind, key);
                 Ok(changes)
             }

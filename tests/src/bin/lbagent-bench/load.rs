@@ -1,4 +1,4 @@
-//! Section 13: CPU per packet at equal offered load (issue 13).
+//! Section 13: CPU per packet at equal offered load.
 //!
 //! Section 4 saturates the machine and compares rates, which on these
 //! 2-CPU virtual machines swing by ±30 % from one 2-second run to the next
@@ -151,7 +151,7 @@ pub fn load(reps: usize, out: &mut String) -> Result<()> {
     let paths: [Path; 5] = [
         ("NAT gateway, fast path", &ebpf, crate::VIP),
         ("NAT gateway, slow path", &slow, crate::VIP),
-        ("iptables (seed rules)", &ipt, crate::VIP),
+        ("iptables (reference rules)", &ipt, crate::VIP),
         ("plain routing, no NAT", &route, crate::SERVER),
         ("direct-mode LB listener, fast path", &lb, crate::VIP),
     ];

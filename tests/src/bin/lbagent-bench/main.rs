@@ -62,7 +62,7 @@ use lbagent::dataplane::{
 use lbagent_common::{PROTO_TCP, PROTO_UDP};
 use lbagent_tests::{
     agent::{AgentDirs, AgentProcess},
-    engine::Engine,
+    engine::TestZone,
     packet::{Ip, L4, frame},
     require_root,
     topology::{NatTopology, SERVER, SNAT, VIP, ZONE, spawn_in},
@@ -94,7 +94,7 @@ fn program_cost(counts: &[usize], reps: usize, out: &mut String) -> Result<()> {
     for &n in counts {
         let mut e = timed_engine(n)?;
         // Repeated runs rewrite their own packet: each flow is a pair of
-        // flows translating into each other (`Engine::looped_flow`), so
+        // flows translating into each other (`TestZone::looped_flow`), so
         // every run is a conntrack hit; the unmatched packet is left as is.
         let flow = e.looped_flow(ZONE, Ipv4Addr::new(10, 0, 1, 2), VIP, SERVER, 1, true)?;
         let oneway = e.looped_flow(ZONE, Ipv4Addr::new(10, 0, 1, 3), VIP, SERVER, 1, false)?;
@@ -114,8 +114,8 @@ fn program_cost(counts: &[usize], reps: usize, out: &mut String) -> Result<()> {
 /// The program of one zone with `n` DNAT rules as the agent runs it: the
 /// fast path on and the next hops resolved (so the FIB lookup answers in
 /// full).
-fn timed_engine(n: usize) -> Result<Engine> {
-    let e = Engine::new(ZONE)?;
+fn timed_engine(n: usize) -> Result<TestZone> {
+    let e = TestZone::new(ZONE)?;
     for spec in filler(ZONE, n) {
         e.tables.set_dnat(&spec)?;
     }
@@ -157,7 +157,7 @@ fn cold_cost(reps: usize, out: &mut String) -> Result<()> {
         }
     }
     let frames: Vec<Vec<u8>> = ports.iter().map(|&p| first(p)).collect();
-    let promoted = e.tables.counter(lbagent_common::Counter::CtPromoted)?;
+    let promoted = e.tables.counter(lbagent_common::Counter::ConntrackPromoted)?;
     if promoted < u64::from(COLD_FLOWS) {
         bail!("only {promoted} of {COLD_FLOWS} flows were established");
     }
@@ -285,7 +285,7 @@ fn conn_rates(counts: &[usize], reps: usize, dur: Duration, out: &mut String) ->
     )?;
     writeln!(
         out,
-        "| rules | eBPF engine | iptables (seed rules) | plain routing, no NAT | eBPF / iptables | stalls (eBPF/iptables/plain) |\n|---:|---:|---:|---:|---:|:---:|"
+        "| rules | eBPF engine | iptables (reference rules) | plain routing, no NAT | eBPF / iptables | stalls (eBPF/iptables/plain) |\n|---:|---:|---:|---:|---:|:---:|"
     )?;
     for &n in counts {
         let ebpf = NatTopology::new(AttachMode::Auto)?;
@@ -523,7 +523,7 @@ fn throughput(reps: usize, out: &mut String) -> Result<()> {
     let paths = [
         ("eBPF engine (fast path: redirect)", &ebpf, VIP),
         ("eBPF engine, slow path (the namespace's stack forwards)", &slow, VIP),
-        ("iptables (seed rules)", &ipt, VIP),
+        ("iptables (reference rules)", &ipt, VIP),
         ("plain routing, no NAT", &route, SERVER),
         ("direct-mode LB listener (scheduler table, rule SNAT), fast path", &lb, VIP),
         ("direct-mode LB listener, slow path", &lb_slow, VIP),
@@ -681,7 +681,7 @@ fn apply_times(counts: &[usize], out: &mut String) -> Result<()> {
     writeln!(out, "\n## 3. Installing rules (agent → maps)\n")?;
     writeln!(out, "| rules | install all | per rule | change one rule among them |\n|---:|---:|---:|---:|")?;
     for &n in counts {
-        let e = Engine::new(ZONE)?;
+        let e = TestZone::new(ZONE)?;
         let t: &Tables = &e.tables;
         let specs: Vec<DnatSpec> = filler(ZONE, n).collect();
         let start = Instant::now();
@@ -778,7 +778,7 @@ fn udp_flow_rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
     for (name, rates, lost) in rows {
         writeln!(out, "| {name} | {:.0} | {lost} |", median(rates))?;
     }
-    let (no_port, _) = (ebpf.tables.counter(lbagent_common::Counter::DropNoPort)?, ());
+    let (no_port, _) = (ebpf.tables.counter(lbagent_common::Counter::DropNoFreePort)?, ());
     writeln!(
         out,
         "\nThe port range (64 512 ports) over the timeout caps a sustained rate at about {} flows/s; eBPF `drop_no_free_port`: {no_port}.",
@@ -793,14 +793,14 @@ fn scale(out: &mut String) -> Result<()> {
     use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CT_MAX, CtEntry, MAP_CT, NatConfig, Tuple};
     const ZONES: u16 = 500;
     const RULES: usize = 25;
-    let e = Engine::new(ZONE)?;
+    let e = TestZone::new(ZONE)?;
     let mut agent = AgentEngine::new(e.pins.root.clone(), AttachMode::Netlink);
     let want: Vec<Vec<DnatSpec>> = (1..=ZONES).map(|z| filler(z, RULES).collect()).collect();
     let pass = |agent: &mut AgentEngine| -> Result<f64> {
         let t = Instant::now();
         agent.begin_pass();
         for (i, w) in want.iter().enumerate() {
-            agent.sync_zone(i as u16 + 1, w, Some(&[]), &mut Vec::new())?;
+            agent.sync_zone(i as u16 + 1, w, Some(&[]), &mut lbagent::outcome::Changes::new())?;
         }
         Ok(t.elapsed().as_secs_f64() * 1e3)
     };

@@ -14,7 +14,7 @@ use std::{fmt::Write as _, time::Duration};
 use anyhow::Result;
 use lbagent_common::*;
 use lbagent_tests::{
-    engine::Engine,
+    engine::TestZone,
     gateway::GwBed,
     net::in_ns,
     packet::{Ip, L4, frame},
@@ -210,7 +210,7 @@ pub fn qos(reps: usize, out: &mut String) -> Result<()> {
 /// paired differences.
 pub fn cost(out: &mut String) -> Result<()> {
     let zone = 7;
-    let mut e = Engine::new(zone)?;
+    let mut e = TestZone::new(zone)?;
     let f = frame(
         &Ip::new([203, 0, 113, 7], [198, 51, 100, 10]),
         &L4::Udp { sport: 4000, dport: 5000, payload: vec![0; 1400], zero_csum: false },

@@ -12,7 +12,7 @@ use lbagent::{
 };
 use lbagent_common::PROTO_UDP;
 use lbagent_tests::{
-    engine::Engine,
+    engine::TestZone,
     packet::{Ip, L4, frame},
     topology::{VIP, ZONE},
 };
@@ -52,7 +52,7 @@ fn new_flow_cost(n: u32, out: &mut String) -> Result<()> {
         ("rr / wrr (in turn)", Some(SchedKind::Turn)),
     ];
     for (round, (name, kind)) in kinds.iter().enumerate() {
-        let mut e = Engine::new(ZONE)?;
+        let mut e = TestZone::new(ZONE)?;
         let table = match kind {
             Some(SchedKind::Turn) => sched::round_robin(&m),
             Some(SchedKind::Least) | None => Vec::new(),
@@ -106,7 +106,7 @@ pub fn sched(quick: bool, out: &mut String) -> Result<()> {
         out,
         "| backends | consistent build ms | Maglev build ms | round-robin build ms | install ms | moved on join: consistent / Maglev (ideal) | moved on leave: consistent / Maglev |\n|---:|---:|---:|---:|---:|---:|---:|"
     )?;
-    let e = Engine::new(ZONE)?;
+    let e = TestZone::new(ZONE)?;
     for n in [1usize, 100, 1000] {
         let all = ids(n + 1);
         let m = members(&all[..n]);

@@ -1,4 +1,4 @@
-//! Section 11: would XDP beat the TC fast path? (issue 13; the probes are
+//! Section 11: would XDP beat the TC fast path? (The probes are
 //! `lbagent-ebpf/src/xdp.rs`.)
 //!
 //! Four paths side by side, same client and server namespaces:

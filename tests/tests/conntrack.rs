@@ -15,6 +15,42 @@ use lbagent_tests::{
     require_root,
 };
 
+/// A flow written from outside the program (`FlowWriter`, as an upgrade
+/// copies the previous layout's flows) is the flow the program finds: its
+/// halves, written back into their table, translate the flow's next packets
+/// both ways as before, and a half either table holds is left as it is.
+#[test]
+fn a_flow_written_from_outside_is_the_one_the_program_finds() {
+    use lbagent::dataplane::tables::HalfWritten;
+    let Some(mut e) = engine() else { return };
+    let ends = |out: &[u8]| {
+        let s = packet::summary(out);
+        (s.src, s.dst, s.sport, s.dport)
+    };
+    let q = frame(&Ip::new(CLIENT, VIP), &udp(26001, 53, b"q"));
+    let (rc, first) = e.run(&q).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    let halves = e.tables.conntrack_table(MAP_CT_NEW).unwrap();
+    assert_eq!(halves.len(), 2, "{halves:?}");
+    for (k, _) in &halves {
+        assert!(e.tables.remove_conntrack_entry(k).unwrap());
+    }
+    let mut w = e.tables.flow_writer().unwrap();
+    for (k, v) in &halves {
+        assert_eq!(w.insert_half(k, v, false), HalfWritten::Inserted);
+    }
+    for (k, v) in &halves {
+        assert_eq!(w.insert_half(k, v, true), HalfWritten::Present, "written over a half ct_new holds");
+    }
+    assert!(e.tables.conntrack_table(MAP_CT).unwrap().is_empty(), "a half went into ct");
+    let (rc, again) = e.run(&q).unwrap();
+    assert_eq!((rc, ends(&again)), (TC_ACT_OK, ends(&first)));
+    let (sport, dport) = (packet::summary(&first).sport, packet::summary(&first).dport);
+    let (rc, answer) = e.run(&frame(&Ip::new(SERVER, SNAT), &udp(dport, sport, b"a"))).unwrap();
+    assert_eq!((rc, ends(&answer)), (TC_ACT_OK, (VIP, CLIENT, 53, 26001)));
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 1, "the flow was opened again");
+}
+
 /// An entry another CPU stamped a moment after this CPU read the clock
 /// (its `last_seen_ns` ahead of this run's `now`, as when two CPUs take a
 /// flow's packets in the same microsecond) is alive: the flow keeps its

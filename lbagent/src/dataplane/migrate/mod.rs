@@ -50,7 +50,7 @@ use tracing::info;
 use super::{
     loader::CtSizes,
     pins,
-    tables::{Tables, per_cpu, possible_cpus},
+    tables::{HalfWritten, Tables, per_cpu, possible_cpus},
 };
 
 /// `BPF_NOEXIST`: insert only when the key is absent.
@@ -216,8 +216,7 @@ fn old_map(dir: &Path, name: &str) -> Result<MapData> {
 /// `ct_new`: the others; unchanged since layout 2), never over a half the
 /// new tables already hold.
 fn copy_conntrack(old: &Path, t: &Tables) -> Result<Carried> {
-    let mut established = t.hash::<Tuple, CtEntry>(MAP_CT)?;
-    let mut new = t.hash::<Tuple, CtEntry>(MAP_CT_NEW)?;
+    let mut writer = t.flow_writer()?;
     let mut c = Carried::default();
     for (name, lru) in [(MAP_CT, false), (MAP_CT_NEW, true)] {
         let data = old_map(old, name)?;
@@ -232,17 +231,10 @@ fn copy_conntrack(old: &Path, t: &Tables) -> Result<Carried> {
         // packet).
         for item in table.iter() {
             let Ok((key, entry)) = item else { continue };
-            if established.get(&key, 0).is_ok() || new.get(&key, 0).is_ok() {
-                c.ct_present += 1;
-                continue;
-            }
-            let map = if lru { &mut new } else { &mut established };
-            match map.insert(&key, &entry, NOEXIST) {
-                Ok(()) => c.ct_halves += 1,
-                Err(aya::maps::MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => {
-                    c.ct_present += 1
-                }
-                Err(_) => c.ct_full += 1,
+            match writer.insert_half(&key, &entry, !lru) {
+                HalfWritten::Inserted => c.ct_halves += 1,
+                HalfWritten::Present => c.ct_present += 1,
+                HalfWritten::Full => c.ct_full += 1,
             }
         }
     }

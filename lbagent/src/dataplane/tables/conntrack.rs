@@ -2,12 +2,57 @@
 //! first fragments, flush by selector, garbage collection by timeout.
 
 use anyhow::Result;
-use aya::maps::{HashMap, Map};
+use aya::maps::{HashMap, Map, MapData, MapError};
 use lbagent_common::*;
 
 use super::Tables;
 
+/// `BPF_NOEXIST`: insert only when the key is absent.
+const NOEXIST: u64 = 1;
+
+/// What writing one half of a flow did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfWritten {
+    Inserted,
+    /// Either table already holds a half under this key: left as it is.
+    Present,
+    /// The table had no room (or refused it otherwise).
+    Full,
+}
+
+/// Writes halves of flows from outside the program (an upgrade's copy of
+/// the previous layout's flows, a peer's flows): the one place besides the
+/// program that creates conntrack entries, with both tables open once.
+pub struct FlowWriter {
+    established: HashMap<MapData, Tuple, CtEntry>,
+    new: HashMap<MapData, Tuple, CtEntry>,
+}
+
+impl FlowWriter {
+    /// Writes one half into `ct` (`established`) or `ct_new`, never over a
+    /// half either table holds under the same key (the program may have
+    /// created it meanwhile: its entry is the current one). The caller
+    /// writes both halves of a flow into the same table; a half whose pair
+    /// is missing is repaired by the program on the flow's next packet.
+    pub fn insert_half(&mut self, key: &Tuple, entry: &CtEntry, established: bool) -> HalfWritten {
+        if self.established.get(key, 0).is_ok() || self.new.get(key, 0).is_ok() {
+            return HalfWritten::Present;
+        }
+        let table = if established { &mut self.established } else { &mut self.new };
+        match table.insert(key, entry, NOEXIST) {
+            Ok(()) => HalfWritten::Inserted,
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::EEXIST) => HalfWritten::Present,
+            Err(_) => HalfWritten::Full,
+        }
+    }
+}
+
 impl Tables {
+    /// A writer of flow halves into both conntrack tables.
+    pub fn flow_writer(&self) -> Result<FlowWriter> {
+        Ok(FlowWriter { established: self.hash(MAP_CT)?, new: self.hash(MAP_CT_NEW)? })
+    }
+
     /// Every conntrack entry of both tables (`ct` and `ct_new`), sorted.
     pub fn conntrack(&self) -> Result<Vec<(Tuple, CtEntry)>> {
         let mut out = self.conntrack_table(MAP_CT)?;

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues};
+pub use conntrack::{FlowWriter, HalfWritten};
 use lbagent_common::*;
 pub use rules::{AclSpec, DnatSpec, RuleSnat, SchedKind, SchedSpec, SnatSpec};
 pub use sched::table_digest;

@@ -71,14 +71,10 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Changes
     // programs, with the old ACL, still open flows into the shared tables).
     // A new listener among existing ones has a fresh rule id: no flow can
     // carry it.
-    let acl_changed: RuleAcls = want
-        .iter()
-        .filter(|d| match have.iter().find(|(_, r, _)| r.rule_id == d.rule_id) {
-            Some((_, r, _)) => r.acl_digest != d.rule().acl_digest,
-            None => have.is_empty() && d.acl.is_some(),
-        })
-        .filter_map(|d| Some((d.rule_id, d.acl.clone()?)))
-        .collect();
+    let acl_changed = rule_acls(want.iter().filter(|d| match have.iter().find(|(_, r, _)| r.rule_id == d.rule_id) {
+        Some((_, r, _)) => r.acl_digest != d.rule().acl_digest,
+        None => have.is_empty() && d.acl.is_some(),
+    }));
     if !acl_changed.is_empty() {
         // Not empty: `want` has the rules.
         let n = flush_refused(t, want[0].zone, &acl_changed)?;
@@ -103,9 +99,9 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Changes
 /// ACLs by DNAT rule id.
 pub type RuleAcls = std::collections::HashMap<u32, AclSpec>;
 
-/// The ACLs of `want`'s rules, by rule id.
-pub fn rule_acls(want: &[DnatSpec]) -> RuleAcls {
-    want.iter().filter_map(|d| Some((d.rule_id, d.acl.clone()?))).collect()
+/// The ACLs of these rules, by rule id.
+pub fn rule_acls<'a>(rules: impl IntoIterator<Item = &'a DnatSpec>) -> RuleAcls {
+    rules.into_iter().filter_map(|d| Some((d.rule_id, d.acl.clone()?))).collect()
 }
 
 /// Flushes the flows of `zone` into a rule of `acls` whose client that

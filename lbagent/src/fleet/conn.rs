@@ -189,14 +189,13 @@ impl Etcd {
 /// that follow a successful connect still back off.
 pub struct Backoff {
     step: Duration,
-    seed: u64,
+    rng: u64,
 }
 
 impl Default for Backoff {
     fn default() -> Self {
-        let seed =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        Backoff { step: Self::MIN, seed: seed | 1 }
+        let rng = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        Backoff { step: Self::MIN, rng: rng | 1 }
     }
 }
 
@@ -221,13 +220,13 @@ impl Backoff {
 
     pub fn wait(&mut self) -> Duration {
         // xorshift64: jitter only, no security role.
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
         let full = self.step;
         self.step = (self.step * 2).min(Self::MAX);
         let half = full / 2;
-        half + Duration::from_nanos(self.seed % (half.as_nanos() as u64 + 1))
+        half + Duration::from_nanos(self.rng % (half.as_nanos() as u64 + 1))
     }
 }
 

@@ -37,8 +37,8 @@ pub struct Member<'a> {
 /// A table: `SCHED_TABLE_SIZE` targets (empty when no member has weight).
 pub type Table = Vec<(Ipv4Addr, u16)>;
 
-fn fnv1a(seed: u64, s: &str) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+fn fnv1a(salt: u64, s: &str) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ salt;
     for b in s.bytes() {
         h ^= b as u64;
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
@@ -68,7 +68,7 @@ fn consistent_sized(members: &[Member], m: usize) -> Table {
     if live.is_empty() {
         return Vec::new();
     }
-    let seeds: Vec<u64> = live.iter().map(|b| fnv1a(0x5bd1_e995, b.id)).collect();
+    let id_hashes: Vec<u64> = live.iter().map(|b| fnv1a(0x5bd1_e995, b.id)).collect();
     // Within one weight the highest hash wins (ln is monotone), so only
     // each weight's winner needs its score computed: a few logarithms per
     // slot however many backends.
@@ -76,7 +76,7 @@ fn consistent_sized(members: &[Member], m: usize) -> Table {
     for (i, b) in live.iter().enumerate() {
         by_weight.entry(b.weight).or_default().push(i);
     }
-    let hash = |i: usize, s: usize| mix64(seeds[i] ^ (s as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let hash = |i: usize, s: usize| mix64(id_hashes[i] ^ (s as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     (0..m)
         .map(|s| {
             let mut best: Option<(f64, usize)> = None;

@@ -18,7 +18,7 @@ use crate::{
     alloc::store::JsonFile,
     state::{
         model,
-        spec::{Gw, Lb, QosPolicy},
+        spec::{Gw, Lb},
     },
 };
 
@@ -84,33 +84,33 @@ impl Applied {
         let mut a = Applied::default();
         a.partial_lbs.extend(old.partial_lbs.into_keys());
         a.partial_gws.extend(old.partial_gws.into_keys());
+        // Each legacy object is converted as a document of its own (with
+        // the policies its gateway used): one path from text to spec.
+        let one = |load_balancers: Vec<model::LoadBalancer>, nat_gateways, qos_policies| {
+            let doc = model::StateFile { version: 1, load_balancers, nat_gateways, qos_policies, ..Default::default() };
+            crate::state::validate::desired(&doc)
+        };
         for (key, l) in old.lbs {
-            match Lb::from_model(&format!("applied load balancer {key}"), &l) {
-                Ok(spec) => {
+            match one(vec![l], vec![], vec![]).map(|mut d| d.lbs.remove(&key)) {
+                Ok(Some(spec)) => {
                     a.lbs.insert(key, spec);
                 }
-                Err(e) => {
-                    tracing::warn!("{e}: kept as partial (re-created if still wanted)");
+                problems => {
+                    let why = problems.map_or_else(|p| p.to_string(), |_| "disabled".into());
+                    tracing::warn!("applied load balancer {key}: {why}: kept as partial (re-created if still wanted)");
                     a.partial_lbs.insert(key);
                 }
             }
         }
         for (key, g) in old.gws {
-            let policies = old.gw_qos.get(&key).map(Vec::as_slice).unwrap_or_default();
-            let resolve = |path: String, name: &Option<String>| {
-                let Some(name) = name else { return Ok(None) };
-                let p = policies.iter().find(|p| &p.name == name).ok_or_else(|| crate::state::Problem {
-                    path: path.clone(),
-                    message: format!("no QoS policy {name:?}"),
-                })?;
-                QosPolicy::from_model(&path, p).map(Some)
-            };
-            match Gw::from_model(&format!("applied NAT gateway {key}"), &g, &resolve) {
-                Ok(spec) => {
+            let policies = old.gw_qos.get(&key).cloned().unwrap_or_default();
+            match one(vec![], vec![g], policies).map(|mut d| d.gws.remove(&key)) {
+                Ok(Some(spec)) => {
                     a.gws.insert(key, spec);
                 }
-                Err(e) => {
-                    tracing::warn!("{e}: kept as partial (re-created if still wanted)");
+                problems => {
+                    let why = problems.map_or_else(|p| p.to_string(), |_| "not converted".into());
+                    tracing::warn!("applied NAT gateway {key}: {why}: kept as partial (re-created if still wanted)");
                     a.partial_gws.insert(key);
                 }
             }

@@ -8,7 +8,7 @@ use super::{
     model::StateFile,
     nodes,
     spec::Desired,
-    validate::{validate, warnings},
+    validate::{desired, warnings},
 };
 
 fn one(path: impl Into<String>, message: impl Into<String>) -> Problems {
@@ -66,11 +66,9 @@ fn count_nodes(text: &str) -> Result<(), (String, String)> {
         .map_err(|e| (track.path().to_string(), e.to_string()))
 }
 
-/// Parses and validates text.
+/// Parses and validates text: the document as written.
 pub fn load_str(text: &str, format: Format) -> Result<StateFile, Problems> {
-    let state = parse(text, format)?;
-    let problems = validate(&state);
-    if problems.is_empty() { Ok(state) } else { Err(Problems(problems)) }
+    accept_str(text, format).map(|a| a.state)
 }
 
 /// A document the agent accepts: its typed state, and what validation
@@ -84,35 +82,40 @@ pub struct Accepted {
 }
 
 impl Accepted {
-    /// `state` has passed `validate` (as `load_str`/`load_file` return it).
+    /// Validates a parsed document by converting it.
     fn of(state: StateFile) -> Result<Accepted, Problems> {
-        let desired = Desired::convert(&state).map_err(|p| Problems(vec![p]))?;
+        let desired = desired(&state)?;
         Ok(Accepted { warnings: warnings(&state), state, desired })
     }
 }
 
 /// Parses, validates and converts text.
 pub fn accept_str(text: &str, format: Format) -> Result<Accepted, Problems> {
-    Accepted::of(load_str(text, format)?)
+    Accepted::of(parse(text, format)?)
 }
 
 /// Reads, parses, validates and converts a state file (what the daemon and
 /// `lbagent validate` accept).
 pub fn accept_file(path: &Path) -> Result<Accepted, Problems> {
-    Accepted::of(load_file(path)?)
+    Accepted::of(read_file(path)?)
 }
 
 /// Largest state file read (a document for thousands of objects is a few MB).
 pub const MAX_STATE_FILE_BYTES: u64 = 16 << 20;
 
-/// Reads, parses and validates a state file. Only a regular file (a symlink
-/// to one is fine) of at most `MAX_STATE_FILE_BYTES` is read: a FIFO would
-/// block the agent, a device or a huge file would exhaust it.
+/// Reads, parses and validates a state file: the document as written.
 pub fn load_file(path: &Path) -> Result<StateFile, Problems> {
+    accept_file(path).map(|a| a.state)
+}
+
+/// Reads and parses a state file. Only a regular file (a symlink to one is
+/// fine) of at most `MAX_STATE_FILE_BYTES` is read: a FIFO would block the
+/// agent, a device or a huge file would exhaust it.
+fn read_file(path: &Path) -> Result<StateFile, Problems> {
     let format = Format::of(path)
         .ok_or_else(|| one("", format!("{}: unknown extension (use .yaml, .yml or .json)", path.display())))?;
     let text = read_capped(path).map_err(|e| one("", format!("{}: {e}", path.display())))?;
-    load_str(&text, format)
+    parse(&text, format)
 }
 
 fn read_capped(path: &Path) -> Result<String, String> {

@@ -7,25 +7,18 @@
 //! string again or has a value to skip.
 //!
 //! The raw model (`model.rs`) stays the contract for field names and error
-//! paths; conversion reports a problem with its path rather than panicking,
-//! though validation has already refused anything it could trip on.
+//! paths; `validate.rs` checks each object and builds its spec in one pass.
 //! Specs are persisted as the applied state (`reconcile::applied`).
 
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
 
-use crate::naming;
-
 pub use super::model::{
     AgentConfig, ConntrackLimits, Direction, DnatMode, HealthCheckType, ListenerMode, ListenerTimeouts, ListenerType,
     Protocol, Scheduler,
 };
-use super::{
-    model::{self, StateFile},
-    names::{parse_cidr, parse_ip, parse_mac},
-    problem::{Problem, Problems},
-};
+use super::{model::StateFile, problem::Problems};
 
 /// `(network address, prefix length)`, host bits zero.
 pub type Cidr = (Ipv4Addr, u8);
@@ -143,18 +136,6 @@ impl HealthCheck {
     pub const DEFAULT_FALL: u32 = super::model::HealthCheck::DEFAULT_FALL;
     pub const DEFAULT_TIMEOUT_S: u32 = super::model::HealthCheck::DEFAULT_TIMEOUT_S;
     pub const DEFAULT_PATH: &'static str = super::model::HealthCheck::DEFAULT_PATH;
-
-    fn of(h: &model::HealthCheck) -> Self {
-        HealthCheck {
-            kind: h.kind,
-            interval_s: h.interval.unwrap_or(Self::DEFAULT_INTERVAL_S),
-            rise: h.rise.unwrap_or(Self::DEFAULT_RISE),
-            fall: h.fall.unwrap_or(Self::DEFAULT_FALL),
-            timeout_s: h.timeout.unwrap_or(Self::DEFAULT_TIMEOUT_S),
-            path: h.path.clone().unwrap_or_else(|| Self::DEFAULT_PATH.into()),
-            expect_status: h.expect_status,
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -265,261 +246,18 @@ pub enum GwSide {
     External,
 }
 
-// ---- conversion ----
-
-fn field(path: &str, name: &str, r: Result<Ipv4Addr, String>) -> Result<Ipv4Addr, Problem> {
-    r.map_err(|message| Problem { path: format!("{path}.{name}"), message })
-}
-
-fn ip(path: &str, name: &str, s: &str) -> Result<Ipv4Addr, Problem> {
-    field(path, name, parse_ip(s))
-}
-
-fn cidr(path: String, s: &str) -> Result<Cidr, Problem> {
-    parse_cidr(s).map_err(|message| Problem { path, message })
-}
-
-fn mac(path: &str, name: &str, s: &str) -> Result<Mac, Problem> {
-    parse_mac(s).map_err(|message| Problem { path: format!("{path}.{name}"), message })
-}
-
-fn port(path: &str, name: &str, v: u32) -> Result<u16, Problem> {
-    u16::try_from(v)
-        .ok()
-        .filter(|p| *p != 0)
-        .ok_or_else(|| Problem { path: format!("{path}.{name}"), message: format!("{v} is not a port (1-65535)") })
-}
-
 impl Desired {
     /// Validates a raw document and converts it: every problem with its
-    /// path, or the typed desired state.
+    /// path, or the typed desired state (`validate::desired`).
     pub fn from_state(s: &StateFile) -> Result<Desired, Problems> {
-        let problems = super::validate::validate(s);
-        if !problems.is_empty() {
-            return Err(Problems(problems));
-        }
-        Self::convert(s).map_err(|p| Problems(vec![p]))
-    }
-
-    /// Converts a document `validate` accepted.
-    pub(super) fn convert(s: &StateFile) -> Result<Desired, Problem> {
-        let mut lbs = BTreeMap::new();
-        for (i, l) in s.load_balancers.iter().enumerate().filter(|(_, l)| l.enabled) {
-            lbs.insert(l.id.clone(), Lb::from_model(&format!("load_balancers[{i}]"), l)?);
-        }
-        let policies: BTreeMap<&str, (usize, &model::QosPolicy)> =
-            s.qos_policies.iter().enumerate().map(|(i, p)| (p.name.as_str(), (i, p))).collect();
-        let resolve = |path: String, name: &Option<String>| -> Result<Option<QosPolicy>, Problem> {
-            let Some(name) = name else { return Ok(None) };
-            let (i, p) = policies
-                .get(name.as_str())
-                .ok_or_else(|| Problem { path, message: format!("no QoS policy {name:?}") })?;
-            QosPolicy::from_model(&format!("qos_policies[{i}]"), p).map(Some)
-        };
-        let mut gws = BTreeMap::new();
-        for (i, g) in s.nat_gateways.iter().enumerate() {
-            gws.insert(g.name.clone(), Gw::from_model(&format!("nat_gateways[{i}]"), g, &resolve)?);
-        }
-        Ok(Desired { agent: s.agent.clone(), lbs, gws })
-    }
-}
-
-impl Lb {
-    /// `path`: where the load balancer sits in its document (for problems).
-    pub fn from_model(path: &str, lb: &model::LoadBalancer) -> Result<Lb, Problem> {
-        let n = &lb.network;
-        let np = format!("{path}.network");
-        let network = LbNetwork {
-            ip: ip(&np, "ip", &n.ip)?,
-            mac: mac(&np, "mac", &n.mac)?,
-            prefix_len: n.prefix_len,
-            gateway: ip(&np, "gateway", &n.gateway)?,
-        };
-        let mut groups = Vec::new();
-        for (j, g) in lb.backend_groups.iter().enumerate() {
-            let gp = format!("{path}.backend_groups[{j}]");
-            let mut backends = Vec::new();
-            for (k, b) in g.backends.iter().enumerate() {
-                let bp = format!("{gp}.backends[{k}]");
-                backends.push(Backend {
-                    id: b.id.clone(),
-                    addr: ip(&bp, "address", &b.address)?,
-                    port: port(&bp, "port", b.port)?,
-                    weight: b.weight,
-                });
-            }
-            groups.push(Group { id: g.id.clone(), backends });
-        }
-        let mut listeners = Vec::new();
-        for (j, l) in lb.listeners.iter().enumerate() {
-            let lp = format!("{path}.listeners[{j}]");
-            let group = groups.iter().find(|g| g.id == l.backend_group).cloned().ok_or_else(|| Problem {
-                path: format!("{lp}.backend_group"),
-                message: format!("no backend group {:?} in this load balancer", l.backend_group),
-            })?;
-            let acl = match &l.acl {
-                None => None,
-                Some(a) => Some(Acl {
-                    allow: a.action == model::AclAction::Allow,
-                    cidrs: a
-                        .cidrs
-                        .iter()
-                        .enumerate()
-                        .map(|(k, c)| cidr(format!("{lp}.acl.cidrs[{k}]"), c))
-                        .collect::<Result<_, _>>()?,
-                }),
-            };
-            listeners.push(Listener {
-                id: l.id.clone(),
-                kind: l.kind,
-                port: port(&lp, "port", l.port)?,
-                mode: l.effective_mode(),
-                scheduler: l.scheduler,
-                acl,
-                health: l.health_check.as_ref().map(HealthCheck::of),
-                timeouts: l.timeouts.clone().unwrap_or_default(),
-                group,
-            });
-        }
-        Ok(Lb {
-            id: lb.id.clone(),
-            name: lb.name.clone(),
-            network,
-            listeners,
-            groups,
-            conntrack_limits: lb.conntrack_limits.unwrap_or_default(),
-        })
-    }
-}
-
-/// Resolves the QoS policy a gateway or an EIP names (`path`: of the name).
-pub type PolicyResolver<'a> = dyn Fn(String, &Option<String>) -> Result<Option<QosPolicy>, Problem> + 'a;
-
-impl Gw {
-    pub fn from_model(path: &str, g: &model::NatGateway, policy: &PolicyResolver) -> Result<Gw, Problem> {
-        let lp = format!("{path}.lan");
-        let lan = GwLan {
-            ip: ip(&lp, "ip", &g.lan.ip)?,
-            prefix_len: g.lan.prefix_len,
-            mac: mac(&lp, "mac", &g.lan.mac)?,
-            gateway: ip(&lp, "gateway", &g.lan.gateway)?,
-        };
-        let external = GwExternal {
-            bridge: g.external.bridge.clone(),
-            prefix_len: g.external.prefix_len,
-            gateway: ip(&format!("{path}.external"), "gateway", &g.external.gateway)?,
-        };
-        let mut routes = Vec::new();
-        for (j, r) in g.routes.iter().enumerate() {
-            let rp = format!("{path}.routes[{j}]");
-            routes.push(Route { cidr: cidr(format!("{rp}.cidr"), &r.cidr)?, via: ip(&rp, "via", &r.via)? });
-        }
-        let mut eips = Vec::new();
-        for (j, e) in g.eips.iter().enumerate() {
-            let ep = format!("{path}.eips[{j}]");
-            eips.push(Eip {
-                name: e.name.clone(),
-                ip: ip(&ep, "ip", &e.ip)?,
-                policy: policy(format!("{ep}.qos_policy"), &e.qos_policy)?,
-            });
-        }
-        let eip = |p: String, name: &str| -> Result<EipRef, Problem> {
-            eips.iter()
-                .find(|e| e.name == name)
-                .map(|e| EipRef { name: e.name.clone(), ip: e.ip })
-                .ok_or_else(|| Problem { path: p, message: format!("no EIP {name:?} on this gateway") })
-        };
-        let mut fips = Vec::new();
-        for (j, f) in g.fips.iter().enumerate() {
-            let fp = format!("{path}.fips[{j}]");
-            fips.push(Fip {
-                eip: eip(format!("{fp}.eip"), &f.eip)?,
-                internal_ip: ip(&fp, "internal_ip", &f.internal_ip)?,
-            });
-        }
-        let mut dnats = Vec::new();
-        for (j, d) in g.dnats.iter().enumerate() {
-            let dp = format!("{path}.dnats[{j}]");
-            dnats.push(Dnat {
-                eip: eip(format!("{dp}.eip"), &d.eip)?,
-                protocol: d.protocol,
-                external_port: port(&dp, "external_port", d.external_port)?,
-                internal_ip: ip(&dp, "internal_ip", &d.internal_ip)?,
-                internal_port: port(&dp, "internal_port", d.internal_port)?,
-                mode: d.mode,
-            });
-        }
-        let mut snats = Vec::new();
-        for (j, s) in g.snats.iter().enumerate() {
-            let sp = format!("{path}.snats[{j}]");
-            snats.push(Snat {
-                eip: eip(format!("{sp}.eip"), &s.eip)?,
-                internal_cidr: cidr(format!("{sp}.internal_cidr"), &s.internal_cidr)?,
-            });
-        }
-        Ok(Gw {
-            name: g.name.clone(),
-            lan,
-            external,
-            routes,
-            policy: policy(format!("{path}.qos_policy"), &g.qos_policy)?,
-            eips,
-            fips,
-            dnats,
-            snats,
-            conntrack_limits: g.conntrack_limits.unwrap_or_default(),
-        })
-    }
-}
-
-impl QosPolicy {
-    pub fn from_model(path: &str, p: &model::QosPolicy) -> Result<QosPolicy, Problem> {
-        let mut rules = Vec::new();
-        for (j, r) in p.rules.iter().enumerate() {
-            let rp = format!("{path}.rules[{j}]");
-            let matches = match r.matches.as_deref().map(|m| m.split_once(' ')) {
-                None => QosMatch::All,
-                Some(Some(("src", c))) => QosMatch::Src(cidr(format!("{rp}.match"), c)?),
-                Some(Some(("dst", c))) => QosMatch::Dst(cidr(format!("{rp}.match"), c)?),
-                Some(_) => {
-                    return Err(Problem {
-                        path: format!("{rp}.match"),
-                        message: "expected \"src <CIDR>\" or \"dst <CIDR>\"".into(),
-                    });
-                }
-            };
-            let side = match (r.interface.as_deref(), r.direction) {
-                (Some(naming::GW_LAN_IF), _) | (None, Direction::Ingress) => GwSide::Lan,
-                (Some(naming::GW_EXT_IF), _) | (None, Direction::Egress) => GwSide::External,
-                (Some(i), _) => {
-                    return Err(Problem {
-                        path: format!("{rp}.interface"),
-                        message: format!(
-                            "{i:?}: a gateway's interfaces are {} and {}",
-                            naming::GW_LAN_IF,
-                            naming::GW_EXT_IF
-                        ),
-                    });
-                }
-            };
-            rules.push(QosRule {
-                name: r.name.clone(),
-                direction: r.direction,
-                rate_bps: r.rate_mbps.micros(),
-                burst_bytes: r.burst_mb.mb_to_bytes(),
-                priority: r.priority,
-                matches,
-                side,
-            });
-        }
-        Ok(QosPolicy { name: p.name.clone(), rules })
+        super::validate::desired(s)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{Format, load::parse};
+    use crate::state::{Format, load::parse, model};
 
     fn example() -> StateFile {
         parse(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap()
@@ -552,14 +290,13 @@ mod tests {
     }
 
     #[test]
-    fn conversion_itself_refuses_what_it_cannot_type() {
-        // Validation runs first; conversion still never truncates or skips.
+    fn a_value_that_does_not_fit_its_type_is_a_problem_with_its_path() {
         let mut s = example();
         s.load_balancers[0].backend_groups[0].backends[0].port = 65_536;
-        let e = Lb::from_model("load_balancers[0]", &s.load_balancers[0]).unwrap_err();
-        assert_eq!(e.path, "load_balancers[0].backend_groups[0].backends[0].port");
         s.nat_gateways[0].routes.push(model::Route { cidr: "10.0.0.1/8".into(), via: "10.10.0.1".into() });
-        let e = Gw::from_model("g", &s.nat_gateways[0], &|_, _| Ok(None)).unwrap_err();
-        assert!(e.path.starts_with("g.routes["), "{e}");
+        let err = Desired::from_state(&s).unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert!(paths.contains(&"load_balancers[0].backend_groups[0].backends[0].port"), "{paths:?}");
+        assert!(paths.iter().any(|p| p.starts_with("nat_gateways[0].routes[")), "{paths:?}");
     }
 }

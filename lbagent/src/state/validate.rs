@@ -1,20 +1,27 @@
-//! Validation: every problem, each with its path. Enforces the reference
-//! systems' rules (docs/state-file.md) on top of what parsing already
-//! checked.
+//! Validation by conversion: each object of a document is checked and
+//! turned into its typed spec (`spec.rs`) in one pass. Every problem is
+//! recorded with its path and the pass goes on, so one run reports them
+//! all; an object with a problem yields no spec, and a document with any
+//! problem yields no `Desired`. A new state field touches the model and
+//! the one function here that checks and converts its object.
+//!
+//! Enforces the reference systems' rules (docs/state-file.md) on top of
+//! what parsing already checked.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     net::Ipv4Addr,
 };
 
 use super::{
     limits,
-    model::*,
+    model::{self, *},
     names::{
         check_free_text, check_host_class, check_host_in, check_id, check_ifname, check_net_class, in_subnet, mask,
         overlaps, parse_cidr, parse_ip, parse_mac,
     },
-    problem::Problem,
+    problem::{Problem, Problems},
+    spec::{self, Cidr, Desired, EipRef, GwSide, QosMatch},
 };
 use crate::naming;
 
@@ -27,6 +34,7 @@ pub const HEALTH_PATH_MAX: usize = 256;
 /// Minimum load balancer id length (names use its first 13 characters).
 pub const LB_ID_MIN: usize = 13;
 
+/// The problem accumulator: every check records here and goes on.
 #[derive(Default)]
 struct Check {
     problems: Vec<Problem>,
@@ -41,10 +49,22 @@ impl Check {
         r.map_err(|e| self.err(path, e)).ok()
     }
 
-    fn port(&mut self, path: &str, port: u32) {
-        if !(1..=65535).contains(&port) {
+    /// How many problems are recorded: an object's check compares it
+    /// before and after (`clean_since`) to tell whether it found any.
+    fn mark(&self) -> usize {
+        self.problems.len()
+    }
+
+    fn clean_since(&self, mark: usize) -> bool {
+        self.problems.len() == mark
+    }
+
+    fn port(&mut self, path: &str, port: u32) -> Option<u16> {
+        let p = u16::try_from(port).ok().filter(|p| *p != 0);
+        if p.is_none() {
             self.err(path, format!("{port} is not a port (1-65535)"));
         }
+        p
     }
 
     fn prefix(&mut self, path: &str, len: u8) {
@@ -67,7 +87,11 @@ impl Check {
     }
 }
 
-pub fn validate(s: &StateFile) -> Vec<Problem> {
+/// Checks a document and converts it: the typed desired state, or every
+/// problem with its path (in document order). Disabled load balancers are
+/// checked but absent from the result (they are torn down like removed
+/// ones).
+pub fn desired(s: &StateFile) -> Result<Desired, Problems> {
     let mut c = Check::default();
     if s.version != 1 {
         c.err("version", format!("unsupported version {} (this agent reads version 1)", s.version));
@@ -90,11 +114,16 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
     for (i, gw) in s.nat_gateways.iter().enumerate() {
         conntrack_limits(&mut c, &format!("nat_gateways[{i}].conntrack_limits"), gw.conntrack_limits.as_ref());
     }
+    let mut lbs = BTreeMap::new();
     let mut lb_ids = HashSet::new();
     for (i, lb) in s.load_balancers.iter().enumerate() {
         let p = format!("load_balancers[{i}]");
         c.unique(&mut lb_ids, lb.id.clone(), &format!("{p}.id"), || format!("load balancer id {:?}", lb.id));
-        load_balancer(&mut c, &p, lb);
+        if let Some(spec) = load_balancer(&mut c, &p, lb)
+            && lb.enabled
+        {
+            lbs.insert(lb.id.clone(), spec);
+        }
     }
     derived_names(&mut c, s);
     // Every EIP address of every gateway: one EIP lives on one gateway, and
@@ -114,12 +143,17 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
         }
     }
     let policies = qos_policies(&mut c, &s.qos_policies);
+    let mut gws = BTreeMap::new();
     let mut gw_names = HashSet::new();
     let mut unshared_uses: HashMap<&str, usize> = HashMap::new();
     for (i, gw) in s.nat_gateways.iter().enumerate() {
         let p = format!("nat_gateways[{i}]");
         c.unique(&mut gw_names, gw.name.clone(), &format!("{p}.name"), || format!("NAT gateway name {:?}", gw.name));
-        nat_gateway(&mut c, &p, gw, &s.agent.integration_bridge, &policies, &mut unshared_uses, &all_eips);
+        let around =
+            GwAround { integration_bridge: &s.agent.integration_bridge, policies: &policies, all_eips: &all_eips };
+        if let Some(spec) = nat_gateway(&mut c, &p, gw, &around, &mut unshared_uses) {
+            gws.insert(gw.name.clone(), spec);
+        }
     }
     for (name, n) in unshared_uses {
         if n > 1 {
@@ -129,7 +163,7 @@ pub fn validate(s: &StateFile) -> Vec<Problem> {
     }
     c.problems.extend(limits::object_limits(s));
     c.problems.extend(limits::host_budget(s));
-    c.problems
+    if c.problems.is_empty() { Ok(Desired { agent: s.agent.clone(), lbs, gws }) } else { Err(Problems(c.problems)) }
 }
 
 /// A `conntrack_limits` section at `path`: each limit in flows, 0 for none.
@@ -197,14 +231,16 @@ fn derived_names(c: &mut Check, s: &StateFile) {
     }
 }
 
-fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
+/// A load balancer, checked and converted (`None` when it has a problem).
+fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) -> Option<spec::Lb> {
+    let m = c.mark();
     c.ok(&format!("{p}.id"), check_id(&lb.id, LB_ID_MIN, 64));
     let n = &lb.network;
     if let Some(name) = &lb.name {
         c.ok(&format!("{p}.name"), check_free_text(name, 64));
     }
     let ip = c.ok(&format!("{p}.network.ip"), parse_ip(&n.ip));
-    c.ok(&format!("{p}.network.mac"), parse_mac(&n.mac));
+    let mac = c.ok(&format!("{p}.network.mac"), parse_mac(&n.mac));
     c.prefix(&format!("{p}.network.prefix_len"), n.prefix_len);
     let gw = c.ok(&format!("{p}.network.gateway"), parse_ip(&n.gateway));
     if let Some(ip) = ip {
@@ -220,47 +256,57 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
             c.err(format!("{p}.network.gateway"), "the gateway is the load balancer's own address");
         }
     }
-    let mut groups = HashSet::new();
+    let mut group_ids = HashSet::new();
     let mut backend_ids = HashSet::new();
+    let mut groups = Vec::new();
     for (j, g) in lb.backend_groups.iter().enumerate() {
         let gp = format!("{p}.backend_groups[{j}]");
-        c.unique(&mut groups, g.id.clone(), &format!("{gp}.id"), || format!("backend group id {:?}", g.id));
+        c.unique(&mut group_ids, g.id.clone(), &format!("{gp}.id"), || format!("backend group id {:?}", g.id));
         c.ok(&format!("{gp}.id"), check_id(&g.id, 1, 64));
+        let mut backends = Vec::new();
         for (k, b) in g.backends.iter().enumerate() {
             let bp = format!("{gp}.backends[{k}]");
             c.ok(&format!("{bp}.id"), check_id(&b.id, 1, 64));
             c.unique(&mut backend_ids, b.id.clone(), &format!("{bp}.id"), || {
                 format!("backend id {:?} in this load balancer", b.id)
             });
-            if let Some(a) = c.ok(&format!("{bp}.address"), parse_ip(&b.address)) {
+            let addr = c.ok(&format!("{bp}.address"), parse_ip(&b.address));
+            if let Some(a) = addr {
                 c.ok(&format!("{bp}.address"), check_host_class(a));
                 if Some(a) == ip {
                     c.err(format!("{bp}.address"), format!("{a} is the load balancer's own VIP"));
                 }
             }
-            c.port(&format!("{bp}.port"), b.port);
+            let port = c.port(&format!("{bp}.port"), b.port);
             if b.weight > 256 {
                 c.err(format!("{bp}.weight"), format!("{} is above the maximum weight 256", b.weight));
             }
+            if let (Some(addr), Some(port)) = (addr, port) {
+                backends.push(spec::Backend { id: b.id.clone(), addr, port, weight: b.weight });
+            }
         }
+        groups.push(spec::Group { id: g.id.clone(), backends });
     }
     let mut ids = HashSet::new();
     let mut ports = HashSet::new();
+    let mut listeners = Vec::new();
     for (j, l) in lb.listeners.iter().enumerate() {
         let lp = format!("{p}.listeners[{j}]");
         c.ok(&format!("{lp}.id"), check_id(&l.id, 1, 64));
         c.unique(&mut ids, l.id.clone(), &format!("{lp}.id"), || format!("listener id {:?}", l.id));
-        c.port(&format!("{lp}.port"), l.port);
+        let port = c.port(&format!("{lp}.port"), l.port);
         c.unique(&mut ports, (l.kind.protocol(), l.port), &format!("{lp}.port"), || {
             format!("{} port {}", l.kind.protocol(), l.port)
         });
-        if !groups.contains(&l.backend_group) {
+        let group = groups.iter().find(|g| g.id == l.backend_group);
+        if group.is_none() {
             c.err(
                 format!("{lp}.backend_group"),
                 format!("no backend group {:?} in this load balancer", l.backend_group),
             );
         }
-        match (l.kind, l.effective_mode()) {
+        let mode = l.effective_mode();
+        match (l.kind, mode) {
             (ListenerType::Udp, ListenerMode::Proxy) => {
                 c.err(format!("{lp}.mode"), "udp listeners cannot use proxy mode")
             }
@@ -269,7 +315,7 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
             }
             _ => {}
         }
-        if l.scheduler == Some(Scheduler::Wlc) && l.effective_mode() == ListenerMode::Direct {
+        if l.scheduler == Some(Scheduler::Wlc) && mode == ListenerMode::Direct {
             let n = lb.backend_groups.iter().find(|g| g.id == l.backend_group).map_or(0, |g| g.backends.len());
             if n > lbagent_common::SCHED_LEAST_MAX as usize {
                 c.err(
@@ -282,16 +328,18 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
                 );
             }
         }
-        if let Some(acl) = &l.acl {
-            for (k, cidr) in acl.cidrs.iter().enumerate() {
-                c.ok(&format!("{lp}.acl.cidrs[{k}]"), parse_cidr(cidr));
-            }
-        }
-        if let Some(h) = &l.health_check {
-            health_check(c, &format!("{lp}.health_check"), h, l.kind);
-        }
+        let acl = l.acl.as_ref().map(|acl| spec::Acl {
+            allow: acl.action == AclAction::Allow,
+            cidrs: acl
+                .cidrs
+                .iter()
+                .enumerate()
+                .filter_map(|(k, cidr)| c.ok(&format!("{lp}.acl.cidrs[{k}]"), parse_cidr(cidr)))
+                .collect(),
+        });
+        let health = l.health_check.as_ref().map(|h| health_check(c, &format!("{lp}.health_check"), h, l.kind));
         if let Some(t) = &l.timeouts {
-            if l.effective_mode() != ListenerMode::Proxy {
+            if mode != ListenerMode::Proxy {
                 c.err(format!("{lp}.timeouts"), "timeouts apply to proxy-mode listeners");
             }
             for (name, v) in [("connect", t.connect), ("client", t.client), ("server", t.server)] {
@@ -300,12 +348,37 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) {
                 }
             }
         }
+        if let (Some(port), Some(group)) = (port, group) {
+            listeners.push(spec::Listener {
+                id: l.id.clone(),
+                kind: l.kind,
+                port,
+                mode,
+                scheduler: l.scheduler,
+                acl,
+                health,
+                timeouts: l.timeouts.clone().unwrap_or_default(),
+                group: group.clone(),
+            });
+        }
     }
+    if !c.clean_since(m) {
+        return None;
+    }
+    Some(spec::Lb {
+        id: lb.id.clone(),
+        name: lb.name.clone(),
+        network: spec::LbNetwork { ip: ip?, mac: mac?, prefix_len: n.prefix_len, gateway: gw? },
+        listeners,
+        groups,
+        conntrack_limits: lb.conntrack_limits.unwrap_or_default(),
+    })
 }
 
 /// A listener's health check: its numbers, the fields of its type, and a
-/// type that probes what the listener serves.
-fn health_check(c: &mut Check, p: &str, h: &HealthCheck, listener: ListenerType) {
+/// type that probes what the listener serves; converted with every
+/// default applied.
+fn health_check(c: &mut Check, p: &str, h: &model::HealthCheck, listener: ListenerType) -> spec::HealthCheck {
     let mut in_range = true;
     for (name, v, max) in
         [("interval", h.interval, 3600), ("rise", h.rise, 100), ("fall", h.fall, 100), ("timeout", h.timeout, 3600)]
@@ -317,9 +390,17 @@ fn health_check(c: &mut Check, p: &str, h: &HealthCheck, listener: ListenerType)
             in_range = false;
         }
     }
+    let spec = spec::HealthCheck {
+        kind: h.kind,
+        interval_s: h.interval.unwrap_or(spec::HealthCheck::DEFAULT_INTERVAL_S),
+        rise: h.rise.unwrap_or(spec::HealthCheck::DEFAULT_RISE),
+        fall: h.fall.unwrap_or(spec::HealthCheck::DEFAULT_FALL),
+        timeout_s: h.timeout.unwrap_or(spec::HealthCheck::DEFAULT_TIMEOUT_S),
+        path: h.path.clone().unwrap_or_else(|| spec::HealthCheck::DEFAULT_PATH.into()),
+        expect_status: h.expect_status,
+    };
     // A probe that may outlast its interval would overlap the next one.
-    let interval = h.interval.unwrap_or(HealthCheck::DEFAULT_INTERVAL_S);
-    let timeout = h.timeout.unwrap_or(HealthCheck::DEFAULT_TIMEOUT_S);
+    let (interval, timeout) = (spec.interval_s, spec.timeout_s);
     if in_range && timeout > interval {
         match h.timeout {
             Some(_) => c.err(format!("{p}.timeout"), format!("{timeout} s is longer than the interval ({interval} s)")),
@@ -360,6 +441,7 @@ fn health_check(c: &mut Check, p: &str, h: &HealthCheck, listener: ListenerType)
     if let Some(m) = misfit {
         c.err(format!("{p}.type"), m);
     }
+    spec
 }
 
 fn kind_name(k: ListenerType) -> &'static str {
@@ -457,97 +539,131 @@ pub fn warnings(s: &StateFile) -> Vec<Problem> {
     c.problems
 }
 
-fn qos_policies<'a>(c: &mut Check, qs: &'a [QosPolicy]) -> HashMap<&'a str, &'a QosPolicy> {
+/// A policy as gateways and EIPs find it by name: as written (binding,
+/// sharing) and converted (`None` when it has a problem).
+struct Policy<'a> {
+    model: &'a QosPolicy,
+    spec: Option<spec::QosPolicy>,
+}
+
+fn qos_policies<'a>(c: &mut Check, qs: &'a [QosPolicy]) -> HashMap<&'a str, Policy<'a>> {
     let mut out = HashMap::new();
     for (i, q) in qs.iter().enumerate() {
         let p = format!("qos_policies[{i}]");
-        c.ok(&format!("{p}.name"), check_id(&q.name, 1, 64));
-        if out.insert(q.name.as_str(), q).is_some() {
+        let spec = qos_policy(c, &p, q);
+        if out.insert(q.name.as_str(), Policy { model: q, spec }).is_some() {
             c.err(format!("{p}.name"), format!("duplicate QoS policy name {:?}", q.name));
-        }
-        if q.binding == QosBinding::Natgw && !q.shared {
-            c.err(format!("{p}.shared"), "natgw policies must be shared");
-        }
-        let mut rules = HashSet::new();
-        let mut per_hook: HashMap<(&str, Direction), usize> = HashMap::new();
-        for (j, r) in q.rules.iter().enumerate() {
-            let rp = format!("{p}.rules[{j}]");
-            if r.rate_mbps.is_zero() {
-                c.err(format!("{rp}.rate_mbps"), "a rate of 0 would drop everything; remove the rule to stop limiting");
-            } else if r.rate_mbps.micros() > MAX_RATE_MBPS * 1_000_000 {
-                c.err(format!("{rp}.rate_mbps"), format!("{} is above {MAX_RATE_MBPS} Mbit/s", r.rate_mbps));
-            }
-            if q.binding == QosBinding::Natgw {
-                if let Some(i) = r.interface.as_deref()
-                    && i != naming::GW_LAN_IF
-                    && i != naming::GW_EXT_IF
-                {
-                    c.err(
-                        format!("{rp}.interface"),
-                        format!("{i:?}: a gateway's interfaces are {} and {}", naming::GW_LAN_IF, naming::GW_EXT_IF),
-                    );
-                }
-                let ifname = match (r.interface.as_deref(), r.direction) {
-                    (Some(i), _) => i,
-                    (None, Direction::Egress) => naming::GW_EXT_IF,
-                    (None, Direction::Ingress) => naming::GW_LAN_IF,
-                };
-                let n = per_hook.entry((ifname, r.direction)).or_default();
-                *n += 1;
-                if *n == lbagent_common::QOS_HOOK_RULES + 1 {
-                    c.err(
-                        rp.clone(),
-                        format!(
-                            "more than {} rules on {ifname} {:?} in one policy",
-                            lbagent_common::QOS_HOOK_RULES,
-                            r.direction
-                        ),
-                    );
-                }
-            }
-            c.ok(&format!("{rp}.name"), check_id(&r.name, 1, 64));
-            c.unique(&mut rules, r.name.clone(), &format!("{rp}.name"), || format!("rule name {:?}", r.name));
-            if let Some(ifn) = &r.interface {
-                c.ok(&format!("{rp}.interface"), check_ifname(ifn));
-            }
-            if let Some(m) = &r.matches {
-                match m.split_once(' ') {
-                    Some(("src" | "dst", cidr)) => {
-                        c.ok(&format!("{rp}.match"), parse_cidr(cidr));
-                    }
-                    _ => c.err(format!("{rp}.match"), format!("{m:?}: expected \"src <CIDR>\" or \"dst <CIDR>\"")),
-                }
-            }
-            if q.binding == QosBinding::Eip {
-                if r.matches.is_some() {
-                    c.err(
-                        format!("{rp}.match"),
-                        "eip policies apply to the EIP's traffic; match is for natgw policies",
-                    );
-                }
-                if r.interface.is_some() {
-                    c.err(format!("{rp}.interface"), "eip policies always act on the external interface");
-                }
-            }
         }
     }
     out
 }
 
+/// A QoS policy, checked and converted (`None` when it has a problem).
+fn qos_policy(c: &mut Check, p: &str, q: &QosPolicy) -> Option<spec::QosPolicy> {
+    let m = c.mark();
+    c.ok(&format!("{p}.name"), check_id(&q.name, 1, 64));
+    if q.binding == QosBinding::Natgw && !q.shared {
+        c.err(format!("{p}.shared"), "natgw policies must be shared");
+    }
+    let mut names = HashSet::new();
+    let mut per_hook: HashMap<(&str, Direction), usize> = HashMap::new();
+    let mut rules = Vec::new();
+    for (j, r) in q.rules.iter().enumerate() {
+        let rp = format!("{p}.rules[{j}]");
+        if r.rate_mbps.is_zero() {
+            c.err(format!("{rp}.rate_mbps"), "a rate of 0 would drop everything; remove the rule to stop limiting");
+        } else if r.rate_mbps.micros() > MAX_RATE_MBPS * 1_000_000 {
+            c.err(format!("{rp}.rate_mbps"), format!("{} is above {MAX_RATE_MBPS} Mbit/s", r.rate_mbps));
+        }
+        let ifname = match (r.interface.as_deref(), r.direction) {
+            (Some(i), _) => i,
+            (None, Direction::Egress) => naming::GW_EXT_IF,
+            (None, Direction::Ingress) => naming::GW_LAN_IF,
+        };
+        let side = match ifname {
+            naming::GW_LAN_IF => Some(GwSide::Lan),
+            naming::GW_EXT_IF => Some(GwSide::External),
+            _ => None,
+        };
+        if q.binding == QosBinding::Natgw {
+            if side.is_none() {
+                c.err(
+                    format!("{rp}.interface"),
+                    format!("{ifname:?}: a gateway's interfaces are {} and {}", naming::GW_LAN_IF, naming::GW_EXT_IF),
+                );
+            }
+            let n = per_hook.entry((ifname, r.direction)).or_default();
+            *n += 1;
+            if *n == lbagent_common::QOS_HOOK_RULES + 1 {
+                c.err(
+                    rp.clone(),
+                    format!(
+                        "more than {} rules on {ifname} {:?} in one policy",
+                        lbagent_common::QOS_HOOK_RULES,
+                        r.direction
+                    ),
+                );
+            }
+        }
+        c.ok(&format!("{rp}.name"), check_id(&r.name, 1, 64));
+        c.unique(&mut names, r.name.clone(), &format!("{rp}.name"), || format!("rule name {:?}", r.name));
+        if let Some(ifn) = &r.interface {
+            c.ok(&format!("{rp}.interface"), check_ifname(ifn));
+        }
+        let matches = match r.matches.as_deref().map(|m| (m, m.split_once(' '))) {
+            None => Some(QosMatch::All),
+            Some((_, Some(("src", cidr)))) => c.ok(&format!("{rp}.match"), parse_cidr(cidr)).map(QosMatch::Src),
+            Some((_, Some(("dst", cidr)))) => c.ok(&format!("{rp}.match"), parse_cidr(cidr)).map(QosMatch::Dst),
+            Some((m, _)) => {
+                c.err(format!("{rp}.match"), format!("{m:?}: expected \"src <CIDR>\" or \"dst <CIDR>\""));
+                None
+            }
+        };
+        if q.binding == QosBinding::Eip {
+            if r.matches.is_some() {
+                c.err(format!("{rp}.match"), "eip policies apply to the EIP's traffic; match is for natgw policies");
+            }
+            if r.interface.is_some() {
+                c.err(format!("{rp}.interface"), "eip policies always act on the external interface");
+            }
+        }
+        if let (Some(matches), Some(side)) = (matches, side) {
+            rules.push(spec::QosRule {
+                name: r.name.clone(),
+                direction: r.direction,
+                rate_bps: r.rate_mbps.micros(),
+                burst_bytes: r.burst_mb.mb_to_bytes(),
+                priority: r.priority,
+                matches,
+                side,
+            });
+        }
+    }
+    c.clean_since(m).then(|| spec::QosPolicy { name: q.name.clone(), rules })
+}
+
+/// What a gateway's check needs from the rest of the document.
+struct GwAround<'s, 'a> {
+    integration_bridge: &'s str,
+    policies: &'s HashMap<&'a str, Policy<'a>>,
+    /// Every EIP address of every gateway, with the path of its first use.
+    all_eips: &'s HashMap<Ipv4Addr, String>,
+}
+
+/// A NAT gateway, checked and converted (`None` when it has a problem).
 fn nat_gateway<'a>(
     c: &mut Check,
     p: &str,
-    gw: &'a NatGateway,
-    integration_bridge: &str,
-    policies: &HashMap<&str, &'a QosPolicy>,
+    gw: &NatGateway,
+    around: &GwAround<'_, 'a>,
     unshared_uses: &mut HashMap<&'a str, usize>,
-    all_eips: &HashMap<Ipv4Addr, String>,
-) {
+) -> Option<spec::Gw> {
+    let m = c.mark();
     c.ok(&format!("{p}.name"), check_id(&gw.name, 1, 32));
     let lan_len = gw.lan.prefix_len;
     let lan_ip = c.ok(&format!("{p}.lan.ip"), parse_ip(&gw.lan.ip));
     c.prefix(&format!("{p}.lan.prefix_len"), lan_len);
-    c.ok(&format!("{p}.lan.mac"), parse_mac(&gw.lan.mac));
+    let lan_mac = c.ok(&format!("{p}.lan.mac"), parse_mac(&gw.lan.mac));
     let lan_gw = c.ok(&format!("{p}.lan.gateway"), parse_ip(&gw.lan.gateway));
     if let Some(ip) = lan_ip {
         c.ok(&format!("{p}.lan.ip"), check_host_in(ip, ip, lan_len));
@@ -563,7 +679,7 @@ fn nat_gateway<'a>(
         }
     }
     c.ok(&format!("{p}.external.bridge"), check_ifname(&gw.external.bridge));
-    if gw.external.bridge == integration_bridge {
+    if gw.external.bridge == around.integration_bridge {
         c.err(
             format!("{p}.external.bridge"),
             format!(
@@ -598,10 +714,12 @@ fn nat_gateway<'a>(
     let lan_net = lan_ip.map(|ip| (ip, lan_len));
     let ext_net = ext_gw.map(|g| (g, ext_len));
     let mut route_cidrs = HashSet::new();
-    let mut routed: Vec<(Ipv4Addr, u8)> = Vec::new();
+    let mut routed: Vec<Cidr> = Vec::new();
+    let mut routes = Vec::new();
     for (i, r) in gw.routes.iter().enumerate() {
         let rp = format!("{p}.routes[{i}]");
-        if let Some(cidr) = c.ok(&format!("{rp}.cidr"), parse_cidr(&r.cidr)) {
+        let cidr = c.ok(&format!("{rp}.cidr"), parse_cidr(&r.cidr));
+        if let Some(cidr) = cidr {
             if cidr.1 == 0 {
                 c.err(format!("{rp}.cidr"), "the default route is the agent's (via external.gateway)");
             } else {
@@ -620,9 +738,8 @@ fn nat_gateway<'a>(
                 routed.push(cidr);
             }
         }
-        if let Some(via) = c.ok(&format!("{rp}.via"), parse_ip(&r.via))
-            && let Some(ip) = lan_ip
-        {
+        let via = c.ok(&format!("{rp}.via"), parse_ip(&r.via));
+        if let (Some(via), Some(ip)) = (via, lan_ip) {
             if !in_subnet(via, ip, lan_len) {
                 c.err(format!("{rp}.via"), format!("{via} is not on the LAN subnet {ip}/{lan_len}"));
             } else if via == ip {
@@ -630,6 +747,9 @@ fn nat_gateway<'a>(
             } else {
                 c.ok(&format!("{rp}.via"), check_host_in(via, ip, lan_len));
             }
+        }
+        if let (Some(cidr), Some(via)) = (cidr, via) {
+            routes.push(spec::Route { cidr, via });
         }
     }
     // Addresses a FIP/DNAT target may not be: the gateway's own and EIPs;
@@ -641,7 +761,7 @@ fn nat_gateway<'a>(
             c.err(path, e);
         } else if Some(t) == lan_ip || Some(t) == ext_gw {
             c.err(path, format!("{t} is one of the gateway's own addresses"));
-        } else if let Some(e) = all_eips.get(&t) {
+        } else if let Some(e) = around.all_eips.get(&t) {
             c.err(path, format!("{t} is an EIP ({e})"));
         } else if let Some(ip) = lan_ip.filter(|_| (1..=32).contains(&lan_len)) {
             if in_subnet(t, ip, lan_len) {
@@ -657,25 +777,34 @@ fn nat_gateway<'a>(
             }
         }
     };
-    if let Some(q) = &gw.qos_policy {
-        match policies.get(q.as_str()) {
-            None => c.err(format!("{p}.qos_policy"), format!("no QoS policy {q:?}")),
-            Some(pol) if pol.binding != QosBinding::Natgw => c.err(
-                format!("{p}.qos_policy"),
-                format!("policy {q:?} has binding eip; a gateway needs a natgw policy"),
+    // The policy a name resolves to, of the binding it must have.
+    let policy = |c: &mut Check, path: String, name: &Option<String>, want: QosBinding| -> Option<&Policy<'a>> {
+        let name = name.as_ref()?;
+        match around.policies.get(name.as_str()) {
+            None => c.err(path, format!("no QoS policy {name:?}")),
+            Some(pol) if pol.model.binding != want => c.err(
+                path,
+                match want {
+                    QosBinding::Natgw => format!("policy {name:?} has binding eip; a gateway needs a natgw policy"),
+                    QosBinding::Eip => format!("policy {name:?} has binding natgw; an EIP needs an eip policy"),
+                },
             ),
-            _ => {}
+            Some(pol) => return Some(pol),
         }
-    }
-    let mut eips = HashMap::new();
+        None
+    };
+    let gw_policy = policy(c, format!("{p}.qos_policy"), &gw.qos_policy, QosBinding::Natgw);
+    let mut eip_names = HashSet::new();
     let mut eip_ips = HashSet::new();
+    let mut eips = Vec::new();
     for (i, e) in gw.eips.iter().enumerate() {
         let ep = format!("{p}.eips[{i}]");
         c.ok(&format!("{ep}.name"), check_id(&e.name, 1, 64));
-        if eips.insert(e.name.as_str(), i).is_some() {
+        if !eip_names.insert(e.name.as_str()) {
             c.err(format!("{ep}.name"), format!("duplicate EIP name {:?}", e.name));
         }
-        if let Some(ip) = c.ok(&format!("{ep}.ip"), parse_ip(&e.ip)) {
+        let ip = c.ok(&format!("{ep}.ip"), parse_ip(&e.ip));
+        if let Some(ip) = ip {
             c.unique(&mut eip_ips, ip, &format!("{ep}.ip"), || format!("EIP address {ip}"));
             if let Some(g) = ext_gw {
                 if !in_subnet(ip, g, ext_len) {
@@ -687,35 +816,33 @@ fn nat_gateway<'a>(
                 }
             }
         }
-        if let Some(q) = &e.qos_policy {
-            match policies.get(q.as_str()) {
-                None => c.err(format!("{ep}.qos_policy"), format!("no QoS policy {q:?}")),
-                Some(pol) if pol.binding != QosBinding::Eip => c.err(
-                    format!("{ep}.qos_policy"),
-                    format!("policy {q:?} has binding natgw; an EIP needs an eip policy"),
-                ),
-                Some(pol) => {
-                    if !pol.shared {
-                        *unshared_uses.entry(pol.name.as_str()).or_default() += 1;
-                    }
-                }
-            }
+        let pol = policy(c, format!("{ep}.qos_policy"), &e.qos_policy, QosBinding::Eip);
+        if let Some(pol) = pol
+            && !pol.model.shared
+        {
+            *unshared_uses.entry(pol.model.name.as_str()).or_default() += 1;
+        }
+        if let Some(ip) = ip {
+            eips.push(spec::Eip { name: e.name.clone(), ip, policy: pol.and_then(|p| p.spec.clone()) });
         }
     }
-    let resolve = |c: &mut Check, path: String, eip: &str| {
-        if !eips.contains_key(eip) {
-            c.err(path, format!("no EIP {eip:?} on this gateway"));
+    let eip = |c: &mut Check, path: String, name: &str| -> Option<EipRef> {
+        if !eip_names.contains(name) {
+            c.err(path, format!("no EIP {name:?} on this gateway"));
         }
+        eips.iter().find(|e| e.name == name).map(|e| EipRef { name: e.name.clone(), ip: e.ip })
     };
     let mut fip_eips = HashSet::new();
     let mut fip_targets: HashMap<Ipv4Addr, usize> = HashMap::new();
+    let mut fips = Vec::new();
     for (i, f) in gw.fips.iter().enumerate() {
         let fp = format!("{p}.fips[{i}]");
-        resolve(c, format!("{fp}.eip"), &f.eip);
+        let e = eip(c, format!("{fp}.eip"), &f.eip);
         c.unique(&mut fip_eips, f.eip.as_str(), &format!("{fp}.eip"), || {
             format!("floating IP on EIP {:?} (one per EIP)", f.eip)
         });
-        if let Some(t) = c.ok(&format!("{fp}.internal_ip"), parse_ip(&f.internal_ip)) {
+        let t = c.ok(&format!("{fp}.internal_ip"), parse_ip(&f.internal_ip));
+        if let Some(t) = t {
             own_target(c, format!("{fp}.internal_ip"), t);
             if let Some(first) = fip_targets.get(&t) {
                 c.err(
@@ -729,20 +856,25 @@ fn nat_gateway<'a>(
                 fip_targets.insert(t, i);
             }
         }
+        if let (Some(eip), Some(internal_ip)) = (e, t) {
+            fips.push(spec::Fip { eip, internal_ip });
+        }
     }
     let mut identities: HashMap<(&str, Protocol, u32), Vec<DnatMode>> = HashMap::new();
+    let mut dnats = Vec::new();
     for (i, d) in gw.dnats.iter().enumerate() {
         let dp = format!("{p}.dnats[{i}]");
-        resolve(c, format!("{dp}.eip"), &d.eip);
+        let e = eip(c, format!("{dp}.eip"), &d.eip);
         if fip_eips.contains(d.eip.as_str()) {
             c.err(
                 format!("{dp}.eip"),
                 format!("EIP {:?} carries a floating IP; a FIP and a DNAT never share an EIP", d.eip),
             );
         }
-        c.port(&format!("{dp}.external_port"), d.external_port);
-        c.port(&format!("{dp}.internal_port"), d.internal_port);
-        if let Some(t) = c.ok(&format!("{dp}.internal_ip"), parse_ip(&d.internal_ip)) {
+        let external_port = c.port(&format!("{dp}.external_port"), d.external_port);
+        let internal_port = c.port(&format!("{dp}.internal_port"), d.internal_port);
+        let t = c.ok(&format!("{dp}.internal_ip"), parse_ip(&d.internal_ip));
+        if let Some(t) = t {
             own_target(c, format!("{dp}.internal_ip"), t);
         }
         let modes = identities.entry((d.eip.as_str(), d.protocol, d.external_port)).or_default();
@@ -756,14 +888,54 @@ fn nat_gateway<'a>(
                 ),
             );
         }
+        if let (Some(eip), Some(external_port), Some(internal_ip), Some(internal_port)) =
+            (e, external_port, t, internal_port)
+        {
+            dnats.push(spec::Dnat {
+                eip,
+                protocol: d.protocol,
+                external_port,
+                internal_ip,
+                internal_port,
+                mode: d.mode,
+            });
+        }
     }
     let mut cidrs = HashSet::new();
+    let mut snats = Vec::new();
     for (i, s) in gw.snats.iter().enumerate() {
         let sp = format!("{p}.snats[{i}]");
-        resolve(c, format!("{sp}.eip"), &s.eip);
-        if let Some(cidr) = c.ok(&format!("{sp}.internal_cidr"), parse_cidr(&s.internal_cidr)) {
+        let e = eip(c, format!("{sp}.eip"), &s.eip);
+        let cidr = c.ok(&format!("{sp}.internal_cidr"), parse_cidr(&s.internal_cidr));
+        if let Some(cidr) = cidr {
             c.ok(&format!("{sp}.internal_cidr"), check_net_class(cidr));
             c.unique(&mut cidrs, cidr, &format!("{sp}.internal_cidr"), || format!("SNAT source {}/{}", cidr.0, cidr.1));
         }
+        if let (Some(eip), Some(internal_cidr)) = (e, cidr) {
+            snats.push(spec::Snat { eip, internal_cidr });
+        }
     }
+    if !c.clean_since(m) {
+        return None;
+    }
+    let policy = match gw_policy {
+        Some(pol) => Some(pol.spec.clone()?),
+        None => None,
+    };
+    // An EIP whose policy has a problem has no spec for it.
+    if gw.eips.iter().zip(&eips).any(|(e, s)| e.qos_policy.is_some() && s.policy.is_none()) {
+        return None;
+    }
+    Some(spec::Gw {
+        name: gw.name.clone(),
+        lan: spec::GwLan { ip: lan_ip?, prefix_len: lan_len, mac: lan_mac?, gateway: lan_gw? },
+        external: spec::GwExternal { bridge: gw.external.bridge.clone(), prefix_len: ext_len, gateway: ext_gw? },
+        routes,
+        policy,
+        eips,
+        fips,
+        dnats,
+        snats,
+        conntrack_limits: gw.conntrack_limits.unwrap_or_default(),
+    })
 }

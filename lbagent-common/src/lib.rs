@@ -27,10 +27,14 @@ macro_rules! pod {
 }
 
 pub mod maps;
+#[cfg(feature = "user")]
+pub mod pinned;
 pub mod qos;
 pub mod sched;
 
 pub use maps::*;
+#[cfg(feature = "user")]
+pub use pinned::*;
 pub use qos::*;
 pub use sched::*;
 

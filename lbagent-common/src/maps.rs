@@ -7,62 +7,9 @@
 //! addresses repeat across namespaces; the zone keeps them apart in the shared
 //! maps. A program instance is loaded per zone with the zone as a constant.
 
-/// Map names; each is also the pin file name under the versioned pin dir.
-pub const MAP_CT: &str = "ct";
-pub const MAP_CT_NEW: &str = "ct_new";
-pub const MAP_FRAGS: &str = "frags";
-pub const MAP_ACL_RULES: &str = "acl_rules";
-pub const MAP_DNAT_RULES: &str = "dnat_rules";
-pub const MAP_DNAT_BACKENDS: &str = "dnat_backends";
-pub const MAP_SNAT_RULES: &str = "snat_rules";
-pub const MAP_NAT_CONFIG: &str = "nat_config";
-pub const MAP_COUNTERS: &str = "counters";
-pub const MAP_META: &str = "meta";
-pub const MAP_RULE_STATS: &str = "rule_stats";
-pub const MAP_PROXY_GUARD: &str = "proxy_guard";
-pub const MAP_PROXY_GUARD_DROPS: &str = "proxy_guard_drops";
-pub const MAP_EGRESS_MTU: &str = "egress_mtu";
-pub const MAP_ZONE_CT_LIMITS: &str = "zone_ct_limits";
-pub const MAP_ZONE_CT_FLOWS: &str = "zone_ct_flows";
-pub const MAP_ZONE_CT_REFUSED: &str = "zone_ct_refused";
-pub const ALL_MAPS: [&str; 27] = [
-    MAP_CT,
-    MAP_CT_NEW,
-    MAP_FRAGS,
-    MAP_DNAT_RULES,
-    MAP_DNAT_BACKENDS,
-    MAP_SNAT_RULES,
-    MAP_ACL_RULES,
-    MAP_NAT_CONFIG,
-    MAP_COUNTERS,
-    MAP_RULE_STATS,
-    MAP_META,
-    crate::qos::MAP_QOS_ZONES,
-    crate::qos::MAP_QOS_HOOKS,
-    crate::qos::MAP_QOS_EIPS,
-    crate::qos::MAP_QOS_CONFIG,
-    crate::qos::MAP_QOS_STATE,
-    crate::qos::MAP_QOS_DROPS,
-    crate::qos::MAP_QOS_STATS,
-    crate::sched::MAP_SCHED_TABLES,
-    crate::sched::MAP_SCHED_TURNS,
-    crate::sched::MAP_SCHED_ACTIVE,
-    MAP_PROXY_GUARD,
-    MAP_PROXY_GUARD_DROPS,
-    MAP_EGRESS_MTU,
-    MAP_ZONE_CT_LIMITS,
-    MAP_ZONE_CT_FLOWS,
-    MAP_ZONE_CT_REFUSED,
-];
-
 /// The kernel keeps this many characters of a map's name (`BPF_OBJ_NAME_LEN`
 /// less the terminating NUL); pins keep the whole name.
 pub const KERNEL_NAME_LEN: usize = 15;
-
-/// The pin name (one of [`ALL_MAPS`]) of the map the kernel calls `kernel_name`.
-pub fn pin_name_of(kernel_name: &str) -> Option<&'static str> {
-    ALL_MAPS.iter().copied().find(|m| m[..m.len().min(KERNEL_NAME_LEN)] == *kernel_name)
-}
 
 /// Default sizes (`max_entries`). `ct` holds established flows, `ct_new`
 /// flows that have not completed their handshake (see [`ct_new_max`]).

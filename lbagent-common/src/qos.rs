@@ -10,15 +10,6 @@
 //! (and its state). Arrays, not hashes: a packet's three bucket lookups are
 //! array accesses the verifier inlines.
 
-/// Map names (pin file names).
-pub const MAP_QOS_ZONES: &str = "qos_zones";
-pub const MAP_QOS_HOOKS: &str = "qos_hooks";
-pub const MAP_QOS_EIPS: &str = "qos_eips";
-pub const MAP_QOS_CONFIG: &str = "qos_config";
-pub const MAP_QOS_STATE: &str = "qos_state";
-pub const MAP_QOS_DROPS: &str = "qos_drops";
-pub const MAP_QOS_STATS: &str = "qos_stats";
-
 pub const QOS_ZONES_MAX: u32 = 65_536;
 pub const QOS_HOOKS_MAX: u32 = 16_384;
 pub const QOS_EIPS_MAX: u32 = 65_536;

@@ -9,11 +9,6 @@
 //! new table and swaps it in with one map update, so a packet sees either
 //! the old table or the new one, never a mix.
 
-/// Rule id → the rule's table (an inner `Array<Backend, SCHED_TABLE_LEN>`).
-pub const MAP_SCHED_TABLES: &str = "sched_tables";
-/// Per CPU: rule id → the next position of a round-robin rule.
-pub const MAP_SCHED_TURNS: &str = "sched_turns";
-
 /// Slots of a table: a prime (Maglev needs every skip coprime with it),
 /// about 160 slots per backend at 100 backends.
 pub const SCHED_TABLE_SIZE: u32 = 16_381;
@@ -33,9 +28,6 @@ pub const DNAT_F_SCHED_TUPLE: u32 = 32;
 /// In turn, the table walked by a per-CPU position (`rr`, `wrr`).
 pub const DNAT_F_SCHED_TURN: u32 = 64;
 
-/// Rule id and backend → that backend's weight and active flows, for
-/// least-connection rules (`wlc`).
-pub const MAP_SCHED_ACTIVE: &str = "sched_active";
 /// `DnatRule::flags`: the backend with the fewest active flows per weight
 /// (`wlc`), among the first `SCHED_LEAST_MAX` of `dnat_backends`.
 pub const DNAT_F_SCHED_LEAST: u32 = 128;

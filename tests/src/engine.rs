@@ -224,14 +224,17 @@ impl TestZone {
         Ok(Some(a.into_iter().zip(b).map(|(a, b)| [a, b]).collect()))
     }
 
-    /// Rewrites every entry of pinned hash map `name` (`ct`, `ct_new`,
+    /// Rewrites every entry of pinned hash map `def` (`ct`, `ct_new`,
     /// `frags`) with `edit`: as another CPU's write would leave it, for
     /// outcomes a test cannot time.
-    pub fn edit_entries<K: aya::Pod + Eq, V: aya::Pod>(&self, name: &str, edit: impl Fn(&mut V)) -> Result<usize> {
-        use aya::maps::{HashMap, Map, MapData};
-        let data = MapData::from_pin(pins::versioned_dir(&self.pins.root).join(name))?;
-        let map = if name == lbagent_common::MAP_CT_NEW { Map::LruHashMap(data) } else { Map::HashMap(data) };
-        let mut map: HashMap<MapData, K, V> = HashMap::try_from(map)?;
+    pub fn edit_entries<K: aya::Pod + Eq, V: aya::Pod>(
+        &self,
+        def: lbagent_common::MapDef<K, V>,
+        edit: impl Fn(&mut V),
+    ) -> Result<usize> {
+        use aya::maps::{HashMap, MapData};
+        let data = MapData::from_pin(pins::versioned_dir(&self.pins.root).join(def.name))?;
+        let mut map: HashMap<MapData, K, V> = HashMap::try_from(lbagent::dataplane::pins::map_of(def, data))?;
         let entries: Vec<(K, V)> = map.iter().collect::<Result<_, _>>()?;
         for (k, mut v) in entries.iter().copied() {
             edit(&mut v);

@@ -62,7 +62,7 @@ fn an_entry_stamped_ahead_of_this_cpus_clock_is_alive() {
     let Some(mut e) = engine() else { return };
     let ahead = || lbagent::dataplane::tables::monotonic_ns() + 1_000_000_000;
     open_tcp(&mut e);
-    assert_eq!(e.edit_entries::<Tuple, CtEntry>(MAP_CT_NEW, |v| v.last_seen_ns = ahead()).unwrap(), 2);
+    assert_eq!(e.edit_entries(MAP_CT_NEW, |v| v.last_seen_ns = ahead()).unwrap(), 2);
     tcp_reply(&mut e, SYN | ACK, b"");
     tcp_orig(&mut e, ACK, b"");
     // A UDP query answered, created "later" than this CPU's clock: it stays
@@ -71,7 +71,7 @@ fn an_entry_stamped_ahead_of_this_cpus_clock_is_alive() {
     assert_eq!(e.run(&q).unwrap().0, TC_ACT_OK);
     let a = frame(&Ip::new(SERVER, SNAT), &udp(5353, 26000, b"a"));
     assert_eq!(e.run(&a).unwrap().0, TC_ACT_OK);
-    e.edit_entries::<Tuple, CtEntry>(MAP_CT_NEW, |v| {
+    e.edit_entries(MAP_CT_NEW, |v| {
         v.created_ns = ahead();
         v.last_seen_ns = ahead();
     })
@@ -568,9 +568,7 @@ fn a_promotion_that_finds_its_pair_promoted_is_not_a_full_table() {
     // The other CPU's first step: the reply half, copied into `ct`.
     let x = entry(&e, &orig_key()).unwrap().xlate;
     let reply = entry(&e, &x.reversed()).unwrap();
-    let pin = lbagent::dataplane::pins::versioned_dir(&e.pins.root).join(MAP_CT);
-    let mut ct: aya::maps::HashMap<_, Tuple, CtEntry> =
-        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(aya::maps::MapData::from_pin(pin).unwrap())).unwrap();
+    let mut ct = e.tables.hash(MAP_CT).unwrap();
     ct.insert(&x.reversed(), &reply, 0).unwrap();
     tcp_orig(&mut e, ACK, b"");
     assert_eq!(e.tables.counter(Counter::ConntrackEstablishedFull).unwrap(), 0, "not a full table");

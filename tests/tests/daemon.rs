@@ -235,7 +235,7 @@ fn invalid_state_changes_nothing_and_reloads_work() {
     // SIGTERM: clean exit, the dataplane (pins) stays.
     assert!(daemon.stop(), "clean exit on SIGTERM");
     assert!(
-        lbagent::dataplane::pins::versioned_dir(&env.bpffs).join(lbagent_common::MAP_CT).exists(),
+        lbagent::dataplane::pins::versioned_dir(&env.bpffs).join(lbagent_common::MAP_CT.name).exists(),
         "pins survive a clean stop"
     );
 
@@ -1334,7 +1334,7 @@ mod cli_reads_what_runs {
 
         // The pinned record says another layout (what a newer agent's
         // migration leaves): shown as it is, and the difference said.
-        let path = pins::versioned_dir(&dirs.bpffs).join(MAP_META);
+        let path = pins::versioned_dir(&dirs.bpffs).join(MAP_META.name);
         record_layout(&path, here + 1);
         let text = meta(false);
         assert!(text.contains(&format!("pinned layout {}, NOT this lbagent's layout {here}", here + 1)), "{text}");

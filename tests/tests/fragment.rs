@@ -52,7 +52,7 @@ fn a_first_fragment_stamped_ahead_of_this_cpus_clock_is_followed() {
     let want = fragments(&Ip::new(SNAT, SERVER), &udp(25001, 5353, &data), 1480);
     expect_all(&mut e, &q[..1], &want[..1]);
     let ahead = lbagent::dataplane::tables::monotonic_ns() + 1_000_000_000;
-    assert_eq!(e.edit_entries::<FragKey, FragEntry>(MAP_FRAGS, |v| v.seen_ns = ahead).unwrap(), 1);
+    assert_eq!(e.edit_entries(MAP_FRAGS, |v| v.seen_ns = ahead).unwrap(), 1);
     expect_all(&mut e, &q[1..], &want[1..]);
 }
 

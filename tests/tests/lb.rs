@@ -545,21 +545,25 @@ fn a_deleted_pin_directory_is_repaired_without_splitting_maps() {
     let root = b.bed.reconciler.realizer.engine.bpffs.clone();
     let dir = lbagent::dataplane::pins::versioned_dir(&root);
     let ct_id = |p: &std::path::Path| aya::maps::MapData::from_pin(p).unwrap().info().unwrap().id();
-    let ct_before = ct_id(&dir.join(lbagent_common::MAP_CT));
+    let ct_before = ct_id(&dir.join(lbagent_common::MAP_CT.name));
     let ids_before = lbagent::dataplane::pins::pinned_map_ids(&root).expect("every map pinned");
     sh(&["rm", "-rf", dir.to_str().unwrap()]).unwrap();
 
     let s = lbagent::state::load_str(&state, lbagent::state::Format::Yaml).unwrap();
     let report = b.bed.reconciler.apply(&lbagent::reconcile::Desired::from_state(&s).unwrap(), true);
     assert!(report.ok(), "{:?}", report.errors);
-    assert_eq!(ct_id(&dir.join(lbagent_common::MAP_CT)), ct_before, "a new conntrack map replaced the running one");
+    assert_eq!(
+        ct_id(&dir.join(lbagent_common::MAP_CT.name)),
+        ct_before,
+        "a new conntrack map replaced the running one"
+    );
     // Every map, also those whose kernel name is cut short (the guard's
     // `proxy_guard_drops`): a new map in its place would split it.
     let ids_after = lbagent::dataplane::pins::pinned_map_ids(&root).expect("every map pinned again");
     // (`meta`, which no program uses, is written anew.)
     let split: Vec<_> = ids_before
         .iter()
-        .filter(|(name, id)| **name != lbagent_common::MAP_META && ids_after.get(*name) != Some(id))
+        .filter(|(name, id)| **name != lbagent_common::MAP_META.name && ids_after.get(*name) != Some(id))
         .collect();
     assert!(split.is_empty(), "maps replaced instead of re-pinned: {split:?}");
     assert!(b.bed.reconciler.realizer.engine.tables().unwrap().conntrack().unwrap().len() >= flows);

@@ -31,11 +31,11 @@ fn bpftool_dumps_named_fields() {
     assert_eq!(rc, TC_ACT_OK);
     let dir = pins::versioned_dir(&e.pins.root);
     // A new flow is in ct_new (it moves to ct once established).
-    let ct = sh(&["bpftool", "map", "dump", "pinned", dir.join(MAP_CT_NEW).to_str().unwrap()]).unwrap();
+    let ct = sh(&["bpftool", "map", "dump", "pinned", dir.join(MAP_CT_NEW.name).to_str().unwrap()]).unwrap();
     for field in ["\"saddr\"", "\"dport\"", "\"xlate\"", "\"last_seen_ns\"", "\"zone\": 3", "\"state\""] {
         assert!(ct.contains(field), "ct dump lacks {field}:\n{ct}");
     }
-    let rules = sh(&["bpftool", "map", "dump", "pinned", dir.join(MAP_DNAT_RULES).to_str().unwrap()]).unwrap();
+    let rules = sh(&["bpftool", "map", "dump", "pinned", dir.join(MAP_DNAT_RULES.name).to_str().unwrap()]).unwrap();
     assert!(rules.contains("\"backend_count\": 1") && rules.contains("\"addr\": [198,51,100,10"), "{rules}");
 }
 
@@ -48,7 +48,7 @@ fn incompatible_pins_are_refused_with_a_clear_message() {
     // sits where ours would go.
     let p = TestPins::new();
     pins::ensure_bpffs(&p.root).unwrap();
-    let path = pins::ensure_versioned_dir(&p.root).unwrap().join(MAP_CT);
+    let path = pins::ensure_versioned_dir(&p.root).unwrap().join(MAP_CT.name);
     sh(&[
         "bpftool",
         "map",
@@ -87,7 +87,7 @@ fn conntrack_sizes_are_kept_and_other_sizes_refused_naming_the_flag() {
         let out = sh(&["bpftool", "map", "show", "pinned", dir.join(name).to_str().unwrap()]).unwrap();
         out.split_whitespace().skip_while(|w| *w != "max_entries").nth(1).unwrap().to_string()
     };
-    assert_eq!((size(MAP_CT), size(MAP_CT_NEW)), ("4096".to_string(), "2048".to_string()));
+    assert_eq!((size(MAP_CT.name), size(MAP_CT_NEW.name)), ("4096".to_string(), "2048".to_string()));
     // The same sizes: the pins are reused.
     ZoneProgram::load_sized(&p.root, 2, sizes).unwrap();
     // Without --conntrack-new-max, the new-flow table's default (a quarter).
@@ -96,7 +96,7 @@ fn conntrack_sizes_are_kept_and_other_sizes_refused_naming_the_flag() {
     assert!(err.contains("--conntrack-new-max 2048") && err.contains("lbagent teardown"), "{err}");
     let err = format!("{:#}", ZoneProgram::load_sized(&p.root, 1, CtSizes::default()).err().unwrap());
     assert!(err.contains("`ct`") && err.contains("--conntrack-max 4096"), "{err}");
-    assert_eq!((size(MAP_CT), size(MAP_CT_NEW)), ("4096".to_string(), "2048".to_string()));
+    assert_eq!((size(MAP_CT.name), size(MAP_CT_NEW.name)), ("4096".to_string(), "2048".to_string()));
     assert_eq!(CtSizes::new(Some(64), None).new, 256, "the new-flow table's floor");
 }
 
@@ -106,7 +106,7 @@ fn pins_of_another_layout_version_are_refused() {
         return;
     }
     let e = TestZone::new(1).unwrap();
-    set_meta(&pins::versioned_dir(&e.pins.root).join(MAP_META), 99);
+    set_meta(&pins::versioned_dir(&e.pins.root).join(MAP_META.name), 99);
     let err = ZoneProgram::load(&e.pins.root, 1).err().expect("must refuse").to_string();
     assert!(err.contains("layout version 99"), "{err}");
 }
@@ -134,7 +134,7 @@ fn reload_keeps_conntrack_and_rules() {
 fn pin_meta(root: &std::path::Path, dir_version: u32, recorded: u8) {
     let dir = pins::version_dir(root, dir_version);
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(MAP_META);
+    let path = dir.join(MAP_META.name);
     let p = path.to_str().unwrap();
     sh(&["bpftool", "map", "create", p, "type", "array", "key", "4", "value", "8", "entries", "1", "name", "meta"])
         .unwrap();
@@ -207,5 +207,5 @@ fn only_the_previous_layout_is_migrated() {
     let err = format!("{:#}", Migration::begin(&p.root, CtSizes::default()).expect_err("must refuse"));
     assert!(err.contains(&format!("layout version {}", FROM_VERSION - 1)), "{err}");
     assert!(err.contains(&format!("migrates only layout {FROM_VERSION}")), "{err}");
-    assert!(!pins::versioned_dir(&p.root).join(MAP_CT).exists(), "nothing created");
+    assert!(!pins::versioned_dir(&p.root).join(MAP_CT.name).exists(), "nothing created");
 }

@@ -209,7 +209,7 @@ fn a_flow_loses_one_segment_per_round_and_never_a_resend_or_a_probe() {
         "{beyond} + {extra} segments passed beyond the tail, expected about {fit}"
     );
     // `lbagent maps qos_drops` shows the flow's latest drop.
-    let (drops, _) = lbagent::cli::maps::render(&e.tables, MAP_QOS_DROPS).unwrap();
+    let (drops, _) = lbagent::cli::maps::render(&e.tables, MAP_QOS_DROPS.name).unwrap();
     assert!(
         drops.contains(&format!(
             "bucket {BUCKET_EIP}    203.0.113.7:4000 -> 198.51.100.10:80 dropped up to seq {}",
@@ -610,13 +610,13 @@ mod traffic {
             .unwrap_or_else(|| panic!("no QoS metric for {key}:\n{metrics}"));
         assert!(dropped.rsplit(' ').next().unwrap().parse::<u64>().unwrap() > 0, "{dropped}");
         let t = b.bed.reconciler.realizer.engine.tables().unwrap();
-        let (hooks, _) = lbagent::cli::maps::render(&t, MAP_QOS_HOOKS).unwrap();
+        let (hooks, _) = lbagent::cli::maps::render(&t, MAP_QOS_HOOKS.name).unwrap();
         assert!(hooks.contains("src 198.51.100.0/24"), "{hooks}");
-        let (zones, _) = lbagent::cli::maps::render(&t, MAP_QOS_ZONES).unwrap();
+        let (zones, _) = lbagent::cli::maps::render(&t, MAP_QOS_ZONES.name).unwrap();
         assert!(zones.contains("EIP rules: ingress ifindex") && zones.contains("gateway rules 1"), "{zones}");
-        let (eips, _) = lbagent::cli::maps::render(&t, MAP_QOS_EIPS).unwrap();
+        let (eips, _) = lbagent::cli::maps::render(&t, MAP_QOS_EIPS.name).unwrap();
         assert!(eips.contains(FIP1) && eips.contains("(before every gateway rule)"), "{eips}");
-        let (stats, _) = lbagent::cli::maps::render(&t, MAP_QOS_STATS).unwrap();
+        let (stats, _) = lbagent::cli::maps::render(&t, MAP_QOS_STATS.name).unwrap();
         assert!(stats.contains("dropped"), "{stats}");
         // Unbinding the EIP's policy: the gateway's src rule (priority 2).
         let st = state(&b, "", "", "gw", &format!("{gw}{eip}"));

@@ -146,10 +146,7 @@ fn counts_follow_expiry_and_never_wrap_into_a_refusal() {
     // Counts that ran below zero (as after an upgrade) read as zero.
     e.tables.recount_zone_flows().unwrap();
     e.tables.set_zone_ct_limits(A, ZoneCtLimits { established: 5, new: 1 }).unwrap();
-    let pin = lbagent::dataplane::pins::versioned_dir(&e.pins.root).join(MAP_ZONE_CT_FLOWS);
-    let data = aya::maps::MapData::from_pin(pin).unwrap();
-    let mut map: aya::maps::HashMap<_, u32, ZoneCtFlows> =
-        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(data)).unwrap();
+    let mut map = e.tables.hash(MAP_ZONE_CT_FLOWS).unwrap();
     map.insert(&u32::from(A), &ZoneCtFlows { established: 0, new: u64::MAX - 3 }, 0).unwrap();
     let (rc, _) = run_program(&mut a, &frame(&Ip::new(client(A, 9), VIP), &tcp(SYN, 40001, 80, b""))).unwrap();
     assert_eq!(rc, TC_ACT_OK, "a wrapped count does not refuse");

@@ -73,11 +73,11 @@ pub fn run(action: Action) -> Result<()> {
             let now = fmt::monotonic_ns();
             let entries: Vec<_> = tables.conntrack()?.into_iter().filter(|(k, e)| filter.matches(k, e)).collect();
             if json {
-                let v: Vec<_> = entries.iter().map(|(k, e)| fmt::ct_json(k, e, now)).collect();
+                let v: Vec<_> = entries.iter().map(|(k, e)| fmt::CtRow::new(k, e, now)).collect();
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for (k, e) in &entries {
-                    println!("{}", fmt::ct_line(k, e, now));
+                    println!("{}", fmt::CtRow::new(k, e, now));
                 }
                 eprintln!("{} entries", entries.len());
             }

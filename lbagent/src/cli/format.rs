@@ -1,13 +1,13 @@
 //! Human and JSON renderings of map entries.
 
-use std::net::Ipv4Addr;
+use std::{fmt, net::Ipv4Addr};
 
 use lbagent_common::*;
 
 use crate::proto::Protocol;
 
 pub use crate::dataplane::tables::monotonic_ns;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 /// A protocol number as shown: tcp/udp by [`Protocol`]'s names, icmp, `any`
 /// (0), or the number.
@@ -40,9 +40,28 @@ pub fn tuple(t: &Tuple) -> String {
     format!("{} {}:{} -> {}:{}", proto_name(t.proto), ip(t.saddr), t.sport, ip(t.daddr), t.dport)
 }
 
-pub fn tuple_json(t: &Tuple) -> Value {
-    json!({"zone": t.zone, "proto": proto_name(t.proto), "src": ip(t.saddr).to_string(), "sport": t.sport,
-           "dst": ip(t.daddr).to_string(), "dport": t.dport})
+/// A tuple in JSON.
+#[derive(Serialize)]
+pub struct TupleJson {
+    zone: u16,
+    proto: String,
+    src: String,
+    sport: u16,
+    dst: String,
+    dport: u16,
+}
+
+impl TupleJson {
+    pub fn new(t: &Tuple) -> Self {
+        TupleJson {
+            zone: t.zone,
+            proto: proto_name(t.proto),
+            src: ip(t.saddr).to_string(),
+            sport: t.sport,
+            dst: ip(t.daddr).to_string(),
+            dport: t.dport,
+        }
+    }
 }
 
 pub fn state_name(s: u8) -> &'static str {
@@ -75,20 +94,42 @@ pub fn ct_flags(f: u8) -> String {
     v.join(",")
 }
 
-pub fn ct_line(k: &Tuple, e: &CtEntry, now_ns: u64) -> String {
-    format!(
-        "zone {:<3} {:<52} => {:<46} {:<11} {:<17} idle {}s",
-        k.zone,
-        tuple(k),
-        tuple(&e.xlate),
-        state_name(e.state),
-        ct_flags(e.flags),
-        now_ns.saturating_sub(e.last_seen_ns) / 1_000_000_000
-    )
+/// One conntrack entry (a flow's half): `lbagent conntrack list` and
+/// `lbagent maps ct`.
+#[derive(Serialize)]
+pub struct CtRow {
+    key: TupleJson,
+    xlate: TupleJson,
+    state: &'static str,
+    flags: String,
+    dnat_rule: u32,
+    snat_rule: u32,
+    idle_s: u64,
+    #[serde(skip)]
+    line: (String, String),
 }
 
-pub fn ct_json(k: &Tuple, e: &CtEntry, now_ns: u64) -> Value {
-    json!({"key": tuple_json(k), "xlate": tuple_json(&e.xlate), "state": state_name(e.state),
-           "flags": ct_flags(e.flags), "dnat_rule": e.dnat_rule, "snat_rule": e.snat_rule,
-           "idle_s": now_ns.saturating_sub(e.last_seen_ns) / 1_000_000_000})
+impl CtRow {
+    pub fn new(k: &Tuple, e: &CtEntry, now_ns: u64) -> Self {
+        CtRow {
+            key: TupleJson::new(k),
+            xlate: TupleJson::new(&e.xlate),
+            state: state_name(e.state),
+            flags: ct_flags(e.flags),
+            dnat_rule: e.dnat_rule,
+            snat_rule: e.snat_rule,
+            idle_s: now_ns.saturating_sub(e.last_seen_ns) / 1_000_000_000,
+            line: (tuple(k), tuple(&e.xlate)),
+        }
+    }
+}
+
+impl fmt::Display for CtRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "zone {:<3} {:<52} => {:<46} {:<11} {:<17} idle {}s",
+            self.key.zone, self.line.0, self.line.1, self.state, self.flags, self.idle_s
+        )
+    }
 }

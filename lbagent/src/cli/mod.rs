@@ -3,6 +3,7 @@
 pub mod conntrack;
 pub mod fleet;
 pub mod format;
+mod map_rows;
 pub mod maps;
 pub mod status;
 

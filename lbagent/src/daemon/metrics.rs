@@ -69,7 +69,7 @@ fn gauge(registry: &mut Registry, name: &str, help: &str, value: i64) {
 pub fn render(bpffs: &Path, status: &Status) -> Result<String> {
     let mut r = Registry::with_prefix("lbagent");
     // Nothing loaded yet (no object was ever applied): no dataplane series.
-    if crate::dataplane::pins::versioned_dir(bpffs).join(lbagent_common::MAP_CT).exists() {
+    if crate::dataplane::pins::versioned_dir(bpffs).join(lbagent_common::MAP_CT.name).exists() {
         dataplane(&mut r, bpffs, status)?;
     }
     let doc = &status.document;
@@ -282,7 +282,7 @@ mod tests {
         let maps = crate::dataplane::pins::versioned_dir(&dir);
         std::fs::create_dir_all(&maps).unwrap();
         // A plain file where the conntrack table's pin should be.
-        std::fs::write(maps.join(lbagent_common::MAP_CT), b"not a map").unwrap();
+        std::fs::write(maps.join(lbagent_common::MAP_CT.name), b"not a map").unwrap();
         let e = render(&dir, &Status::default()).unwrap_err();
         let _ = std::fs::remove_dir_all(&dir);
         assert!(format!("{e:#}").contains("pinned maps") || format!("{e:#}").contains("counters"), "{e:#}");

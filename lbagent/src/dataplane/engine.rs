@@ -93,7 +93,7 @@ impl Engine {
     /// repair pass with the same programs. Returns the re-pinned maps.
     pub fn repair_pins(&mut self) -> Result<Vec<String>> {
         let dir = pins::versioned_dir(&self.bpffs);
-        if dir.join(lbagent_common::MAP_CT).exists() || (self.programs.is_empty() && self.guard.is_none()) {
+        if dir.join(lbagent_common::MAP_CT.name).exists() || (self.programs.is_empty() && self.guard.is_none()) {
             return Ok(vec![]);
         }
         pins::ensure_bpffs(&self.bpffs)?;
@@ -120,7 +120,7 @@ impl Engine {
                 repinned.push(name.to_string());
             }
         }
-        if !dir.join(lbagent_common::MAP_META).exists() {
+        if !dir.join(lbagent_common::MAP_META.name).exists() {
             // No program uses `meta` (a layout marker only): a new one.
             ZoneProgram::load_sized(&self.bpffs, 0, self.ct_sizes)?;
         }
@@ -200,7 +200,7 @@ impl Engine {
     }
 
     pub fn tables(&self) -> Result<Tables> {
-        if !pins::versioned_dir(&self.bpffs).join(lbagent_common::MAP_CT).exists() {
+        if !pins::versioned_dir(&self.bpffs).join(lbagent_common::MAP_CT.name).exists() {
             ZoneProgram::load_sized(&self.bpffs, 0, self.ct_sizes)?;
         }
         Tables::open(&self.bpffs)

@@ -34,8 +34,8 @@ impl CtSizes {
     /// Each table with its size and the flag that sets it.
     fn tables(self) -> [(&'static str, u32, &'static str); 2] {
         [
-            (lbagent_common::MAP_CT, self.established, "--conntrack-max"),
-            (lbagent_common::MAP_CT_NEW, self.new, "--conntrack-new-max"),
+            (lbagent_common::MAP_CT.name, self.established, "--conntrack-max"),
+            (lbagent_common::MAP_CT_NEW.name, self.new, "--conntrack-new-max"),
         ]
     }
 

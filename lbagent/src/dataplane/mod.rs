@@ -26,3 +26,41 @@ pub const PROGRAM_PROXY_GUARD: &str = "lbagent_proxy_guard";
 
 /// Default bpffs directory for lbagent's pins.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/lbagent";
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use aya_obj::{Object, maps::PinningType};
+    use lbagent_common::{ALL_MAPS, MapInfo};
+
+    /// The static check of the map definitions: every map the compiled
+    /// object pins by name is one of `ALL_MAPS`, with the same kind, key
+    /// and value sizes and declared size; and every definition is in the
+    /// object.
+    #[test]
+    fn the_object_declares_exactly_these_maps() {
+        let obj = Object::parse(super::OBJECT).expect("the embedded object parses");
+        let pinned: BTreeMap<&str, MapInfo> = obj
+            .maps
+            .iter()
+            .filter(|(_, m)| m.pinning() == PinningType::ByName)
+            .map(|(name, m)| {
+                let def = ALL_MAPS.iter().find(|d| d.name == name.as_str());
+                let def = def.unwrap_or_else(|| panic!("the object pins {name}, which has no definition"));
+                let seen = MapInfo {
+                    name: def.name,
+                    kind: def.kind,
+                    key_size: m.key_size(),
+                    value_size: m.value_size(),
+                    max_entries: m.max_entries(),
+                };
+                assert_eq!(m.map_type(), def.kind.map_type(), "{name}: kind {:?}", def.kind);
+                assert_eq!(seen, *def, "{name}: the object's sizes differ from its definition");
+                (def.name, seen)
+            })
+            .collect();
+        let missing: Vec<&str> = ALL_MAPS.iter().map(|d| d.name).filter(|n| !pinned.contains_key(n)).collect();
+        assert!(missing.is_empty(), "defined but not in the object: {missing:?}");
+    }
+}

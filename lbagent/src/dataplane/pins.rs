@@ -6,8 +6,8 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use aya::maps::{Array, MapData};
-use lbagent_common::{LAYOUT_VERSION, MAP_META, Meta};
+use aya::maps::{Array, Map, MapData};
+use lbagent_common::{LAYOUT_VERSION, MAP_META, MapDef, MapKind, Meta};
 
 const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 
@@ -83,7 +83,7 @@ pub fn pinned_map_ids(root: &Path) -> Option<std::collections::HashMap<&'static 
     let dir = versioned_dir(root);
     lbagent_common::ALL_MAPS
         .iter()
-        .map(|&name| Some((name, MapData::from_pin(dir.join(name)).ok()?.info().ok()?.id())))
+        .map(|m| Some((m.name, MapData::from_pin(dir.join(m.name)).ok()?.info().ok()?.id())))
         .collect()
 }
 
@@ -148,7 +148,7 @@ pub fn check_meta(root: &Path) -> Result<bool> {
             root.display()
         );
     }
-    let path = versioned_dir(root).join(MAP_META);
+    let path = versioned_dir(root).join(MAP_META.name);
     if !path.exists() {
         return Ok(false);
     }
@@ -176,7 +176,7 @@ pub fn check_meta(root: &Path) -> Result<bool> {
 
 /// The layout version recorded in `<root>/v<version>/meta`, if pinned.
 pub fn meta_version(root: &Path, version: u32) -> Result<Option<u32>> {
-    let path = version_dir(root, version).join(MAP_META);
+    let path = version_dir(root, version).join(MAP_META.name);
     if !path.exists() {
         return Ok(None);
     }
@@ -208,7 +208,7 @@ fn newer_live_version(root: &Path) -> Option<u32> {
 
 fn read_meta(path: &Path) -> Result<Meta> {
     let data = MapData::from_pin(path).with_context(|| format!("opening {}", path.display()))?;
-    let arr: Array<_, Meta> = Array::try_from(aya::maps::Map::Array(data))?;
+    let arr: Array<_, Meta> = Array::try_from(map_of(MAP_META, data))?;
     Ok(arr.get(&0, 0)?)
 }
 
@@ -219,8 +219,8 @@ pub fn write_meta(root: &Path) -> Result<()> {
 
 /// Sets `<dir>/meta` to this build's layout version.
 fn write_meta_in(dir: &Path) -> Result<()> {
-    let data = MapData::from_pin(dir.join(MAP_META))?;
-    let mut arr: Array<_, Meta> = Array::try_from(aya::maps::Map::Array(data))?;
+    let data = MapData::from_pin(dir.join(MAP_META.name))?;
+    let mut arr: Array<_, Meta> = Array::try_from(map_of(MAP_META, data))?;
     arr.set(0, &Meta { layout_version: LAYOUT_VERSION, _pad0: 0 }, 0)?;
     Ok(())
 }
@@ -256,7 +256,7 @@ pub fn leave_marker(root: &Path, version: u32) -> Result<()> {
     let dir = version_dir(root, version);
     for entry in fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry?.path();
-        if path.file_name().is_some_and(|n| n == MAP_META) {
+        if path.file_name().is_some_and(|n| n == MAP_META.name) {
             continue;
         }
         let removed = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
@@ -276,4 +276,17 @@ pub fn remove_all(root: &Path) -> Result<()> {
     }
     let _ = fs::remove_dir(root);
     Ok(())
+}
+/// An opened pin as aya's map of the kind `def` declares (the one place a
+/// kind becomes aya's variant).
+pub fn map_of<K, V>(def: MapDef<K, V>, data: MapData) -> Map {
+    match def.kind {
+        MapKind::Hash => Map::HashMap(data),
+        MapKind::LruHash => Map::LruHashMap(data),
+        MapKind::Array => Map::Array(data),
+        MapKind::PerCpuArray => Map::PerCpuArray(data),
+        MapKind::LruPerCpuHash => Map::PerCpuLruHashMap(data),
+        MapKind::LpmTrie => Map::LpmTrie(data),
+        MapKind::HashOfMaps => Map::HashOfMaps(data),
+    }
 }

@@ -67,23 +67,22 @@ pub struct QosDump {
 impl Tables {
     /// The zone's QoS entries as the maps hold them.
     pub fn qos_zone(&self, zone: u16) -> Result<QosZone> {
-        let mut out =
-            QosZone { info: self.array::<QosZoneInfo>(MAP_QOS_ZONES)?.get(&(zone as u32), 0)?, ..Default::default() };
-        let hooks = self.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?;
+        let mut out = QosZone { info: self.array(MAP_QOS_ZONES)?.get(&(zone as u32), 0)?, ..Default::default() };
+        let hooks = self.hash(MAP_QOS_HOOKS)?;
         for item in hooks.iter() {
             let (k, v) = item?;
             if k.zone == zone {
                 out.hooks.insert((k.ifindex, k.dir), v);
             }
         }
-        let eips = self.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?;
+        let eips = self.hash(MAP_QOS_EIPS)?;
         for item in eips.iter() {
             let (k, v) = item?;
             if k.zone == zone {
                 out.eips.insert((k.addr, k.dir), v);
             }
         }
-        let config = self.array::<QosConfig>(MAP_QOS_CONFIG)?;
+        let config = self.array(MAP_QOS_CONFIG)?;
         let used: BTreeSet<u32> = out
             .hooks
             .values()
@@ -106,13 +105,13 @@ impl Tables {
             return Ok(Changes::new());
         }
         let mut changes = Changes::new();
-        let mut config = self.array::<QosConfig>(MAP_QOS_CONFIG)?;
-        let mut state = self.array::<QosBucket>(MAP_QOS_STATE)?;
-        let mut stats = self.per_cpu_array::<QosStats>(MAP_QOS_STATS)?;
+        let mut config = self.array(MAP_QOS_CONFIG)?;
+        let mut state = self.array(MAP_QOS_STATE)?;
+        let mut stats = self.per_cpu_array(MAP_QOS_STATS)?;
         let cpus = super::tables::possible_cpus()?;
         let zeroed = || super::tables::per_cpu(vec![QosStats::default(); cpus]);
-        let mut hooks = self.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?;
-        let mut eips = self.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?;
+        let mut hooks = self.hash(MAP_QOS_HOOKS)?;
+        let mut eips = self.hash(MAP_QOS_EIPS)?;
         let fresh: BTreeSet<u32> = want
             .buckets
             .keys()
@@ -143,7 +142,7 @@ impl Tables {
             }
         }
         if have.info != want.info {
-            self.array::<QosZoneInfo>(MAP_QOS_ZONES)?.set(zone as u32, &want.info, 0)?;
+            self.array(MAP_QOS_ZONES)?.set(zone as u32, &want.info, 0)?;
         }
         for (addr, dir) in have.eips.keys().filter(|k| !want.eips.contains_key(k)) {
             let _ = eips.remove(&QosEipKey { addr: *addr, zone, dir: *dir, _pad0: 0 });
@@ -166,7 +165,7 @@ impl Tables {
         if buckets.is_empty() {
             return Ok(());
         }
-        let mut drops = self.hash::<QosDropKey, QosDrop>(MAP_QOS_DROPS)?;
+        let mut drops = self.hash(MAP_QOS_DROPS)?;
         let stale: Vec<QosDropKey> =
             drops.keys().filter_map(|k| k.ok()).filter(|k| buckets.contains(&k.bucket)).collect();
         for k in stale {
@@ -177,7 +176,7 @@ impl Tables {
 
     /// The counters of `buckets` (all CPUs added up).
     pub fn qos_stats_of(&self, buckets: impl IntoIterator<Item = u32>) -> Result<BTreeMap<u32, QosStats>> {
-        let stats = self.per_cpu_array::<QosStats>(MAP_QOS_STATS)?;
+        let stats = self.per_cpu_array(MAP_QOS_STATS)?;
         let mut out = BTreeMap::new();
         for b in buckets {
             if b != 0 && b < QOS_BUCKETS_MAX {
@@ -200,21 +199,21 @@ impl Tables {
     /// Every QoS map's entries (for `lbagent maps`).
     pub fn qos_dump(&self) -> Result<QosDump> {
         let mut d = QosDump::default();
-        let zones = self.array::<QosZoneInfo>(MAP_QOS_ZONES)?;
+        let zones = self.array(MAP_QOS_ZONES)?;
         for item in zones.iter().enumerate() {
             let (z, info) = (item.0 as u32, item.1?);
             if info.any() {
                 d.zones.push((z, info));
             }
         }
-        for item in self.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?.iter() {
+        for item in self.hash(MAP_QOS_HOOKS)?.iter() {
             d.hooks.push(item?);
         }
-        for item in self.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?.iter() {
+        for item in self.hash(MAP_QOS_EIPS)?.iter() {
             d.eips.push(item?);
         }
-        let config = self.array::<QosConfig>(MAP_QOS_CONFIG)?;
-        let state = self.array::<QosBucket>(MAP_QOS_STATE)?;
+        let config = self.array(MAP_QOS_CONFIG)?;
+        let state = self.array(MAP_QOS_STATE)?;
         for (b, c) in config.iter().enumerate() {
             let c = c?;
             if c.rate_bps != 0 {
@@ -222,7 +221,7 @@ impl Tables {
                 d.state.push((b as u32, state.get(&(b as u32), 0)?));
             }
         }
-        for item in self.hash::<QosDropKey, QosDrop>(MAP_QOS_DROPS)?.iter() {
+        for item in self.hash(MAP_QOS_DROPS)?.iter() {
             d.drops.push(item?);
         }
         d.drops.sort_by_key(|(k, _)| *k);

@@ -107,7 +107,8 @@ impl Realizer for Host {
             Err(e) => tracing::error!(object = "agent", "repairing the pin directory: {e:#}"),
         }
         let want = agent.nat_config();
-        let pinned = crate::dataplane::pins::versioned_dir(&self.engine.bpffs).join(lbagent_common::MAP_CT).exists();
+        let pinned =
+            crate::dataplane::pins::versioned_dir(&self.engine.bpffs).join(lbagent_common::MAP_CT.name).exists();
         if !pinned && want == AgentConfig::default().nat_config() {
             // Nothing loaded yet and nothing to change (teardown must not load the maps).
             return;

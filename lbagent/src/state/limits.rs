@@ -67,34 +67,22 @@ const ZONES: &str = "zones";
 
 /// What the objects of one host's document may use of each shared map.
 pub const HOST_BUDGET: [(&str, u64); 10] = [
-    (common::MAP_DNAT_RULES, common::DNAT_RULES_MAX as u64 / 2),
-    (common::MAP_DNAT_BACKENDS, common::DNAT_BACKENDS_MAX as u64 / 2),
-    (common::MAP_SNAT_RULES, common::SNAT_RULES_MAX as u64 / 2),
-    (common::MAP_ACL_RULES, common::ACL_RULES_MAX as u64 / 2),
-    (common::MAP_SCHED_TABLES, common::SCHED_TABLES_MAX as u64 / 2),
-    (common::MAP_SCHED_ACTIVE, common::SCHED_ACTIVE_MAX as u64 / 2),
+    (common::MAP_DNAT_RULES.name, common::MAP_DNAT_RULES.max_entries as u64 / 2),
+    (common::MAP_DNAT_BACKENDS.name, common::MAP_DNAT_BACKENDS.max_entries as u64 / 2),
+    (common::MAP_SNAT_RULES.name, common::MAP_SNAT_RULES.max_entries as u64 / 2),
+    (common::MAP_ACL_RULES.name, common::MAP_ACL_RULES.max_entries as u64 / 2),
+    (common::MAP_SCHED_TABLES.name, common::MAP_SCHED_TABLES.max_entries as u64 / 2),
+    (common::MAP_SCHED_ACTIVE.name, common::MAP_SCHED_ACTIVE.max_entries as u64 / 2),
     // Buckets index `qos_config`, `qos_state` and `qos_stats`; bucket 0 is never used.
-    (common::MAP_QOS_CONFIG, (common::QOS_BUCKETS_MAX as u64 - 1) / 2),
-    (common::MAP_QOS_HOOKS, common::QOS_HOOKS_MAX as u64 / 2),
-    (common::MAP_QOS_EIPS, common::QOS_EIPS_MAX as u64 / 2),
+    (common::MAP_QOS_CONFIG.name, (common::MAP_QOS_CONFIG.max_entries as u64 - 1) / 2),
+    (common::MAP_QOS_HOOKS.name, common::MAP_QOS_HOOKS.max_entries as u64 / 2),
+    (common::MAP_QOS_EIPS.name, common::MAP_QOS_EIPS.max_entries as u64 / 2),
     (ZONES, MAX_ZONES),
 ];
 
 /// The whole size of `map`, as the message says it.
 fn map_size(map: &str) -> Option<u64> {
-    let size = match map {
-        common::MAP_DNAT_RULES => common::DNAT_RULES_MAX,
-        common::MAP_DNAT_BACKENDS => common::DNAT_BACKENDS_MAX,
-        common::MAP_SNAT_RULES => common::SNAT_RULES_MAX,
-        common::MAP_ACL_RULES => common::ACL_RULES_MAX,
-        common::MAP_SCHED_TABLES => common::SCHED_TABLES_MAX,
-        common::MAP_SCHED_ACTIVE => common::SCHED_ACTIVE_MAX,
-        common::MAP_QOS_CONFIG => common::QOS_BUCKETS_MAX,
-        common::MAP_QOS_HOOKS => common::QOS_HOOKS_MAX,
-        common::MAP_QOS_EIPS => common::QOS_EIPS_MAX,
-        _ => return None,
-    };
-    Some(size as u64)
+    common::map_info(map).map(|m| u64::from(m.max_entries))
 }
 
 /// Entries one object needs, in `HOST_BUDGET` order.
@@ -200,11 +188,11 @@ fn lb_need(lb: &LoadBalancer) -> Need {
         }
     }
     need(&[
-        (common::MAP_DNAT_RULES, lb.listeners.len() as u64 + 2 * backends),
-        (common::MAP_DNAT_BACKENDS, targets),
-        (common::MAP_ACL_RULES, acl),
-        (common::MAP_SCHED_TABLES, tables),
-        (common::MAP_SCHED_ACTIVE, active),
+        (common::MAP_DNAT_RULES.name, lb.listeners.len() as u64 + 2 * backends),
+        (common::MAP_DNAT_BACKENDS.name, targets),
+        (common::MAP_ACL_RULES.name, acl),
+        (common::MAP_SCHED_TABLES.name, tables),
+        (common::MAP_SCHED_ACTIVE.name, active),
         (ZONES, 1),
     ])
 }
@@ -261,12 +249,12 @@ fn gw_need(gw: &NatGateway, policies: &BTreeMap<&str, &QosPolicy>) -> Need {
         hooks += on.len() as u64;
     }
     need(&[
-        (common::MAP_DNAT_RULES, fips + identities.len() as u64),
-        (common::MAP_DNAT_BACKENDS, fips + targets),
-        (common::MAP_SNAT_RULES, fips + snats.len() as u64),
-        (common::MAP_QOS_CONFIG, buckets),
-        (common::MAP_QOS_HOOKS, hooks),
-        (common::MAP_QOS_EIPS, eip_entries),
+        (common::MAP_DNAT_RULES.name, fips + identities.len() as u64),
+        (common::MAP_DNAT_BACKENDS.name, fips + targets),
+        (common::MAP_SNAT_RULES.name, fips + snats.len() as u64),
+        (common::MAP_QOS_CONFIG.name, buckets),
+        (common::MAP_QOS_HOOKS.name, hooks),
+        (common::MAP_QOS_EIPS.name, eip_entries),
         (ZONES, 1),
     ])
 }

@@ -87,6 +87,14 @@ impl Check {
     }
 }
 
+impl Desired {
+    /// Validates a raw document and converts it: every problem with its
+    /// path, or the typed desired state ([`desired`]).
+    pub fn from_state(s: &StateFile) -> Result<Desired, Problems> {
+        desired(s)
+    }
+}
+
 /// Checks a document and converts it: the typed desired state, or every
 /// problem with its path (in document order). Disabled load balancers are
 /// checked but absent from the result (they are torn down like removed
@@ -938,4 +946,52 @@ fn nat_gateway<'a>(
         snats,
         conntrack_limits: gw.conntrack_limits.unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::spec::Desired;
+    use crate::state::{Format, load::parse, model};
+
+    fn example() -> StateFile {
+        parse(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap()
+    }
+
+    #[test]
+    fn the_example_converts_with_defaults_and_groups_resolved() {
+        let d = Desired::from_state(&example()).unwrap();
+        let lb = d.lbs.values().next().unwrap();
+        assert_eq!(lb.network.ip, Ipv4Addr::new(10, 10, 0, 5));
+        for l in &lb.listeners {
+            assert!(lb.groups.contains(&l.group), "listener {} has its group", l.id);
+            if let Some(h) = &l.health {
+                assert!(h.interval_s > 0 && h.rise > 0 && h.fall > 0 && h.timeout_s > 0 && h.path.starts_with('/'));
+            }
+        }
+        let gw = &d.gws["gw1"];
+        assert!(gw.dnats.iter().all(|x| gw.eips.iter().any(|e| e.ip == x.eip.ip && e.name == x.eip.name)));
+    }
+
+    #[test]
+    fn an_invalid_document_converts_to_its_problems_not_a_partial_spec() {
+        let mut s = example();
+        s.load_balancers[0].listeners[0].port = 70_000;
+        s.nat_gateways[0].dnats[0].eip = "nope".into();
+        let err = Desired::from_state(&s).unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert!(paths.contains(&"load_balancers[0].listeners[0].port"), "{paths:?}");
+        assert!(paths.contains(&"nat_gateways[0].dnats[0].eip"), "{paths:?}");
+    }
+
+    #[test]
+    fn a_value_that_does_not_fit_its_type_is_a_problem_with_its_path() {
+        let mut s = example();
+        s.load_balancers[0].backend_groups[0].backends[0].port = 65_536;
+        s.nat_gateways[0].routes.push(model::Route { cidr: "10.0.0.1/8".into(), via: "10.10.0.1".into() });
+        let err = Desired::from_state(&s).unwrap_err();
+        let paths: Vec<&str> = err.0.iter().map(|p| p.path.as_str()).collect();
+        assert!(paths.contains(&"load_balancers[0].backend_groups[0].backends[0].port"), "{paths:?}");
+        assert!(paths.iter().any(|p| p.starts_with("nat_gateways[0].routes[")), "{paths:?}");
+    }
 }

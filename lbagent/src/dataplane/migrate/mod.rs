@@ -49,7 +49,7 @@ use tracing::info;
 
 use super::{
     loader::CtSizes,
-    pins,
+    pins::{self, map_of},
     tables::{HalfWritten, Tables, per_cpu, possible_cpus},
 };
 
@@ -110,7 +110,7 @@ impl Migration {
         if FROM_VERSION == 0 || !pins::is_live(root, FROM_VERSION) {
             return Ok(None);
         }
-        if !old.join(MAP_CT).exists() {
+        if !old.join(MAP_CT.name).exists() {
             return Ok(None);
         }
         info!(
@@ -182,8 +182,9 @@ impl Migration {
 fn share_conntrack(old: &Path, root: &Path, sizes: CtSizes) -> Result<bool> {
     let dir = pins::versioned_dir(root);
     let mut tables = Vec::new();
-    for (name, size) in [(MAP_CT, sizes.established), (MAP_CT_NEW, sizes.new)] {
-        let map = old_map(old, name)?;
+    for (table, size) in [(MAP_CT, sizes.established), (MAP_CT_NEW, sizes.new)] {
+        let name = table.name;
+        let map = old_map(old, table)?;
         let info = map.info()?;
         // This layout's pin, when one is there: the old map itself (a start
         // that crashed after sharing it), or another one (copied tables).
@@ -207,8 +208,10 @@ fn share_conntrack(old: &Path, root: &Path, sizes: CtSizes) -> Result<bool> {
     Ok(true)
 }
 
-fn old_map(dir: &Path, name: &str) -> Result<MapData> {
-    let path = dir.join(name);
+/// A map of the previous layout, by this layout's definition's name (its
+/// key, value and kind are the previous layout's: `previous`).
+fn old_map<K, V>(dir: &Path, def: MapDef<K, V>) -> Result<MapData> {
+    let path = dir.join(def.name);
     MapData::from_pin(&path).with_context(|| format!("opening {} of layout {FROM_VERSION}", path.display()))
 }
 
@@ -218,10 +221,8 @@ fn old_map(dir: &Path, name: &str) -> Result<MapData> {
 fn copy_conntrack(old: &Path, t: &Tables) -> Result<Carried> {
     let mut writer = t.flow_writer()?;
     let mut c = Carried::default();
-    for (name, lru) in [(MAP_CT, false), (MAP_CT_NEW, true)] {
-        let data = old_map(old, name)?;
-        let table: HashMap<_, Tuple, CtEntry> =
-            HashMap::try_from(if lru { Map::LruHashMap(data) } else { Map::HashMap(data) })?;
+    for (table, established) in [(MAP_CT, true), (MAP_CT_NEW, false)] {
+        let table: HashMap<_, Tuple, CtEntry> = HashMap::try_from(map_of(table, old_map(old, table)?))?;
         // Iterating a table that the old programs still write can skip or
         // repeat keys (a key deleted under the cursor restarts the walk);
         // both are harmless here: a repeat is "present", a skip is caught
@@ -231,7 +232,7 @@ fn copy_conntrack(old: &Path, t: &Tables) -> Result<Carried> {
         // packet).
         for item in table.iter() {
             let Ok((key, entry)) = item else { continue };
-            match writer.insert_half(&key, &entry, !lru) {
+            match writer.insert_half(&key, &entry, established) {
                 HalfWritten::Inserted => c.ct_halves += 1,
                 HalfWritten::Present => c.ct_present += 1,
                 HalfWritten::Full => c.ct_full += 1,
@@ -245,9 +246,8 @@ fn copy_conntrack(old: &Path, t: &Tables) -> Result<Carried> {
 /// they stay valid); entries the new table already holds win.
 fn copy_rule_stats(old: &Path, t: &Tables) -> Result<usize> {
     let stats: PerCpuHashMap<_, u32, RuleStats> =
-        PerCpuHashMap::try_from(Map::PerCpuLruHashMap(old_map(old, MAP_RULE_STATS)?))?;
-    let mut new_stats: PerCpuHashMap<_, u32, RuleStats> =
-        PerCpuHashMap::try_from(Map::PerCpuLruHashMap(t.data(MAP_RULE_STATS)?))?;
+        PerCpuHashMap::try_from(map_of(MAP_RULE_STATS, old_map(old, MAP_RULE_STATS)?))?;
+    let mut new_stats = t.per_cpu_hash(MAP_RULE_STATS)?;
     let mut n = 0;
     for (id, per_cpu) in stats.iter().flatten() {
         if new_stats.insert(&id, per_cpu, NOEXIST).is_ok() {
@@ -262,12 +262,13 @@ fn copy_rule_stats(old: &Path, t: &Tables) -> Result<usize> {
 /// apply finds the bucket in use and changes only what differs. Returns the
 /// number of buckets.
 fn copy_qos(old: &Path, t: &Tables) -> Result<usize> {
-    let config: Array<_, QosConfig> = Array::try_from(Map::Array(old_map(old, MAP_QOS_CONFIG)?))?;
-    let state: Array<_, QosBucket> = Array::try_from(Map::Array(old_map(old, MAP_QOS_STATE)?))?;
+    let config: Array<_, QosConfig> = Array::try_from(map_of(MAP_QOS_CONFIG, old_map(old, MAP_QOS_CONFIG)?))?;
+    let state: Array<_, QosBucket> = Array::try_from(map_of(MAP_QOS_STATE, old_map(old, MAP_QOS_STATE)?))?;
+    // Layout 2's `qos_stats` was a plain array (this layout's is per CPU).
     let stats: Array<_, QosStats> = Array::try_from(Map::Array(old_map(old, MAP_QOS_STATS)?))?;
-    let mut new_config = t.array::<QosConfig>(MAP_QOS_CONFIG)?;
-    let mut new_state = t.array::<QosBucket>(MAP_QOS_STATE)?;
-    let mut new_stats = t.per_cpu_array::<QosStats>(MAP_QOS_STATS)?;
+    let mut new_config = t.array(MAP_QOS_CONFIG)?;
+    let mut new_state = t.array(MAP_QOS_STATE)?;
+    let mut new_stats = t.per_cpu_array(MAP_QOS_STATS)?;
     let cpus = possible_cpus()?;
     let mut n = 0;
     for b in 1..QOS_BUCKETS_MAX {
@@ -283,13 +284,14 @@ fn copy_qos(old: &Path, t: &Tables) -> Result<usize> {
         n += 1;
     }
     let hooks: HashMap<_, QosHookKey, previous::QosHookV2> =
-        HashMap::try_from(Map::HashMap(old_map(old, MAP_QOS_HOOKS)?))?;
-    let mut new_hooks = t.hash::<QosHookKey, QosHook>(MAP_QOS_HOOKS)?;
+        HashMap::try_from(map_of(MAP_QOS_HOOKS, old_map(old, MAP_QOS_HOOKS)?))?;
+    let mut new_hooks = t.hash(MAP_QOS_HOOKS)?;
     for (k, h) in hooks.iter().flatten() {
         let _ = new_hooks.insert(&k, &previous::qos_hook(&h), NOEXIST);
     }
-    let eips: HashMap<_, QosEipKey, previous::QosEipV2> = HashMap::try_from(Map::HashMap(old_map(old, MAP_QOS_EIPS)?))?;
-    let mut new_eips = t.hash::<QosEipKey, QosEip>(MAP_QOS_EIPS)?;
+    let eips: HashMap<_, QosEipKey, previous::QosEipV2> =
+        HashMap::try_from(map_of(MAP_QOS_EIPS, old_map(old, MAP_QOS_EIPS)?))?;
+    let mut new_eips = t.hash(MAP_QOS_EIPS)?;
     for (k, e) in eips.iter().flatten() {
         let _ = new_eips.insert(&k, &previous::qos_eip(&e), NOEXIST);
     }
@@ -299,8 +301,8 @@ fn copy_qos(old: &Path, t: &Tables) -> Result<usize> {
 /// Counters: the old values added to the new ones (per CPU), so totals
 /// continue across the upgrade. Only on the first pass (`begin`).
 fn copy_counters(old: &Path, t: &Tables) -> Result<()> {
-    let counters: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(old_map(old, MAP_COUNTERS)?))?;
-    let mut new = t.per_cpu_array::<u64>(MAP_COUNTERS)?;
+    let counters: PerCpuArray<_, u64> = PerCpuArray::try_from(map_of(MAP_COUNTERS, old_map(old, MAP_COUNTERS)?))?;
+    let mut new = t.per_cpu_array(MAP_COUNTERS)?;
     // Counters keep their index across layouts (new ones are appended).
     let shared = counters.len().min(COUNTER_COUNT);
     for i in 0..shared {

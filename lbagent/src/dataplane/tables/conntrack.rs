@@ -2,7 +2,7 @@
 //! first fragments, flush by selector, garbage collection by timeout.
 
 use anyhow::Result;
-use aya::maps::{HashMap, Map, MapData, MapError};
+use aya::maps::{HashMap, MapData, MapError};
 use lbagent_common::*;
 
 use super::Tables;
@@ -62,8 +62,8 @@ impl Tables {
     }
 
     /// The entries of one conntrack table (`MAP_CT` or `MAP_CT_NEW`), unsorted.
-    pub fn conntrack_table(&self, name: &str) -> Result<Vec<(Tuple, CtEntry)>> {
-        let ct = self.hash::<Tuple, CtEntry>(name)?;
+    pub fn conntrack_table(&self, table: MapDef<Tuple, CtEntry>) -> Result<Vec<(Tuple, CtEntry)>> {
+        let ct = self.hash(table)?;
         Ok(ct.iter().collect::<Result<_, _>>()?)
     }
 
@@ -71,17 +71,15 @@ impl Tables {
     /// (operators' and tests' surgery; normal removal goes by flow).
     pub fn remove_conntrack_entry(&self, key: &Tuple) -> Result<bool> {
         let mut found = false;
-        for name in [MAP_CT, MAP_CT_NEW] {
-            found |= self.hash::<Tuple, CtEntry>(name)?.remove(key).is_ok();
+        for table in [MAP_CT, MAP_CT_NEW] {
+            found |= self.hash(table)?.remove(key).is_ok();
         }
         Ok(found)
     }
 
     /// First fragments on record: (key, entry).
     pub fn fragments(&self) -> Result<Vec<(FragKey, FragEntry)>> {
-        let data = self.data(MAP_FRAGS)?;
-        let map: HashMap<_, FragKey, FragEntry> = HashMap::try_from(Map::LruHashMap(data))?;
-        Ok(map.iter().collect::<Result<_, _>>()?)
+        Ok(self.hash(MAP_FRAGS)?.iter().collect::<Result<_, _>>()?)
     }
 
     /// Deletes the conntrack entries of every flow that `select` picks (either
@@ -105,7 +103,7 @@ impl Tables {
     ) -> Result<usize> {
         // `ct_new` first: a promotion between the two deletions moves an
         // entry into `ct`, where the second one still finds it.
-        let mut maps = [self.hash::<Tuple, CtEntry>(MAP_CT_NEW)?, self.hash::<Tuple, CtEntry>(MAP_CT)?];
+        let mut maps = [self.hash(MAP_CT_NEW)?, self.hash(MAP_CT)?];
         let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
         let mut doomed = std::collections::HashSet::new();
         let mut flows = 0;

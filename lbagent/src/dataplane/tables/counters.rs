@@ -1,7 +1,7 @@
 //! Counters: per-CPU drop and event counters, per-rule packets and bytes.
 
 use anyhow::Result;
-use aya::maps::{Map, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{MapData, PerCpuHashMap};
 use lbagent_common::*;
 
 use super::Tables;
@@ -9,12 +9,12 @@ use super::Tables;
 impl Tables {
     /// Counters summed over CPUs.
     pub fn counters(&self) -> Result<Vec<(Counter, u64)>> {
-        let arr: PerCpuArray<_, u64> = PerCpuArray::try_from(Map::PerCpuArray(self.data(MAP_COUNTERS)?))?;
+        let arr = self.per_cpu_array(MAP_COUNTERS)?;
         Counter::ALL.iter().map(|c| Ok((*c, arr.get(&(*c as u32), 0)?.iter().sum()))).collect()
     }
 
     fn rule_stats_map(&self) -> Result<PerCpuHashMap<MapData, u32, RuleStats>> {
-        Ok(PerCpuHashMap::try_from(Map::PerCpuLruHashMap(self.data(MAP_RULE_STATS)?))?)
+        self.per_cpu_hash(MAP_RULE_STATS)
     }
 
     /// Packets and bytes per rule id, summed over CPUs.

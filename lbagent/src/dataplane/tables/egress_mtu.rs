@@ -21,10 +21,10 @@ impl Tables {
     /// is written here. Returns whether anything changed. Pins of a build
     /// without the map: nothing to write (its programs have no MTU check).
     pub fn sync_egress_mtu(&self, zone: u16, mtus: &BTreeMap<u32, u32>) -> Result<bool> {
-        if !self.dir.join(MAP_EGRESS_MTU).exists() {
+        if !self.pinned(MAP_EGRESS_MTU) {
             return Ok(false);
         }
-        let mut map = self.hash::<MtuKey, u32>(MAP_EGRESS_MTU)?;
+        let mut map = self.hash(MAP_EGRESS_MTU)?;
         let mut changed = false;
         for (&ifindex, &mtu) in mtus {
             let key = MtuKey { zone, _pad: 0, ifindex };
@@ -39,10 +39,10 @@ impl Tables {
     /// Removes every entry of zone `zone` (the zone is gone; its id may be
     /// reused). Returns how many.
     pub fn clear_egress_mtu(&self, zone: u16) -> Result<usize> {
-        if !self.dir.join(MAP_EGRESS_MTU).exists() {
+        if !self.pinned(MAP_EGRESS_MTU) {
             return Ok(0);
         }
-        let mut map = self.hash::<MtuKey, u32>(MAP_EGRESS_MTU)?;
+        let mut map = self.hash(MAP_EGRESS_MTU)?;
         let keys: Vec<MtuKey> = map.keys().filter_map(|k| k.ok()).filter(|k| k.zone == zone).collect();
         for k in &keys {
             map.remove(k)?;
@@ -52,10 +52,10 @@ impl Tables {
 
     /// Every entry, by zone and interface.
     pub fn egress_mtus(&self) -> Result<Vec<(MtuKey, u32)>> {
-        if !self.dir.join(MAP_EGRESS_MTU).exists() {
+        if !self.pinned(MAP_EGRESS_MTU) {
             return Ok(vec![]);
         }
-        let mut out: Vec<_> = self.hash::<MtuKey, u32>(MAP_EGRESS_MTU)?.iter().filter_map(|e| e.ok()).collect();
+        let mut out: Vec<_> = self.hash(MAP_EGRESS_MTU)?.iter().filter_map(|e| e.ok()).collect();
         out.sort();
         Ok(out)
     }

@@ -17,7 +17,7 @@ mod zone_ct;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues};
+use aya::maps::{Array, HashMap, HashOfMaps, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 pub use conntrack::{FlowWriter, HalfWritten};
 use lbagent_common::*;
 pub use rules::{AclSpec, DnatSpec, RuleSnat, SchedKind, SchedSpec, SnatSpec};
@@ -54,7 +54,7 @@ impl Tables {
     /// Opens the pins under `bpffs` (they must exist: load a program first).
     pub fn open(bpffs: &Path) -> Result<Self> {
         let dir = pins::versioned_dir(bpffs);
-        if !dir.join(MAP_CT).exists() {
+        if !dir.join(MAP_CT.name).exists() {
             bail!("no lbagent maps pinned under {} (is the dataplane running? see --bpffs)", dir.display());
         }
         pins::check_meta(bpffs)?;
@@ -66,26 +66,52 @@ impl Tables {
         MapData::from_pin(&path).with_context(|| format!("opening pinned map {}", path.display()))
     }
 
-    pub(in crate::dataplane) fn hash<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<HashMap<MapData, K, V>> {
-        let data = self.data(name)?;
-        let map = if name == MAP_CT_NEW || name == MAP_QOS_DROPS { Map::LruHashMap(data) } else { Map::HashMap(data) };
-        Ok(HashMap::try_from(map)?)
+    /// Whether the map is pinned (maps added by a newer layout are absent
+    /// from pins an older agent made until it migrates them).
+    pub fn pinned<K, V>(&self, def: MapDef<K, V>) -> bool {
+        self.dir.join(def.name).exists()
     }
 
-    pub(in crate::dataplane) fn array<V: aya::Pod>(&self, name: &str) -> Result<Array<MapData, V>> {
-        Ok(Array::try_from(Map::Array(self.data(name)?))?)
+    /// The pinned map as aya's map of its kind.
+    fn map<K, V>(&self, def: MapDef<K, V>) -> Result<Map> {
+        Ok(pins::map_of(def, self.data(def.name)?))
     }
 
-    pub(in crate::dataplane) fn per_cpu_array<V: aya::Pod>(&self, name: &str) -> Result<PerCpuArray<MapData, V>> {
-        Ok(PerCpuArray::try_from(Map::PerCpuArray(self.data(name)?))?)
+    pub fn hash<K: aya::Pod, V: aya::Pod>(&self, def: MapDef<K, V>) -> Result<HashMap<MapData, K, V>> {
+        Ok(HashMap::try_from(self.map(def)?)?)
+    }
+
+    pub fn per_cpu_hash<K: aya::Pod, V: aya::Pod>(&self, def: MapDef<K, V>) -> Result<PerCpuHashMap<MapData, K, V>> {
+        Ok(PerCpuHashMap::try_from(self.map(def)?)?)
+    }
+
+    pub fn array<V: aya::Pod>(&self, def: MapDef<u32, V>) -> Result<Array<MapData, V>> {
+        Ok(Array::try_from(self.map(def)?)?)
+    }
+
+    pub fn per_cpu_array<V: aya::Pod>(&self, def: MapDef<u32, V>) -> Result<PerCpuArray<MapData, V>> {
+        Ok(PerCpuArray::try_from(self.map(def)?)?)
+    }
+
+    pub fn lpm<K: aya::Pod, V: aya::Pod>(&self, def: MapDef<K, V>) -> Result<LpmTrie<MapData, K, V>> {
+        Ok(LpmTrie::try_from(self.map(def)?)?)
+    }
+
+    /// A hash of maps whose inner maps are `I` (the definition's value is
+    /// the inner map's id).
+    pub fn hash_of_maps<K: aya::Pod, I: aya::maps::InnerMap>(
+        &self,
+        def: MapDef<K, u32>,
+    ) -> Result<HashOfMaps<MapData, K, I>> {
+        Ok(HashOfMaps::try_from(self.map(def)?)?)
     }
 
     pub fn set_config(&self, cfg: NatConfig) -> Result<()> {
-        self.array::<NatConfig>(MAP_NAT_CONFIG)?.set(0, &cfg, 0)?;
+        self.array(MAP_NAT_CONFIG)?.set(0, &cfg, 0)?;
         Ok(())
     }
 
     pub fn config(&self) -> Result<NatConfig> {
-        Ok(self.array::<NatConfig>(MAP_NAT_CONFIG)?.get(&0, 0)?)
+        Ok(self.array(MAP_NAT_CONFIG)?.get(&0, 0)?)
     }
 }

@@ -15,7 +15,7 @@ impl Tables {
             Some(uid) => ProxyGuard { uid, flags: PROXY_GUARD_F_UID },
             None => ProxyGuard::default(),
         };
-        let mut map = self.array::<ProxyGuard>(MAP_PROXY_GUARD)?;
+        let mut map = self.array(MAP_PROXY_GUARD)?;
         if map.get(&0, 0)? != want {
             map.set(0, &want, 0)?;
         }
@@ -26,17 +26,17 @@ impl Tables {
     /// guard (any load of this build's object pins its maps, unset until a
     /// load balancer's ensure writes the uid).
     pub fn proxy_guard(&self) -> Result<Option<ProxyGuard>> {
-        if !self.dir.join(MAP_PROXY_GUARD).exists() {
+        if !self.pinned(MAP_PROXY_GUARD) {
             return Ok(None);
         }
-        Ok(Some(self.array::<ProxyGuard>(MAP_PROXY_GUARD)?.get(&0, 0)?))
+        Ok(Some(self.array(MAP_PROXY_GUARD)?.get(&0, 0)?))
     }
 
     /// Packets the guard dropped, summed over CPUs (0 before it was loaded).
     pub fn proxy_guard_drops(&self) -> Result<u64> {
-        if !self.dir.join(MAP_PROXY_GUARD_DROPS).exists() {
+        if !self.pinned(MAP_PROXY_GUARD_DROPS) {
             return Ok(0);
         }
-        Ok(self.per_cpu_array::<u64>(MAP_PROXY_GUARD_DROPS)?.get(&0, 0)?.iter().sum())
+        Ok(self.per_cpu_array(MAP_PROXY_GUARD_DROPS)?.get(&0, 0)?.iter().sum())
     }
 }

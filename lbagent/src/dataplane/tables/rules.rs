@@ -4,7 +4,7 @@
 use std::{collections::HashSet, net::Ipv4Addr};
 
 use anyhow::Result;
-use aya::maps::{LpmTrie, Map, MapData, lpm_trie::Key};
+use aya::maps::{LpmTrie, MapData, lpm_trie::Key};
 use lbagent_common::*;
 
 use super::Tables;
@@ -197,11 +197,11 @@ fn mask(len: u8) -> u32 {
 
 impl Tables {
     fn snat_map(&self) -> Result<LpmTrie<MapData, SnatKey, SnatRule>> {
-        Ok(LpmTrie::try_from(Map::LpmTrie(self.data(MAP_SNAT_RULES)?))?)
+        self.lpm(MAP_SNAT_RULES)
     }
 
     fn acl_map(&self) -> Result<LpmTrie<MapData, AclKey, u32>> {
-        Ok(LpmTrie::try_from(Map::LpmTrie(self.data(MAP_ACL_RULES)?))?)
+        self.lpm(MAP_ACL_RULES)
     }
 
     /// Every ACL entry: (prefix length, key).
@@ -244,8 +244,8 @@ impl Tables {
     /// key may have moved to another key in the same change (two listeners
     /// that swap ports), and its backends, table and ACL are then its own.
     pub fn set_dnat_keeping(&self, spec: &DnatSpec, in_use: &HashSet<u32>) -> Result<()> {
-        let mut rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
-        let mut backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
+        let mut rules = self.hash(MAP_DNAT_RULES)?;
+        let mut backends = self.hash(MAP_DNAT_BACKENDS)?;
         let old = rules.get(&spec.key(), 0).ok();
         let acl_keys = spec.acl.as_ref().map(|a| a.keys(spec.rule_id)).unwrap_or_default();
         let mut acl = self.acl_map()?;
@@ -305,8 +305,8 @@ impl Tables {
     /// `remove_dnat`, removing only the key when its rule id is in `in_use`
     /// (the rule moved to another key: its backends, table and ACL go with it).
     pub fn remove_dnat_keeping(&self, key: &DnatKey, in_use: &HashSet<u32>) -> Result<()> {
-        let mut rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
-        let mut backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
+        let mut rules = self.hash(MAP_DNAT_RULES)?;
+        let mut backends = self.hash(MAP_DNAT_BACKENDS)?;
         if let Ok(old) = rules.get(key, 0) {
             rules.remove(key)?;
             if in_use.contains(&old.rule_id) {
@@ -339,8 +339,8 @@ impl Tables {
     }
 
     pub fn dnat_rules(&self) -> Result<Vec<(DnatKey, DnatRule, Vec<Backend>)>> {
-        let rules = self.hash::<DnatKey, DnatRule>(MAP_DNAT_RULES)?;
-        let backends = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
+        let rules = self.hash(MAP_DNAT_RULES)?;
+        let backends = self.hash(MAP_DNAT_BACKENDS)?;
         let mut out = Vec::new();
         for item in rules.iter() {
             let (k, r) = item?;
@@ -355,7 +355,7 @@ impl Tables {
 
     /// Every backend slot: (rule id, index, backend).
     pub fn backends(&self) -> Result<Vec<(BackendKey, Backend)>> {
-        let map = self.hash::<BackendKey, Backend>(MAP_DNAT_BACKENDS)?;
+        let map = self.hash(MAP_DNAT_BACKENDS)?;
         let mut out: Vec<_> = map.iter().collect::<Result<_, _>>()?;
         out.sort_by_key(|(k, _)| (k.rule_id, k.index));
         Ok(out)

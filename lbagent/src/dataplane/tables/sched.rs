@@ -9,7 +9,7 @@
 use std::net::Ipv4Addr;
 
 use anyhow::Result;
-use aya::maps::{Array, HashOfMaps, Map, MapData, MapError, PerCpuHashMap};
+use aya::maps::{Array, HashOfMaps, MapData, MapError};
 use lbagent_common::*;
 use std::collections::BTreeMap;
 
@@ -44,7 +44,7 @@ pub fn table_digest(table: &[(Ipv4Addr, u16)]) -> u64 {
 
 impl Tables {
     fn sched_map(&self) -> Result<Outer> {
-        Ok(HashOfMaps::try_from(Map::HashOfMaps(self.data(MAP_SCHED_TABLES)?))?)
+        self.hash_of_maps(MAP_SCHED_TABLES)
     }
 
     /// The digest of rule `rule_id`'s installed table, if it has one.
@@ -100,8 +100,7 @@ impl Tables {
 
     /// Round-robin positions: (rule id, position on each CPU).
     pub fn sched_turns(&self) -> Result<Vec<(u32, Vec<u32>)>> {
-        let map: PerCpuHashMap<MapData, u32, u32> =
-            PerCpuHashMap::try_from(Map::PerCpuLruHashMap(self.data(MAP_SCHED_TURNS)?))?;
+        let map = self.per_cpu_hash(MAP_SCHED_TURNS)?;
         let mut out = Vec::new();
         for item in map.iter() {
             let (k, v) = item?;
@@ -116,7 +115,7 @@ impl Tables {
     /// stay are kept; new ones start at 0). Empty `backends`: removes them.
     pub fn set_least(&self, rule_id: u32, backends: &[(Ipv4Addr, u16)], weights: &[u32]) -> Result<()> {
         anyhow::ensure!(backends.len() == weights.len(), "one weight per backend");
-        let mut map = self.hash::<ActiveKey, Active>(MAP_SCHED_ACTIVE)?;
+        let mut map = self.hash(MAP_SCHED_ACTIVE)?;
         let key = |(a, p): (Ipv4Addr, u16)| ActiveKey { rule_id, addr: a.octets(), port: p, _pad0: 0 };
         for (b, w) in backends.iter().zip(weights) {
             let k = key(*b);
@@ -137,7 +136,7 @@ impl Tables {
     /// The weights `sched_active` holds for `backends` of rule `rule_id`
     /// (0 for a backend without an entry).
     pub fn least_weights(&self, rule_id: u32, backends: &[(Ipv4Addr, u16)]) -> Result<Vec<u32>> {
-        let map = self.hash::<ActiveKey, Active>(MAP_SCHED_ACTIVE)?;
+        let map = self.hash(MAP_SCHED_ACTIVE)?;
         Ok(backends
             .iter()
             .map(|(a, p)| {
@@ -148,7 +147,7 @@ impl Tables {
 
     /// Every `sched_active` entry, sorted.
     pub fn least_entries(&self) -> Result<Vec<(ActiveKey, Active)>> {
-        let map = self.hash::<ActiveKey, Active>(MAP_SCHED_ACTIVE)?;
+        let map = self.hash(MAP_SCHED_ACTIVE)?;
         let mut out = map.iter().collect::<Result<Vec<_>, _>>()?;
         out.sort_by_key(|(k, _)| *k);
         Ok(out)
@@ -174,7 +173,7 @@ impl Tables {
                 }
             }
         }
-        let mut map = self.hash::<ActiveKey, Active>(MAP_SCHED_ACTIVE)?;
+        let mut map = self.hash(MAP_SCHED_ACTIVE)?;
         let mut fixed = 0;
         for (k, v) in entries {
             let want = counts.get(&k).copied().unwrap_or(0);

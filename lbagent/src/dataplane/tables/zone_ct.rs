@@ -20,7 +20,7 @@ pub struct ZoneCt {
 impl Tables {
     /// Pins of a build without the per-zone maps: nothing to read or write.
     fn has_zone_ct(&self) -> bool {
-        [MAP_ZONE_CT_LIMITS, MAP_ZONE_CT_FLOWS, MAP_ZONE_CT_REFUSED].iter().all(|m| self.dir.join(m).exists())
+        self.pinned(MAP_ZONE_CT_LIMITS) && self.pinned(MAP_ZONE_CT_FLOWS) && self.pinned(MAP_ZONE_CT_REFUSED)
     }
 
     /// Sets zone `zone`'s limits (written only when they differ); returns
@@ -29,7 +29,7 @@ impl Tables {
         if !self.has_zone_ct() {
             return Ok(false);
         }
-        let mut map = self.hash::<u32, ZoneCtLimits>(MAP_ZONE_CT_LIMITS)?;
+        let mut map = self.hash(MAP_ZONE_CT_LIMITS)?;
         if map.get(&(zone as u32), 0).ok() == Some(limits) {
             return Ok(false);
         }
@@ -43,9 +43,9 @@ impl Tables {
         if !self.has_zone_ct() {
             return Ok(());
         }
-        let _ = self.hash::<u32, ZoneCtLimits>(MAP_ZONE_CT_LIMITS)?.remove(&(zone as u32));
-        let _ = self.hash::<u32, ZoneCtFlows>(MAP_ZONE_CT_FLOWS)?.remove(&(zone as u32));
-        let _ = self.hash::<u32, ZoneCtRefused>(MAP_ZONE_CT_REFUSED)?.remove(&(zone as u32));
+        let _ = self.hash(MAP_ZONE_CT_LIMITS)?.remove(&(zone as u32));
+        let _ = self.hash(MAP_ZONE_CT_FLOWS)?.remove(&(zone as u32));
+        let _ = self.hash(MAP_ZONE_CT_REFUSED)?.remove(&(zone as u32));
         Ok(())
     }
 
@@ -55,13 +55,13 @@ impl Tables {
         if !self.has_zone_ct() {
             return Ok(out);
         }
-        for (z, v) in self.hash::<u32, ZoneCtLimits>(MAP_ZONE_CT_LIMITS)?.iter().filter_map(|e| e.ok()) {
+        for (z, v) in self.hash(MAP_ZONE_CT_LIMITS)?.iter().filter_map(|e| e.ok()) {
             out.entry(z as u16).or_default().limits = v;
         }
-        for (z, v) in self.hash::<u32, ZoneCtFlows>(MAP_ZONE_CT_FLOWS)?.iter().filter_map(|e| e.ok()) {
+        for (z, v) in self.hash(MAP_ZONE_CT_FLOWS)?.iter().filter_map(|e| e.ok()) {
             out.entry(z as u16).or_default().flows = v;
         }
-        for (z, v) in self.hash::<u32, ZoneCtRefused>(MAP_ZONE_CT_REFUSED)?.iter().filter_map(|e| e.ok()) {
+        for (z, v) in self.hash(MAP_ZONE_CT_REFUSED)?.iter().filter_map(|e| e.ok()) {
             out.entry(z as u16).or_default().refused = v;
         }
         Ok(out)
@@ -76,20 +76,20 @@ impl Tables {
             return Ok(0);
         }
         let mut want: BTreeMap<u32, ZoneCtFlows> = BTreeMap::new();
-        for (table, name) in [(true, MAP_CT), (false, MAP_CT_NEW)] {
-            for (k, e) in self.conntrack_table(name)? {
+        for (established, table) in [(true, MAP_CT), (false, MAP_CT_NEW)] {
+            for (k, e) in self.conntrack_table(table)? {
                 if e.flags & CT_F_REPLY != 0 {
                     continue;
                 }
                 let f = want.entry(k.zone as u32).or_default();
-                if table {
+                if established {
                     f.established += 1;
                 } else {
                     f.new += 1;
                 }
             }
         }
-        let mut map = self.hash::<u32, ZoneCtFlows>(MAP_ZONE_CT_FLOWS)?;
+        let mut map = self.hash(MAP_ZONE_CT_FLOWS)?;
         let have: BTreeMap<u32, ZoneCtFlows> = map.iter().filter_map(|e| e.ok()).collect();
         let mut corrected = 0;
         for zone in have.keys().chain(want.keys()).copied().collect::<std::collections::BTreeSet<_>>() {

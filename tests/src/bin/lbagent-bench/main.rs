@@ -789,7 +789,7 @@ fn udp_flow_rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
 
 /// 7. A repair pass at 500 zones × 25 rules and GC over a full conntrack table.
 fn scale(out: &mut String) -> Result<()> {
-    use lbagent::dataplane::{engine::Engine as AgentEngine, pins, tables::monotonic_ns};
+    use lbagent::dataplane::{engine::Engine as AgentEngine, tables::monotonic_ns};
     use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CT_MAX, CtEntry, MAP_CT, NatConfig, Tuple};
     const ZONES: u16 = 500;
     const RULES: usize = 25;
@@ -818,9 +818,7 @@ fn scale(out: &mut String) -> Result<()> {
     };
     eprint!(".");
     // A full established table: CT_MAX entries, both halves of CT_MAX / 2 flows.
-    let path = pins::versioned_dir(&e.pins.root).join(MAP_CT);
-    let mut ct: aya::maps::HashMap<_, Tuple, CtEntry> =
-        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(aya::maps::MapData::from_pin(&path)?))?;
+    let mut ct = e.tables.hash(MAP_CT)?;
     let now = monotonic_ns();
     for i in 0..CT_MAX / 2 {
         let c = [10, (i >> 16) as u8, (i >> 8) as u8, i as u8];

@@ -74,6 +74,8 @@ pub fn run(action: Action) -> Result<()> {
             let entries: Vec<_> = tables.conntrack()?.into_iter().filter(|(k, e)| filter.matches(k, e)).collect();
             if json {
                 let v: Vec<_> = entries.iter().map(|(k, e)| fmt::CtRow::new(k, e, now)).collect();
+                // Through a `Value`: keys sorted, as `lbagent maps --json`.
+                let v = serde_json::to_value(&v)?;
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {
                 for (k, e) in &entries {

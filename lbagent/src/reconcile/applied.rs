@@ -85,34 +85,32 @@ impl Applied {
         a.partial_lbs.extend(old.partial_lbs.into_keys());
         a.partial_gws.extend(old.partial_gws.into_keys());
         // Each legacy object is converted as a document of its own (with
-        // the policies its gateway used): one path from text to spec.
-        let one = |load_balancers: Vec<model::LoadBalancer>, nat_gateways, qos_policies| {
+        // the policies its gateway used), through the one converter: an
+        // object that converts is kept whatever rule added since it was
+        // applied it breaks (the running document is checked by those).
+        let convert = |load_balancers: Vec<model::LoadBalancer>, nat_gateways, qos_policies| {
             let doc = model::StateFile { version: 1, load_balancers, nat_gateways, qos_policies, ..Default::default() };
-            crate::state::validate::desired(&doc)
+            let (converted, problems) = crate::state::validate::check(&doc);
+            let why: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+            (converted, why.join("; "))
         };
         for (key, l) in old.lbs {
-            match one(vec![l], vec![], vec![]).map(|mut d| d.lbs.remove(&key)) {
-                Ok(Some(spec)) => {
-                    a.lbs.insert(key, spec);
-                }
-                problems => {
-                    let why = problems.map_or_else(|p| p.to_string(), |_| "disabled".into());
-                    tracing::warn!("applied load balancer {key}: {why}: kept as partial (re-created if still wanted)");
-                    a.partial_lbs.insert(key);
-                }
+            let (mut converted, why) = convert(vec![l], vec![], vec![]);
+            if let Some(spec) = converted.lbs.remove(&key) {
+                a.lbs.insert(key, spec);
+            } else {
+                tracing::warn!("applied load balancer {key}: {why}: kept as partial (re-created if still wanted)");
+                a.partial_lbs.insert(key);
             }
         }
         for (key, g) in old.gws {
             let policies = old.gw_qos.get(&key).cloned().unwrap_or_default();
-            match one(vec![], vec![g], policies).map(|mut d| d.gws.remove(&key)) {
-                Ok(Some(spec)) => {
-                    a.gws.insert(key, spec);
-                }
-                problems => {
-                    let why = problems.map_or_else(|p| p.to_string(), |_| "not converted".into());
-                    tracing::warn!("applied NAT gateway {key}: {why}: kept as partial (re-created if still wanted)");
-                    a.partial_gws.insert(key);
-                }
+            let (mut converted, why) = convert(vec![], vec![g], policies);
+            if let Some(spec) = converted.gws.remove(&key) {
+                a.gws.insert(key, spec);
+            } else {
+                tracing::warn!("applied NAT gateway {key}: {why}: kept as partial (re-created if still wanted)");
+                a.partial_gws.insert(key);
             }
         }
         a
@@ -185,8 +183,12 @@ mod tests {
         let mut broken = s.load_balancers[0].clone();
         broken.id = "broken-lb-0000001".into();
         broken.network.ip = "not an address".into();
+        // One that converts but breaks a rule added since (ids of at least
+        // 13 characters): kept, not re-created.
+        let mut ruled = s.load_balancers[0].clone();
+        ruled.id = "short-id".into();
         let legacy = serde_json::json!({
-            "lbs": { s.load_balancers[0].id.clone(): s.load_balancers[0], broken.id.clone(): broken },
+            "lbs": { s.load_balancers[0].id.clone(): s.load_balancers[0], broken.id.clone(): broken, ruled.id.clone(): ruled },
             "gws": { gw.name.clone(): gw },
             "partial_lbs": {},
             "partial_gws": { "half-made": gw },
@@ -195,7 +197,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("lbagent-applied-{}", std::process::id()));
         let file = JsonFile::new(&dir, "applied.json");
         file.save(&legacy).unwrap();
-        let a = Applied::load(&file).unwrap();
+        let mut a = Applied::load(&file).unwrap();
+        let kept = a.lbs.remove("short-id").expect("a legacy object that converts is kept");
+        assert_eq!(kept.listeners, want.lbs.values().next().unwrap().listeners);
         assert_eq!(a.lbs, want.lbs);
         assert_eq!(a.gws, want.gws, "QoS policies resolved from gw_qos");
         assert_eq!(a.partial_lbs, BTreeSet::from([broken.id.clone()]));

@@ -1,9 +1,12 @@
 //! Validation by conversion: each object of a document is checked and
 //! turned into its typed spec (`spec.rs`) in one pass. Every problem is
 //! recorded with its path and the pass goes on, so one run reports them
-//! all; an object with a problem yields no spec, and a document with any
-//! problem yields no `Desired`. A new state field touches the model and
-//! the one function here that checks and converts its object.
+//! all. An object's function returns its spec when the object *converts*
+//! (every value parses, every name it uses resolves), whatever rule it
+//! breaks; a document with any problem yields no `Desired` ([`desired`]),
+//! and [`check`] hands out what converted beside the problems (the legacy
+//! applied file). A new state field touches the model and the one function
+//! here that checks and converts its object.
 //!
 //! Enforces the reference systems' rules (docs/state-file.md) on top of
 //! what parsing already checked.
@@ -49,16 +52,6 @@ impl Check {
         r.map_err(|e| self.err(path, e)).ok()
     }
 
-    /// How many problems are recorded: an object's check compares it
-    /// before and after (`clean_since`) to tell whether it found any.
-    fn mark(&self) -> usize {
-        self.problems.len()
-    }
-
-    fn clean_since(&self, mark: usize) -> bool {
-        self.problems.len() == mark
-    }
-
     fn port(&mut self, path: &str, port: u32) -> Option<u16> {
         let p = u16::try_from(port).ok().filter(|p| *p != 0);
         if p.is_none() {
@@ -100,6 +93,14 @@ impl Desired {
 /// checked but absent from the result (they are torn down like removed
 /// ones).
 pub fn desired(s: &StateFile) -> Result<Desired, Problems> {
+    let (desired, problems) = check(s);
+    if problems.is_empty() { Ok(desired) } else { Err(Problems(problems)) }
+}
+
+/// Checks and converts a document: every object that converts, and every
+/// problem with its path. Only a document without problems is to be run
+/// ([`desired`]).
+pub fn check(s: &StateFile) -> (Desired, Vec<Problem>) {
     let mut c = Check::default();
     if s.version != 1 {
         c.err("version", format!("unsupported version {} (this agent reads version 1)", s.version));
@@ -171,7 +172,7 @@ pub fn desired(s: &StateFile) -> Result<Desired, Problems> {
     }
     c.problems.extend(limits::object_limits(s));
     c.problems.extend(limits::host_budget(s));
-    if c.problems.is_empty() { Ok(Desired { agent: s.agent.clone(), lbs, gws }) } else { Err(Problems(c.problems)) }
+    (Desired { agent: s.agent.clone(), lbs, gws }, c.problems)
 }
 
 /// A `conntrack_limits` section at `path`: each limit in flows, 0 for none.
@@ -239,9 +240,9 @@ fn derived_names(c: &mut Check, s: &StateFile) {
     }
 }
 
-/// A load balancer, checked and converted (`None` when it has a problem).
+/// A load balancer, checked and converted (`None` when it does not
+/// convert).
 fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) -> Option<spec::Lb> {
-    let m = c.mark();
     c.ok(&format!("{p}.id"), check_id(&lb.id, LB_ID_MIN, 64));
     let n = &lb.network;
     if let Some(name) = &lb.name {
@@ -345,6 +346,7 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) -> Option<spec::Lb> 
                 .filter_map(|(k, cidr)| c.ok(&format!("{lp}.acl.cidrs[{k}]"), parse_cidr(cidr)))
                 .collect(),
         });
+        let acl_whole = acl.as_ref().zip(l.acl.as_ref()).is_none_or(|(a, m)| a.cidrs.len() == m.cidrs.len());
         let health = l.health_check.as_ref().map(|h| health_check(c, &format!("{lp}.health_check"), h, l.kind));
         if let Some(t) = &l.timeouts {
             if mode != ListenerMode::Proxy {
@@ -356,7 +358,7 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) -> Option<spec::Lb> 
                 }
             }
         }
-        if let (Some(port), Some(group)) = (port, group) {
+        if let (Some(port), Some(group), true) = (port, group, acl_whole) {
             listeners.push(spec::Listener {
                 id: l.id.clone(),
                 kind: l.kind,
@@ -370,7 +372,9 @@ fn load_balancer(c: &mut Check, p: &str, lb: &LoadBalancer) -> Option<spec::Lb> 
             });
         }
     }
-    if !c.clean_since(m) {
+    let whole = listeners.len() == lb.listeners.len()
+        && groups.iter().zip(&lb.backend_groups).all(|(g, m)| g.backends.len() == m.backends.len());
+    if !whole {
         return None;
     }
     Some(spec::Lb {
@@ -558,18 +562,19 @@ fn qos_policies<'a>(c: &mut Check, qs: &'a [QosPolicy]) -> HashMap<&'a str, Poli
     let mut out = HashMap::new();
     for (i, q) in qs.iter().enumerate() {
         let p = format!("qos_policies[{i}]");
-        let spec = qos_policy(c, &p, q);
-        if out.insert(q.name.as_str(), Policy { model: q, spec }).is_some() {
+        c.ok(&format!("{p}.name"), check_id(&q.name, 1, 64));
+        if out.contains_key(q.name.as_str()) {
             c.err(format!("{p}.name"), format!("duplicate QoS policy name {:?}", q.name));
         }
+        let spec = qos_policy(c, &p, q);
+        out.insert(q.name.as_str(), Policy { model: q, spec });
     }
     out
 }
 
-/// A QoS policy, checked and converted (`None` when it has a problem).
+/// A QoS policy's rules, checked and converted (`None` when one does not
+/// convert); its name is checked by `qos_policies`.
 fn qos_policy(c: &mut Check, p: &str, q: &QosPolicy) -> Option<spec::QosPolicy> {
-    let m = c.mark();
-    c.ok(&format!("{p}.name"), check_id(&q.name, 1, 64));
     if q.binding == QosBinding::Natgw && !q.shared {
         c.err(format!("{p}.shared"), "natgw policies must be shared");
     }
@@ -647,7 +652,7 @@ fn qos_policy(c: &mut Check, p: &str, q: &QosPolicy) -> Option<spec::QosPolicy> 
             });
         }
     }
-    c.clean_since(m).then(|| spec::QosPolicy { name: q.name.clone(), rules })
+    (rules.len() == q.rules.len()).then(|| spec::QosPolicy { name: q.name.clone(), rules })
 }
 
 /// What a gateway's check needs from the rest of the document.
@@ -658,7 +663,7 @@ struct GwAround<'s, 'a> {
     all_eips: &'s HashMap<Ipv4Addr, String>,
 }
 
-/// A NAT gateway, checked and converted (`None` when it has a problem).
+/// A NAT gateway, checked and converted (`None` when it does not convert).
 fn nat_gateway<'a>(
     c: &mut Check,
     p: &str,
@@ -666,7 +671,6 @@ fn nat_gateway<'a>(
     around: &GwAround<'_, 'a>,
     unshared_uses: &mut HashMap<&'a str, usize>,
 ) -> Option<spec::Gw> {
-    let m = c.mark();
     c.ok(&format!("{p}.name"), check_id(&gw.name, 1, 32));
     let lan_len = gw.lan.prefix_len;
     let lan_ip = c.ok(&format!("{p}.lan.ip"), parse_ip(&gw.lan.ip));
@@ -923,17 +927,20 @@ fn nat_gateway<'a>(
             snats.push(spec::Snat { eip, internal_cidr });
         }
     }
-    if !c.clean_since(m) {
+    let whole = routes.len() == gw.routes.len()
+        && eips.len() == gw.eips.len()
+        && fips.len() == gw.fips.len()
+        && dnats.len() == gw.dnats.len()
+        && snats.len() == gw.snats.len()
+        // Every policy named resolves, to one that converts.
+        && gw.eips.iter().zip(&eips).all(|(e, s)| e.qos_policy.is_none() || s.policy.is_some());
+    if !whole {
         return None;
     }
-    let policy = match gw_policy {
-        Some(pol) => Some(pol.spec.clone()?),
-        None => None,
+    let policy = match (&gw.qos_policy, gw_policy) {
+        (None, _) => None,
+        (Some(_), pol) => Some(pol?.spec.clone()?),
     };
-    // An EIP whose policy has a problem has no spec for it.
-    if gw.eips.iter().zip(&eips).any(|(e, s)| e.qos_policy.is_some() && s.policy.is_none()) {
-        return None;
-    }
     Some(spec::Gw {
         name: gw.name.clone(),
         lan: spec::GwLan { ip: lan_ip?, prefix_len: lan_len, mac: lan_mac?, gateway: lan_gw? },

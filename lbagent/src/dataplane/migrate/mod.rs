@@ -208,8 +208,11 @@ fn share_conntrack(old: &Path, root: &Path, sizes: CtSizes) -> Result<bool> {
     Ok(true)
 }
 
-/// A map of the previous layout, by this layout's definition's name (its
-/// key, value and kind are the previous layout's: `previous`).
+/// A map of the previous layout, found by this layout's definition's name.
+/// Its key and value are the previous layout's (`previous`); its kind is
+/// taken from this layout's definition (`map_of`), the same in layout 2 for
+/// every map copied but `qos_stats` (opened as layout 2's plain array): a
+/// layout that changes a map's kind opens the old one by hand.
 fn old_map<K, V>(dir: &Path, def: MapDef<K, V>) -> Result<MapData> {
     let path = dir.join(def.name);
     MapData::from_pin(&path).with_context(|| format!("opening {} of layout {FROM_VERSION}", path.display()))

@@ -631,3 +631,53 @@ fn a_closed_flow_still_translates_late_segments_for_its_closing_timeout() {
     e.run(&frame(&Ip::new(CLIENT, VIP), &tcp(ACK, 24000, 80, b""))).unwrap();
     assert_eq!(e.tables.counter(Counter::ExpiredFlows).unwrap(), expired + 1, "expired after its closing timeout");
 }
+
+/// The conntrack tables are read in batches (`BPF_MAP_LOOKUP_BATCH`): a
+/// dump of tables larger than one batch, with flows in both tables, is
+/// the dump read entry by entry, entry for entry; and garbage collection
+/// and flushes, which read through it, still free whole flows.
+#[test]
+fn the_tables_read_in_batches_are_the_tables_read_by_key() {
+    let Some(e) = engine() else { return };
+    const FLOWS: u32 = 9_000;
+    let now = lbagent::dataplane::tables::monotonic_ns();
+    let mut ct = e.tables.hash(MAP_CT).unwrap();
+    let mut ct_new = e.tables.hash(MAP_CT_NEW).unwrap();
+    for i in 0..FLOWS {
+        let c = [10, 9, (i >> 8) as u8, i as u8];
+        let orig = Tuple { saddr: c, daddr: VIP, sport: 1000, dport: 80, proto: PROTO_TCP, _pad0: 0, zone: ZONE };
+        let x = Tuple { daddr: SERVER, ..orig };
+        let entry = CtEntry {
+            xlate: x,
+            last_seen_ns: now,
+            created_ns: now + u64::from(i),
+            flags: CT_F_DNAT,
+            state: CT_ESTABLISHED,
+            ..Default::default()
+        };
+        let reply = CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..entry };
+        // One flow in ten has not completed its handshake.
+        let table = if i % 10 == 0 { &mut ct_new } else { &mut ct };
+        table.insert(&orig, &entry, 0).unwrap();
+        table.insert(&x.reversed(), &reply, 0).unwrap();
+    }
+    for table in [MAP_CT, MAP_CT_NEW] {
+        // This kernel reads them in batches (no fallback to reads by key).
+        let pin = lbagent::dataplane::pins::versioned_dir(&e.pins.root).join(table.name);
+        let data = aya::maps::MapData::from_pin(pin).unwrap();
+        let direct = lbagent::dataplane::tables::batch::dump::<Tuple, CtEntry>(&data).expect("batches");
+        let mut batched = e.tables.conntrack_table(table).unwrap();
+        assert_eq!(direct.len(), batched.len());
+        let mut by_key = e.tables.conntrack_table_by_key(table).unwrap();
+        let key = |(k, _): &(Tuple, CtEntry)| (k.saddr, k.daddr, k.sport, k.dport);
+        batched.sort_by_key(key);
+        by_key.sort_by_key(key);
+        let want = if table.name == MAP_CT.name { 2 * (FLOWS - FLOWS / 10) } else { 2 * (FLOWS / 10) };
+        assert_eq!(batched.len() as u32, want, "{}", table.name);
+        assert!(batched == by_key, "{}: the batched dump differs from the dump by key", table.name);
+    }
+    // Every flow idle: collected whole, both halves, from both tables.
+    e.tables.set_config(NatConfig { tcp_established_s: 1, tcp_new_s: 1, ..Default::default() }).unwrap();
+    assert_eq!(e.tables.gc(now + 2_000_000_000 + u64::from(FLOWS)).unwrap(), FLOWS as usize);
+    assert!(e.tables.conntrack().unwrap().is_empty());
+}

@@ -55,16 +55,35 @@ impl Tables {
 
     /// Every conntrack entry of both tables (`ct` and `ct_new`), sorted.
     pub fn conntrack(&self) -> Result<Vec<(Tuple, CtEntry)>> {
-        let mut out = self.conntrack_table(MAP_CT)?;
-        out.extend(self.conntrack_table(MAP_CT_NEW)?);
+        let mut out = self.conntrack_unsorted()?;
         out.sort_by_key(|(k, e)| (k.zone, e.flags & CT_F_REPLY, k.saddr, k.sport, k.daddr, k.dport));
         Ok(out)
     }
 
-    /// The entries of one conntrack table (`MAP_CT` or `MAP_CT_NEW`), unsorted.
+    /// Every conntrack entry of both tables, in no order (what garbage
+    /// collection and flushes read: a million flows need no sorting).
+    fn conntrack_unsorted(&self) -> Result<Vec<(Tuple, CtEntry)>> {
+        let mut out = self.conntrack_table(MAP_CT)?;
+        out.extend(self.conntrack_table(MAP_CT_NEW)?);
+        Ok(out)
+    }
+
+    /// The entries of one conntrack table (`MAP_CT` or `MAP_CT_NEW`),
+    /// unsorted: read in batches, or entry by entry where the kernel refuses
+    /// batches.
     pub fn conntrack_table(&self, table: MapDef<Tuple, CtEntry>) -> Result<Vec<(Tuple, CtEntry)>> {
-        let ct = self.hash(table)?;
-        Ok(ct.iter().collect::<Result<_, _>>()?)
+        match super::batch::dump(&self.data(table.name)?) {
+            Ok(entries) => Ok(entries),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.conntrack_table_by_key(table),
+            Err(e) => Err(anyhow::Error::new(e).context(format!("reading {} in batches", table.name))),
+        }
+    }
+
+    /// The entries of one conntrack table read entry by entry (the next key,
+    /// then its value): the fallback, and the reference the benchmark
+    /// compares batches with.
+    pub fn conntrack_table_by_key(&self, table: MapDef<Tuple, CtEntry>) -> Result<Vec<(Tuple, CtEntry)>> {
+        Ok(self.hash(table)?.iter().collect::<Result<_, _>>()?)
     }
 
     /// Deletes one conntrack entry by key from whichever table holds it
@@ -85,7 +104,7 @@ impl Tables {
     /// Deletes the conntrack entries of every flow that `select` picks (either
     /// direction's entry may match; both go). Returns the number of flows.
     pub fn flush_conntrack(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
-        let entries = self.conntrack()?;
+        let entries = self.conntrack_unsorted()?;
         self.flush_entries(&entries, select)
     }
 
@@ -137,7 +156,7 @@ impl Tables {
     /// `bpf_ktime_get_ns`. Returns the number of flows deleted.
     pub fn gc(&self, now_ns: u64) -> Result<usize> {
         let cfg = self.config()?;
-        let entries = self.conntrack()?;
+        let entries = self.conntrack_unsorted()?;
         let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
         let idle = |e: &CtEntry, proto: u8| {
             now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(proto, e.state) as u64 * 1_000_000_000

@@ -6,6 +6,7 @@
 //! fast path's MTUs), `zone_ct` (each zone's conntrack share); QoS maps are
 //! in `dataplane/qos.rs`.
 
+pub mod batch;
 mod conntrack;
 mod counters;
 mod egress_mtu;

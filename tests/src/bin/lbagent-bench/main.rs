@@ -39,6 +39,7 @@
 //! TCP stream without TSO, 64-byte UDP and new connections goes (`profile.rs`).
 
 mod fleet;
+mod flows;
 mod load;
 mod lru;
 mod profile;
@@ -917,6 +918,9 @@ fn main() -> Result<()> {
     }
     if want("lru") {
         lru::lru(&mut out)?;
+    }
+    if want("flows") {
+        flows::flows(&mut out)?;
     }
     // Opt-in only: it needs `perf` and prints profiles, not figures.
     if only.split(',').any(|s| s == "profile") {

@@ -1,0 +1,86 @@
+//! Whole hash maps read in batches (`BPF_MAP_LOOKUP_BATCH`, Linux 5.6):
+//! one syscall per few thousand entries instead of two per entry (the next
+//! key, then its value). The kernel copies one hash bucket at a time under
+//! that bucket's lock, so each bucket is read whole; an entry written or
+//! deleted meanwhile in a bucket already read is seen as it was (as with a
+//! walk by key, which can also restart a bucket when the key under it is
+//! deleted). aya does not offer the command, so it is issued here.
+
+use std::{
+    io,
+    mem::size_of,
+    os::fd::{AsFd, AsRawFd},
+};
+
+use aya::maps::MapData;
+
+/// `BPF_MAP_LOOKUP_BATCH` (`enum bpf_cmd`).
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+
+/// Entries asked for per call (doubled when one bucket holds more).
+const CHUNK: usize = 4096;
+
+/// The `batch` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Every entry of hash or LRU hash map `map` (not a per-CPU one). An error
+/// the kernel gives for the command itself (`EINVAL` on a kernel without
+/// batches) is returned for the caller to read entry by entry instead.
+pub fn dump<K: aya::Pod, V: aya::Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> {
+    let mut out = Vec::new();
+    let mut chunk = CHUNK;
+    // SAFETY: `aya::Pod` types are plain data for which every bit pattern,
+    // zero included, is a valid value.
+    let mut keys: Vec<K> = vec![unsafe { std::mem::zeroed() }; chunk];
+    // SAFETY: as above.
+    let mut values: Vec<V> = vec![unsafe { std::mem::zeroed() }; chunk];
+    // A hash map's position is a bucket number (`u32`).
+    let mut position: Option<u32> = None;
+    let mut next: u32 = 0;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: position.as_ref().map_or(0, |p| p as *const u32 as u64),
+            out_batch: &mut next as *mut u32 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: chunk as u32,
+            map_fd: map.fd().as_fd().as_raw_fd() as u32,
+            ..Default::default()
+        };
+        // SAFETY: `attr` is a valid `bpf_attr` prefix of the size passed;
+        // the kernel writes at most `count` keys and values into buffers of
+        // `chunk` elements of the map's key and value sizes (the caller's
+        // `K` and `V`), and one `u32` into `next`.
+        let rc = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
+        };
+        let error = (rc < 0).then(io::Error::last_os_error);
+        let n = (attr.count as usize).min(chunk);
+        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        match error.and_then(|e| e.raw_os_error().map(|c| (c, e))) {
+            None => position = Some(next),
+            // The end of the map (the last entries, if any, came with it).
+            Some((libc::ENOENT, _)) => return Ok(out),
+            // A bucket holds more entries than the buffers: larger ones.
+            Some((libc::ENOSPC, _)) if n == 0 => {
+                chunk *= 2;
+                // SAFETY: as above.
+                keys.resize(chunk, unsafe { std::mem::zeroed() });
+                // SAFETY: as above.
+                values.resize(chunk, unsafe { std::mem::zeroed() });
+            }
+            Some((_, e)) => return Err(e),
+        }
+    }
+}

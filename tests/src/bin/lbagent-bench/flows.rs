@@ -1,0 +1,139 @@
+//! Section 17 of `cargo xtask bench`: a million flows. The established
+//! table is sized for 1 048 576 flows (`--conntrack-max 2097152` halves;
+//! `ct_new` its default quarter) and filled with 1 000 000 DNAT'ed flows,
+//! both halves written into the map from userspace (crafted entries, not
+//! packets: a million handshakes through the program would take this
+//! machine minutes and measure the program, not the tables). Reported:
+//! the kernel-accounted memory of both tables (`memlock` in the map's
+//! fdinfo) per flow, beside Linux conntrack's object size on this machine
+//! (`nf_conntrack` in `/proc/slabinfo`, one object per flow, both
+//! directions, NAT included); the time and CPU of a whole-table read in
+//! batches and entry by entry, of a garbage-collection pass that frees
+//! nothing, and of `lbagent conntrack list` with a filter.
+
+use std::{fmt::Write as _, time::Instant};
+
+use anyhow::{Context, Result};
+use aya::maps::MapData;
+use lbagent::dataplane::{pins, tables::monotonic_ns};
+use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CtEntry, MAP_CT, MAP_CT_NEW, PROTO_TCP, Tuple};
+use lbagent_tests::{
+    engine::TestZone,
+    topology::{SERVER, VIP, ZONE},
+};
+use nix::sys::resource::{UsageWho, getrusage};
+
+const FLOWS: u32 = 1_000_000;
+/// Halves the established table holds (`--conntrack-max`).
+const CT_HALVES: u32 = 2_097_152;
+
+/// Kernel memory charged for a pinned map (`memlock` in its fdinfo).
+fn memlock(path: &std::path::Path) -> Result<u64> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let map = MapData::from_pin(path)?;
+    let fd = map.fd().as_fd().as_raw_fd();
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("memlock:").map(|v| v.trim().parse::<u64>()))
+        .context("no memlock in the map's fdinfo")?
+        .context("memlock")
+}
+
+/// Linux conntrack's object size (bytes per flow), if the slab is listed.
+fn nf_conntrack_objsize() -> Option<u64> {
+    let _ = std::process::Command::new("modprobe").arg("nf_conntrack").status();
+    let slab = std::fs::read_to_string("/proc/slabinfo").ok()?;
+    // name active_objs num_objs objsize ...
+    slab.lines().find(|l| l.starts_with("nf_conntrack ")).and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
+}
+
+/// CPU seconds (user + system) this process has used.
+fn cpu_s() -> f64 {
+    getrusage(UsageWho::RUSAGE_SELF)
+        .map(|u| {
+            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+            t(u.user_time()) + t(u.system_time())
+        })
+        .unwrap_or(0.0)
+}
+
+/// Runs `f`: (its result, wall seconds, CPU seconds).
+fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
+    let (t, c) = (Instant::now(), cpu_s());
+    let v = f()?;
+    Ok((v, t.elapsed().as_secs_f64(), cpu_s() - c))
+}
+
+pub fn flows(out: &mut String) -> Result<()> {
+    eprintln!("bench: a million flows");
+    let e = TestZone::with_ct_max(ZONE, Some(CT_HALVES))?;
+    let dir = pins::versioned_dir(&e.pins.root);
+    let (empty_ct, empty_new) = (memlock(&dir.join(MAP_CT.name))?, memlock(&dir.join(MAP_CT_NEW.name))?);
+    let mut ct = e.tables.hash(MAP_CT)?;
+    let now = monotonic_ns();
+    let ((), fill_s, _) = timed(|| {
+        for i in 0..FLOWS {
+            let c = [10, (i >> 16) as u8, (i >> 8) as u8, i as u8];
+            let orig =
+                Tuple { saddr: c, daddr: VIP.octets(), sport: 1000, dport: 80, proto: PROTO_TCP, _pad0: 0, zone: ZONE };
+            let x = Tuple { daddr: SERVER.octets(), ..orig };
+            let entry = CtEntry {
+                xlate: x,
+                last_seen_ns: now,
+                created_ns: now,
+                flags: CT_F_DNAT,
+                state: CT_ESTABLISHED,
+                ..Default::default()
+            };
+            ct.insert(&orig, &entry, 0)?;
+            ct.insert(&x.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..entry }, 0)?;
+        }
+        Ok(())
+    })?;
+    eprint!(".");
+    let (full_ct, full_new) = (memlock(&dir.join(MAP_CT.name))?, memlock(&dir.join(MAP_CT_NEW.name))?);
+    let (batched, batch_s, batch_cpu) = timed(|| e.tables.conntrack_table(MAP_CT))?;
+    eprint!(".");
+    let (by_key, key_s, key_cpu) = timed(|| e.tables.conntrack_table_by_key(MAP_CT))?;
+    eprint!(".");
+    let (freed, gc_s, gc_cpu) = timed(|| e.tables.gc(monotonic_ns()))?;
+    eprint!(".");
+    let one = [10, 1, 2, 3];
+    let (listed, list_s, list_cpu) =
+        timed(|| Ok(e.tables.conntrack()?.into_iter().filter(|(k, _)| k.saddr == one || k.daddr == one).count()))?;
+    eprint!(".");
+    // Both tables preallocate: bytes per flow of the capacity.
+    let per_flow = |bytes: u64| bytes as f64 / (CT_HALVES as f64 / 2.0);
+    let linux = nf_conntrack_objsize();
+    writeln!(
+        out,
+        "\n## 17. A million flows\n\n\
+         `ct` sized for {CT_HALVES} halves (`--conntrack-max`), `ct_new` its default quarter; {FLOWS} DNAT'ed \
+         flows written into `ct` from userspace, both halves (crafted entries, not packets). Memory is the \
+         kernel's charge for each map (`memlock`, fdinfo): hash maps preallocate, so it is the same empty and \
+         full ({} and {} bytes for `ct` empty and full).\n\n\
+         | what | value |\n|---|---:|\n\
+         | `ct` memlock | {:.1} MB |\n\
+         | `ct_new` memlock | {:.1} MB |\n\
+         | bytes per established flow in `ct` (both halves; capacity {} flows) | {:.0} B |\n\
+         | bytes per flow with `ct_new` counted | {:.0} B |\n\
+         | Linux conntrack, `nf_conntrack` object size (one per flow, both directions) | {} |\n\
+         | filling 1 M flows (2 M map updates) | {fill_s:.1} s |\n\
+         | reading `ct` whole, in batches ({} entries) | {batch_s:.2} s wall, {batch_cpu:.2} s CPU |\n\
+         | reading `ct` whole, entry by entry ({} entries) | {key_s:.2} s wall, {key_cpu:.2} s CPU |\n\
+         | garbage collection, nothing idle ({freed} freed) | {gc_s:.2} s wall, {gc_cpu:.2} s CPU |\n\
+         | `conntrack list` of one client's flows ({listed} entries) | {list_s:.2} s wall, {list_cpu:.2} s CPU |",
+        empty_ct,
+        full_ct,
+        full_ct as f64 / 1e6,
+        full_new as f64 / 1e6,
+        CT_HALVES / 2,
+        per_flow(full_ct),
+        per_flow(full_ct + full_new),
+        linux.map_or("not listed (slab merged)".to_string(), |b| format!("{b} B")),
+        batched.len(),
+        by_key.len(),
+    )?;
+    writeln!(out, "\n(`ct_new` memlock empty: {empty_new} bytes.)")?;
+    Ok(())
+}

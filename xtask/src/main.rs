@@ -159,6 +159,9 @@ fn main() -> Result<()> {
         Cmd::Bench => {
             let channel = setup::ensure_all()?;
             build::all(&channel)?;
+            // Sections 15 and 17 run the release agent, as installed: this
+            // tree's, not whatever an earlier build left.
+            build::release(&channel)?;
             run(build::cargo(&channel).args(["run", "--quiet", "-p", "lbagent-tests", "--bin", "lbagent-bench"]))?;
             // Setup installed python3-matplotlib for Debian's interpreter.
             let plotted =

@@ -120,25 +120,28 @@ impl Tables {
         entries: &[(Tuple, CtEntry)],
         select: impl Fn(&Tuple, &CtEntry) -> bool,
     ) -> Result<usize> {
+        self.flush_indexed(&DumpIndex::new(entries), select)
+    }
+
+    fn flush_indexed(&self, dump: &DumpIndex, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
         // `ct_new` first: a promotion between the two deletions moves an
         // entry into `ct`, where the second one still finds it.
         let mut maps = [self.hash(MAP_CT_NEW)?, self.hash(MAP_CT)?];
-        let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
-        let mut doomed = std::collections::HashSet::new();
+        let mut doomed: std::collections::HashSet<Tuple, foldhash::fast::RandomState> = Default::default();
         let mut flows = 0;
-        for (k, e) in entries {
+        for (k, e) in dump.entries {
             if doomed.contains(k) || !select(k, e) {
                 continue;
             }
             flows += 1;
             doomed.insert(*k);
             let pair = e.xlate.reversed();
-            if by_key.get(&pair).is_some_and(|p| p.xlate == k.reversed()) {
+            if dump.get(&pair).is_some_and(|p| p.xlate == k.reversed()) {
                 doomed.insert(pair);
             }
         }
         for key in &doomed {
-            let Some(dumped) = by_key.get(key) else { continue };
+            let Some(dumped) = dump.get(key) else { continue };
             for map in maps.iter_mut() {
                 let same =
                     map.get(key, 0).is_ok_and(|now| now.created_ns == dumped.created_ns && now.xlate == dumped.xlate);
@@ -157,13 +160,38 @@ impl Tables {
     pub fn gc(&self, now_ns: u64) -> Result<usize> {
         let cfg = self.config()?;
         let entries = self.conntrack_unsorted()?;
-        let by_key: std::collections::HashMap<Tuple, CtEntry> = entries.iter().copied().collect();
+        let dump = DumpIndex::new(&entries);
         let idle = |e: &CtEntry, proto: u8| {
             now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(proto, e.state) as u64 * 1_000_000_000
         };
-        self.flush_entries(&entries, |k, e| {
-            let pair = by_key.get(&e.xlate.reversed()).filter(|p| p.xlate == k.reversed());
-            idle(e, k.proto) && pair.is_none_or(|p| idle(p, k.proto))
+        self.flush_indexed(&dump, |k, e| {
+            let pair = || dump.get(&e.xlate.reversed()).filter(|p| p.xlate == k.reversed());
+            idle(e, k.proto) && pair().is_none_or(|p| idle(p, k.proto))
         })
+    }
+}
+
+/// A dump of the conntrack tables with each key's position, built once per
+/// flush or GC pass (a million flows: two million keys). The hasher is
+/// foldhash's, seeded per process: keys come from packets, and a fixed
+/// hash would let a sender aim its flows at one bucket.
+struct DumpIndex<'a> {
+    entries: &'a [(Tuple, CtEntry)],
+    at: std::collections::HashMap<Tuple, u32, foldhash::fast::RandomState>,
+}
+
+impl<'a> DumpIndex<'a> {
+    /// A key dumped twice (a flow promoted from `ct_new` to `ct` during the
+    /// dump) is found at its last position.
+    fn new(entries: &'a [(Tuple, CtEntry)]) -> Self {
+        let mut at = std::collections::HashMap::with_capacity_and_hasher(entries.len(), Default::default());
+        for (i, (k, _)) in entries.iter().enumerate() {
+            at.insert(*k, i as u32);
+        }
+        DumpIndex { entries, at }
+    }
+
+    fn get(&self, key: &Tuple) -> Option<&CtEntry> {
+        self.at.get(key).map(|&i| &self.entries[i as usize].1)
     }
 }

@@ -8,8 +8,10 @@
 //! fdinfo) per flow, beside Linux conntrack's object size on this machine
 //! (`nf_conntrack` in `/proc/slabinfo`, one object per flow, both
 //! directions, NAT included); the time and CPU of a whole-table read in
-//! batches and entry by entry, of a garbage-collection pass that frees
-//! nothing, and of `lbagent conntrack list` with a filter.
+//! batches and entry by entry (in this process, the bench's debug build:
+//! compare the two), and of `lbagent conntrack gc` (a pass that frees
+//! nothing) and `lbagent conntrack list` with a filter, run as the release
+//! agent (as installed).
 
 use std::{fmt::Write as _, time::Instant};
 
@@ -19,6 +21,7 @@ use lbagent::dataplane::{pins, tables::monotonic_ns};
 use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CtEntry, MAP_CT, MAP_CT_NEW, PROTO_TCP, Tuple};
 use lbagent_tests::{
     engine::TestZone,
+    lbagent_release_bin,
     topology::{SERVER, VIP, ZONE},
 };
 use nix::sys::resource::{UsageWho, getrusage};
@@ -47,9 +50,9 @@ fn nf_conntrack_objsize() -> Option<u64> {
     slab.lines().find(|l| l.starts_with("nf_conntrack ")).and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
 }
 
-/// CPU seconds (user + system) this process has used.
-fn cpu_s() -> f64 {
-    getrusage(UsageWho::RUSAGE_SELF)
+/// CPU seconds (user + system) this process, or its waited children, used.
+fn cpu_of(who: UsageWho) -> f64 {
+    getrusage(who)
         .map(|u| {
             let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
             t(u.user_time()) + t(u.system_time())
@@ -57,11 +60,20 @@ fn cpu_s() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Runs `f`: (its result, wall seconds, CPU seconds).
+/// Runs `f`: (its result, wall seconds, CPU seconds of this process).
 fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
-    let (t, c) = (Instant::now(), cpu_s());
+    let (t, c) = (Instant::now(), cpu_of(UsageWho::RUSAGE_SELF));
     let v = f()?;
-    Ok((v, t.elapsed().as_secs_f64(), cpu_s() - c))
+    Ok((v, t.elapsed().as_secs_f64(), cpu_of(UsageWho::RUSAGE_SELF) - c))
+}
+
+/// Runs the release agent's `args`: (its output, wall seconds, its CPU seconds).
+fn agent(args: &[&str], root: &std::path::Path) -> Result<(String, f64, f64)> {
+    let (t, c) = (Instant::now(), cpu_of(UsageWho::RUSAGE_CHILDREN));
+    let out = std::process::Command::new(lbagent_release_bin()).args(args).arg("--bpffs").arg(root).output()?;
+    let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_of(UsageWho::RUSAGE_CHILDREN) - c);
+    anyhow::ensure!(out.status.success(), "lbagent {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok((String::from_utf8_lossy(&out.stdout).into_owned(), wall, cpu))
 }
 
 pub fn flows(out: &mut String) -> Result<()> {
@@ -96,11 +108,11 @@ pub fn flows(out: &mut String) -> Result<()> {
     eprint!(".");
     let (by_key, key_s, key_cpu) = timed(|| e.tables.conntrack_table_by_key(MAP_CT))?;
     eprint!(".");
-    let (freed, gc_s, gc_cpu) = timed(|| e.tables.gc(monotonic_ns()))?;
+    let (freed, gc_s, gc_cpu) = agent(&["conntrack", "gc"], &e.pins.root)?;
+    let freed = freed.trim();
     eprint!(".");
-    let one = [10, 1, 2, 3];
-    let (listed, list_s, list_cpu) =
-        timed(|| Ok(e.tables.conntrack()?.into_iter().filter(|(k, _)| k.saddr == one || k.daddr == one).count()))?;
+    let (listed, list_s, list_cpu) = agent(&["conntrack", "list", "--addr", "10.1.2.3"], &e.pins.root)?;
+    let listed = listed.lines().count();
     eprint!(".");
     // Both tables preallocate: bytes per flow of the capacity.
     let per_flow = |bytes: u64| bytes as f64 / (CT_HALVES as f64 / 2.0);
@@ -121,8 +133,8 @@ pub fn flows(out: &mut String) -> Result<()> {
          | filling 1 M flows (2 M map updates) | {fill_s:.1} s |\n\
          | reading `ct` whole, in batches ({} entries) | {batch_s:.2} s wall, {batch_cpu:.2} s CPU |\n\
          | reading `ct` whole, entry by entry ({} entries) | {key_s:.2} s wall, {key_cpu:.2} s CPU |\n\
-         | garbage collection, nothing idle ({freed} freed) | {gc_s:.2} s wall, {gc_cpu:.2} s CPU |\n\
-         | `conntrack list` of one client's flows ({listed} entries) | {list_s:.2} s wall, {list_cpu:.2} s CPU |",
+         | `lbagent conntrack gc`, nothing idle (\"{freed}\") | {gc_s:.2} s wall, {gc_cpu:.2} s CPU |\n\
+         | `lbagent conntrack list --addr 10.1.2.3` ({listed} entries) | {list_s:.2} s wall, {list_cpu:.2} s CPU |",
         empty_ct,
         full_ct,
         full_ct as f64 / 1e6,

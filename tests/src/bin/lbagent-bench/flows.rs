@@ -18,12 +18,8 @@ use std::{fmt::Write as _, time::Instant};
 use anyhow::{Context, Result};
 use aya::maps::MapData;
 use lbagent::dataplane::{pins, tables::monotonic_ns};
-use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CtEntry, MAP_CT, MAP_CT_NEW, PROTO_TCP, Tuple};
-use lbagent_tests::{
-    engine::TestZone,
-    lbagent_release_bin,
-    topology::{SERVER, VIP, ZONE},
-};
+use lbagent_common::{MAP_CT, MAP_CT_NEW};
+use lbagent_tests::{engine::TestZone, lbagent_release_bin, topology::ZONE};
 use nix::sys::resource::{UsageWho, getrusage};
 
 const FLOWS: u32 = 1_000_000;
@@ -81,27 +77,7 @@ pub fn flows(out: &mut String) -> Result<()> {
     let e = TestZone::with_ct_max(ZONE, Some(CT_HALVES))?;
     let dir = pins::versioned_dir(&e.pins.root);
     let (empty_ct, empty_new) = (memlock(&dir.join(MAP_CT.name))?, memlock(&dir.join(MAP_CT_NEW.name))?);
-    let mut ct = e.tables.hash(MAP_CT)?;
-    let now = monotonic_ns();
-    let ((), fill_s, _) = timed(|| {
-        for i in 0..FLOWS {
-            let c = [10, (i >> 16) as u8, (i >> 8) as u8, i as u8];
-            let orig =
-                Tuple { saddr: c, daddr: VIP.octets(), sport: 1000, dport: 80, proto: PROTO_TCP, _pad0: 0, zone: ZONE };
-            let x = Tuple { daddr: SERVER.octets(), ..orig };
-            let entry = CtEntry {
-                xlate: x,
-                last_seen_ns: now,
-                created_ns: now,
-                flags: CT_F_DNAT,
-                state: CT_ESTABLISHED,
-                ..Default::default()
-            };
-            ct.insert(&orig, &entry, 0)?;
-            ct.insert(&x.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..entry }, 0)?;
-        }
-        Ok(())
-    })?;
+    let ((), fill_s, _) = timed(|| super::fill_dnat_flows(&e.tables, FLOWS, monotonic_ns()))?;
     eprint!(".");
     let (full_ct, full_new) = (memlock(&dir.join(MAP_CT.name))?, memlock(&dir.join(MAP_CT_NEW.name))?);
     let (batched, batch_s, batch_cpu) = timed(|| e.tables.conntrack_table(MAP_CT))?;

@@ -5,7 +5,7 @@
 //!    for an established flow and for a packet that misses every rule, with
 //!    N = 10 … 100 000 DNAT rules in the map.
 //! 2. New TCP connections per second through the NAT namespace: the eBPF
-//!    engine vs the seeds' iptables DNAT/SNAT (iptables-legacy, the matching
+//!    engine vs the reference dataplanes' iptables DNAT/SNAT (iptables-legacy, the matching
 //!    rule after N-1 others) vs plain routing without NAT; interleaved,
 //!    repeated, medians.
 //! 3. Time to install N rules, and to change one rule among N.
@@ -261,7 +261,7 @@ fn wide_snat(t: &NatTopology) -> Result<()> {
     })
 }
 
-/// The seeds' iptables: DNAT for the VIP after `n - 1` non-matching rules, SNAT out.
+/// The reference dataplanes' iptables: DNAT for the VIP after `n - 1` non-matching rules, SNAT out.
 fn iptables_rules(n1: &str, n: usize) -> String {
     let mut r = String::from(
         "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n",
@@ -498,7 +498,7 @@ fn write_paths(out: &mut String, paths: &[Path], medians: &[[f64; 6]]) -> Result
     Ok(())
 }
 
-/// The NAT namespace programmed with the seeds' iptables rules for the
+/// The NAT namespace programmed with the reference dataplanes' iptables rules for the
 /// throughput paths (the iperf3 DNAT after 8 others, SNAT by interface).
 fn iptables_path() -> Result<NatTopology> {
     let ipt = NatTopology::plain()?;
@@ -788,10 +788,35 @@ fn udp_flow_rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
     Ok(())
 }
 
+/// Writes `flows` established DNAT'ed flows (client 10.x.y.z:1000 → the
+/// VIP:80, to the server) into `ct` from userspace, both halves, last seen
+/// at `now`: crafted entries, not packets.
+pub fn fill_dnat_flows(tables: &Tables, flows: u32, now: u64) -> Result<()> {
+    use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CtEntry, MAP_CT, Tuple};
+    let mut ct = tables.hash(MAP_CT)?;
+    for i in 0..flows {
+        let c = [10, (i >> 16) as u8, (i >> 8) as u8, i as u8];
+        let orig =
+            Tuple { saddr: c, daddr: VIP.octets(), sport: 1000, dport: 80, proto: PROTO_TCP, _pad0: 0, zone: ZONE };
+        let x = Tuple { daddr: SERVER.octets(), ..orig };
+        let entry = CtEntry {
+            xlate: x,
+            last_seen_ns: now,
+            created_ns: now,
+            flags: CT_F_DNAT,
+            state: CT_ESTABLISHED,
+            ..Default::default()
+        };
+        ct.insert(&orig, &entry, 0)?;
+        ct.insert(&x.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..entry }, 0)?;
+    }
+    Ok(())
+}
+
 /// 7. A repair pass at 500 zones × 25 rules and GC over a full conntrack table.
 fn scale(out: &mut String) -> Result<()> {
     use lbagent::dataplane::{engine::Engine as AgentEngine, tables::monotonic_ns};
-    use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CT_MAX, CtEntry, MAP_CT, NatConfig, Tuple};
+    use lbagent_common::{CT_MAX, NatConfig};
     const ZONES: u16 = 500;
     const RULES: usize = 25;
     let e = TestZone::new(ZONE)?;
@@ -819,23 +844,7 @@ fn scale(out: &mut String) -> Result<()> {
     };
     eprint!(".");
     // A full established table: CT_MAX entries, both halves of CT_MAX / 2 flows.
-    let mut ct = e.tables.hash(MAP_CT)?;
-    let now = monotonic_ns();
-    for i in 0..CT_MAX / 2 {
-        let c = [10, (i >> 16) as u8, (i >> 8) as u8, i as u8];
-        let orig = Tuple { saddr: c, daddr: VIP.octets(), sport: 1000, dport: 80, proto: PROTO_TCP, _pad0: 0, zone: 1 };
-        let x = Tuple { daddr: SERVER.octets(), ..orig };
-        let entry = CtEntry {
-            xlate: x,
-            last_seen_ns: now,
-            created_ns: now,
-            flags: CT_F_DNAT,
-            state: CT_ESTABLISHED,
-            ..Default::default()
-        };
-        ct.insert(&orig, &entry, 0)?;
-        ct.insert(&x.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..entry }, 0)?;
-    }
+    fill_dnat_flows(&e.tables, CT_MAX / 2, monotonic_ns())?;
     let t = Instant::now();
     let kept = e.tables.gc(monotonic_ns())?;
     let gc_idle = t.elapsed().as_secs_f64() * 1e3;

@@ -9,7 +9,9 @@
 //!
 //! Pauses, the same way: `LBAGENT_PAUSE_AT=<point>:<ms>` makes a debug
 //! build sleep there, as a host with hundreds of objects takes that long.
-//! Points: `repair-step` (before each object a repair pass re-ensures).
+//! Points: `repair-step` (before each object a repair pass re-ensures),
+//! `gc-pass` (the start of a conntrack garbage collection pass, on its
+//! thread). A pause is logged when it starts.
 
 /// Dies here when this is the point the environment names (debug builds).
 pub fn point(name: &str) {
@@ -39,6 +41,7 @@ pub fn pause(name: &str) {
         if let Some((point, ms)) = want
             && point == name
         {
+            tracing::warn!("pause point {name}: sleeping {ms} ms");
             std::thread::sleep(std::time::Duration::from_millis(*ms));
         }
     }

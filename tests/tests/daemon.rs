@@ -1531,3 +1531,45 @@ fn a_change_during_a_long_repair_pass_is_applied_at_once() {
         assert_eq!(backend_port(&done, id), Some(port), "{done}");
     }
 }
+
+/// Conntrack garbage collection runs beside the daemon's loop: at a million
+/// flows a pass takes seconds, and a change written meanwhile is applied at
+/// once, not after the pass. (A debug build's `gc-pass` pause stands in for
+/// a long pass.)
+#[test]
+fn a_change_during_a_long_gc_pass_is_applied_at_once() {
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brg")).unwrap();
+    let env = Env::new();
+    let id = lb_id();
+    let doc = |port: u16| {
+        lb_state(
+            &bridge.name,
+            &id,
+            70,
+            ["{id: direct, type: tcp, port: 9000, backend_group: g}"],
+            &format!("[{{id: b, address: 10.70.0.21, port: {port}}}]"),
+        )
+    };
+    let args: Vec<String> = ["--state", env.state().to_str().unwrap(), "--repair-interval", "1", "--metrics", "off"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    std::fs::write(env.state(), doc(9000)).unwrap();
+    let pause = [("LBAGENT_PAUSE_AT", "gc-pass:30000")];
+    let d = env.spawn_env(&lbagent_bin(), &args, "daemon.log", &pause);
+    wait(|| env.status().is_some_and(|s| applied(&s)), "the first apply");
+    wait(|| d.log().contains("pause point gc-pass"), "a GC pass under way");
+    std::fs::write(env.state(), doc(9001)).unwrap();
+    let t = Instant::now();
+    let port = |s: &Value| s["load_balancers"][0]["backends"][0]["port"].as_u64();
+    wait(|| env.status().is_some_and(|s| port(&s) == Some(9001)), "the change applied");
+    let took = t.elapsed();
+    eprintln!("change applied {took:?} after it was written, a GC pass under way");
+    assert!(took < Duration::from_secs(15), "the change waited for the GC pass ({took:?}):\n{}", d.log());
+    // One pass at a time: the ticks during the pause started no other.
+    assert_eq!(d.log().matches("pause point gc-pass").count(), 1, "{}", d.log());
+}

@@ -71,7 +71,7 @@ pub fn run(action: Action) -> Result<()> {
     match action {
         Action::List { filter, json, .. } => {
             let now = fmt::monotonic_ns();
-            let entries: Vec<_> = tables.conntrack()?.into_iter().filter(|(k, e)| filter.matches(k, e)).collect();
+            let entries = tables.conntrack_matching(|k, e| filter.matches(k, e))?;
             if json {
                 let v: Vec<_> = entries.iter().map(|(k, e)| fmt::CtRow::new(k, e, now)).collect();
                 // Through a `Value`: keys sorted, as `lbagent maps --json`.

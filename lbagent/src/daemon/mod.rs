@@ -21,7 +21,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
     dataplane::{attach::AttachMode, loader::ZoneProgram, migrate::Migration},
@@ -65,6 +65,8 @@ struct Daemon {
     health_seen: BTreeSet<health::Key>,
     /// Notified after every status change (the source may report it).
     changed: Arc<tokio::sync::Notify>,
+    /// The last conntrack garbage collection pass's thread.
+    gc: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Daemon {
@@ -139,28 +141,19 @@ impl Daemon {
         }
     }
 
-    /// Frees conntrack entries idle past their timeout, then recounts the
-    /// least-connection backends' active flows and each zone's flows.
-    fn collect_garbage(&self) {
-        let gc = crate::dataplane::tables::Tables::open(&self.opts.bpffs)
-            .and_then(|t| t.gc(crate::dataplane::tables::monotonic_ns()));
-        match gc {
-            Ok(0) => {}
-            Ok(n) => info!("conntrack: {n} idle flows collected"),
-            Err(e) => warn!("conntrack garbage collection: {e:#}"),
+    /// Starts a garbage collection pass on its own thread, unless the last
+    /// one is still running: at a million flows a pass reads two million
+    /// entries (about a second of CPU), and the loop must go on applying
+    /// documents and acting on health meanwhile.
+    fn start_garbage_collection(&mut self) {
+        if self.gc.as_ref().is_some_and(|h| !h.is_finished()) {
+            debug!("conntrack garbage collection: the previous pass is still running; skipped");
+            return;
         }
-        // Least-connection counts drift by the flows that ended without a
-        // close (timeouts, evictions, the collection above): recount.
-        let recount = crate::dataplane::tables::Tables::open(&self.opts.bpffs).and_then(|t| t.recount_active());
-        match recount {
-            Ok(0) => {}
-            Ok(n) => info!("least-connection counts: {n} corrected from conntrack"),
-            Err(e) => warn!("least-connection recount: {e:#}"),
-        }
-        // Each zone's flow counts (its conntrack share) drift the same way.
-        let recount = crate::dataplane::tables::Tables::open(&self.opts.bpffs).and_then(|t| t.recount_zone_flows());
-        if let Err(e) = recount {
-            warn!("per-zone conntrack recount: {e:#}");
+        let bpffs = self.opts.bpffs.clone();
+        match std::thread::Builder::new().name("lbagent-gc".into()).spawn(move || collect_garbage(&bpffs)) {
+            Ok(h) => self.gc = Some(h),
+            Err(e) => warn!("conntrack garbage collection: cannot start its thread: {e}"),
         }
     }
 
@@ -323,6 +316,36 @@ fn newest(
     update
 }
 
+/// Frees conntrack entries idle past their timeout, then recounts the
+/// least-connection backends' active flows and each zone's flows. Runs
+/// beside the loop (`Daemon::start_garbage_collection`): an apply may
+/// remove a rule or a zone meanwhile; the recounts then write only counts
+/// that still exist (a removed rule's or zone's is not brought back), and
+/// flows both delete are deleted once.
+fn collect_garbage(bpffs: &Path) {
+    crate::crash::pause("gc-pass");
+    let tables = match crate::dataplane::tables::Tables::open(bpffs) {
+        Ok(t) => t,
+        Err(e) => return warn!("conntrack garbage collection: {e:#}"),
+    };
+    match tables.gc(crate::dataplane::tables::monotonic_ns()) {
+        Ok(0) => {}
+        Ok(n) => info!("conntrack: {n} idle flows collected"),
+        Err(e) => warn!("conntrack garbage collection: {e:#}"),
+    }
+    // Least-connection counts drift by the flows that ended without a
+    // close (timeouts, evictions, the collection above): recount.
+    match tables.recount_active() {
+        Ok(0) => {}
+        Ok(n) => info!("least-connection counts: {n} corrected from conntrack"),
+        Err(e) => warn!("least-connection recount: {e:#}"),
+    }
+    // Each zone's flow counts (its conntrack share) drift the same way.
+    if let Err(e) = tables.recount_zone_flows() {
+        warn!("per-zone conntrack recount: {e:#}");
+    }
+}
+
 /// Runs the daemon on desired state from `source` (the state file, or etcd
 /// in fleet mode: `fleet::source`).
 pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
@@ -374,6 +397,7 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
         changed,
         repair: None,
         health_seen: BTreeSet::new(),
+        gc: None,
     };
     // Handlers first: a SIGTERM that arrives during the first apply, or
     // while waiting for the first document, must still be a clean stop (it
@@ -430,7 +454,7 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
             Some(()) = health_changed.recv() => tokio::task::block_in_place(|| d.health_changed()),
             _ = repair.tick() => {
                 d.begin_repair();
-                tokio::task::block_in_place(|| d.collect_garbage());
+                d.start_garbage_collection();
             }
             _ = std::future::ready(()), if d.repair.is_some() => tokio::task::block_in_place(|| {
                 d.repair_slice(&|| !updates.is_empty() || !health_changed.is_empty())

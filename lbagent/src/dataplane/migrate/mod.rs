@@ -50,11 +50,8 @@ use tracing::info;
 use super::{
     loader::CtSizes,
     pins::{self, map_of},
-    tables::{HalfWritten, Tables, per_cpu, possible_cpus},
+    tables::{HalfWritten, NOEXIST, Tables, per_cpu, possible_cpus},
 };
-
-/// `BPF_NOEXIST`: insert only when the key is absent.
-const NOEXIST: u64 = 1;
 
 /// The layout this build migrates from.
 pub const FROM_VERSION: u32 = LAYOUT_VERSION - 1;

@@ -39,6 +39,20 @@ struct BatchAttr {
 /// batches) is returned for the caller to read entry by entry instead.
 pub fn dump<K: aya::Pod, V: aya::Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> {
     let mut out = Vec::new();
+    each_chunk(map, |keys: &[K], values: &[V]| out.extend(keys.iter().copied().zip(values.iter().copied())))?;
+    Ok(out)
+}
+
+/// Hands every entry of hash or LRU hash map `map` (not a per-CPU one) to
+/// `visit`, one batch at a time (keys and their values, same length), so a
+/// whole pass over a million entries holds a few thousand at once. `visit`
+/// may delete entries: the position is a bucket number, so the next batch
+/// starts after the buckets already read, and an entry deleted ahead of
+/// it is simply not returned. `EINVAL` for the command itself (a kernel
+/// without batches) is returned before anything is visited, for the caller
+/// to read entry by entry instead; a later error is returned as
+/// `io::ErrorKind::Other`, so that no caller visits an entry twice.
+pub fn each_chunk<K: aya::Pod, V: aya::Pod>(map: &MapData, mut visit: impl FnMut(&[K], &[V])) -> io::Result<()> {
     let mut chunk = CHUNK;
     // SAFETY: `aya::Pod` types are plain data for which every bit pattern,
     // zero included, is a valid value.
@@ -48,6 +62,7 @@ pub fn dump<K: aya::Pod, V: aya::Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> 
     // A hash map's position is a bucket number (`u32`).
     let mut position: Option<u32> = None;
     let mut next: u32 = 0;
+    let mut visited = false;
     loop {
         let mut attr = BatchAttr {
             in_batch: position.as_ref().map_or(0, |p| p as *const u32 as u64),
@@ -67,11 +82,14 @@ pub fn dump<K: aya::Pod, V: aya::Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> 
         };
         let error = (rc < 0).then(io::Error::last_os_error);
         let n = (attr.count as usize).min(chunk);
-        out.extend(keys[..n].iter().copied().zip(values[..n].iter().copied()));
+        if n > 0 {
+            visit(&keys[..n], &values[..n]);
+            visited = true;
+        }
         match error.and_then(|e| e.raw_os_error().map(|c| (c, e))) {
             None => position = Some(next),
             // The end of the map (the last entries, if any, came with it).
-            Some((libc::ENOENT, _)) => return Ok(out),
+            Some((libc::ENOENT, _)) => return Ok(()),
             // A bucket holds more entries than the buffers: larger ones.
             Some((libc::ENOSPC, _)) if n == 0 => {
                 chunk *= 2;
@@ -80,6 +98,7 @@ pub fn dump<K: aya::Pod, V: aya::Pod>(map: &MapData) -> io::Result<Vec<(K, V)>> 
                 // SAFETY: as above.
                 values.resize(chunk, unsafe { std::mem::zeroed() });
             }
+            Some((_, e)) if visited => return Err(io::Error::other(e)),
             Some((_, e)) => return Err(e),
         }
     }

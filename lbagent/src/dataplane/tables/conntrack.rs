@@ -5,10 +5,7 @@ use anyhow::Result;
 use aya::maps::{HashMap, MapData, MapError};
 use lbagent_common::*;
 
-use super::Tables;
-
-/// `BPF_NOEXIST`: insert only when the key is absent.
-const NOEXIST: u64 = 1;
+use super::{NOEXIST, Tables};
 
 /// What writing one half of a flow did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,16 +52,20 @@ impl Tables {
 
     /// Every conntrack entry of both tables (`ct` and `ct_new`), sorted.
     pub fn conntrack(&self) -> Result<Vec<(Tuple, CtEntry)>> {
-        let mut out = self.conntrack_unsorted()?;
-        out.sort_by_key(|(k, e)| (k.zone, e.flags & CT_F_REPLY, k.saddr, k.sport, k.daddr, k.dport));
-        Ok(out)
+        self.conntrack_matching(|_, _| true)
     }
 
-    /// Every conntrack entry of both tables, in no order (what garbage
-    /// collection and flushes read: a million flows need no sorting).
-    fn conntrack_unsorted(&self) -> Result<Vec<(Tuple, CtEntry)>> {
-        let mut out = self.conntrack_table(MAP_CT)?;
-        out.extend(self.conntrack_table(MAP_CT_NEW)?);
+    /// The conntrack entries of both tables that `select` picks, sorted;
+    /// the tables are read a batch at a time, so a filtered listing holds
+    /// what it lists, not the tables.
+    pub fn conntrack_matching(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<Vec<(Tuple, CtEntry)>> {
+        let mut out = Vec::new();
+        for table in [MAP_CT, MAP_CT_NEW] {
+            self.each_conntrack(table, |keys, entries| {
+                out.extend(keys.iter().zip(entries).filter(|(k, e)| select(k, e)).map(|(k, e)| (*k, *e)))
+            })?;
+        }
+        out.sort_by_key(|(k, e)| (k.zone, e.flags & CT_F_REPLY, k.saddr, k.sport, k.daddr, k.dport));
         Ok(out)
     }
 
@@ -72,9 +73,29 @@ impl Tables {
     /// unsorted: read in batches, or entry by entry where the kernel refuses
     /// batches.
     pub fn conntrack_table(&self, table: MapDef<Tuple, CtEntry>) -> Result<Vec<(Tuple, CtEntry)>> {
-        match super::batch::dump(&self.data(table.name)?) {
-            Ok(entries) => Ok(entries),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.conntrack_table_by_key(table),
+        let mut out = Vec::new();
+        self.each_conntrack(table, |keys, entries| out.extend(keys.iter().copied().zip(entries.iter().copied())))?;
+        Ok(out)
+    }
+
+    /// Hands every entry of one conntrack table to `visit` a batch at a
+    /// time (keys and their entries), in no order: what garbage collection,
+    /// flushes and recounts read, so that a pass over a million flows holds
+    /// a few thousand entries, not the table. `visit` may delete entries
+    /// (see `batch::each_chunk`). Where the kernel refuses batches, the
+    /// table is read entry by entry first and visited as one batch.
+    pub fn each_conntrack(
+        &self,
+        table: MapDef<Tuple, CtEntry>,
+        mut visit: impl FnMut(&[Tuple], &[CtEntry]),
+    ) -> Result<()> {
+        match super::batch::each_chunk(&self.data(table.name)?, &mut visit) {
+            Ok(()) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let (keys, entries): (Vec<_>, Vec<_>) = self.conntrack_table_by_key(table)?.into_iter().unzip();
+                visit(&keys, &entries);
+                Ok(())
+            }
             Err(e) => Err(anyhow::Error::new(e).context(format!("reading {} in batches", table.name))),
         }
     }
@@ -101,97 +122,127 @@ impl Tables {
         Ok(self.hash(MAP_FRAGS)?.iter().collect::<Result<_, _>>()?)
     }
 
-    /// Deletes the conntrack entries of every flow that `select` picks (either
-    /// direction's entry may match; both go). Returns the number of flows.
+    /// Deletes the conntrack entries of every flow that `select` picks
+    /// (either direction's entry may match; both go), reading the tables a
+    /// batch at a time. Returns the number of flows deleted.
     pub fn flush_conntrack(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
-        let entries = self.conntrack_unsorted()?;
-        self.flush_entries(&entries, select)
+        self.sweep(|k, e| select(k, e), |_, _, _| true)
     }
 
-    /// `flush_conntrack` over entries already dumped (`entries`). A half's
-    /// pair is deleted only if it points back at the half (see `CtEntry`):
-    /// a pair key that now belongs to another flow is left alone. An entry
-    /// is deleted only while it is still the one dumped (same creation time
-    /// and translation): a flow the program re-created under the same key
-    /// since the dump (a new connection on the tuple, a flow that expired
-    /// and came back) is another flow, and stays.
+    /// `flush_conntrack` over entries already dumped (`entries`, a caller's
+    /// earlier read). Returns the number of flows deleted.
     pub fn flush_entries(
         &self,
         entries: &[(Tuple, CtEntry)],
         select: impl Fn(&Tuple, &CtEntry) -> bool,
     ) -> Result<usize> {
-        self.flush_indexed(&DumpIndex::new(entries), select)
-    }
-
-    fn flush_indexed(&self, dump: &DumpIndex, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
-        // `ct_new` first: a promotion between the two deletions moves an
-        // entry into `ct`, where the second one still finds it.
-        let mut maps = [self.hash(MAP_CT_NEW)?, self.hash(MAP_CT)?];
-        let mut doomed: std::collections::HashSet<Tuple, foldhash::fast::RandomState> = Default::default();
-        let mut flows = 0;
-        for (k, e) in dump.entries {
-            if doomed.contains(k) || !select(k, e) {
-                continue;
-            }
-            flows += 1;
-            doomed.insert(*k);
-            let pair = e.xlate.reversed();
-            if dump.get(&pair).is_some_and(|p| p.xlate == k.reversed()) {
-                doomed.insert(pair);
-            }
-        }
-        for key in &doomed {
-            let Some(dumped) = dump.get(key) else { continue };
-            for map in maps.iter_mut() {
-                let same =
-                    map.get(key, 0).is_ok_and(|now| now.created_ns == dumped.created_ns && now.xlate == dumped.xlate);
-                if same {
-                    let _ = map.remove(key);
-                }
-            }
-        }
-        Ok(flows)
+        let (keys, entries): (Vec<_>, Vec<_>) = entries.iter().copied().unzip();
+        let mut sweeper = Sweeper::new(self)?;
+        Ok(sweeper.sweep(&keys, &entries, |k, e| select(k, e), |_, _, _| true))
     }
 
     /// Deletes flows idle past their timeout in both directions (the program
     /// also expires them on lookup; this frees entries nobody looks up).
-    /// One dump of the tables. `now_ns` is CLOCK_MONOTONIC, the clock of
-    /// `bpf_ktime_get_ns`. Returns the number of flows deleted.
+    /// One pass over the tables, a batch at a time: a half idle past its
+    /// timeout goes with its pair when the pair is idle too (or missing).
+    /// `now_ns` is CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns`. Returns
+    /// the number of flows deleted.
     pub fn gc(&self, now_ns: u64) -> Result<usize> {
         let cfg = self.config()?;
-        let entries = self.conntrack_unsorted()?;
-        let dump = DumpIndex::new(&entries);
-        let idle = |e: &CtEntry, proto: u8| {
-            now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(proto, e.state) as u64 * 1_000_000_000
+        let idle = |k: &Tuple, e: &CtEntry| {
+            now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(k.proto, e.state) as u64 * 1_000_000_000
         };
-        self.flush_indexed(&dump, |k, e| {
-            let pair = || dump.get(&e.xlate.reversed()).filter(|p| p.xlate == k.reversed());
-            idle(e, k.proto) && pair().is_none_or(|p| idle(p, k.proto))
-        })
+        self.sweep(idle, |k, _, pair| pair.is_none_or(|p| idle(k, p)))
     }
-}
 
-/// A dump of the conntrack tables with each key's position, built once per
-/// flush or GC pass (a million flows: two million keys). The hasher is
-/// foldhash's, seeded per process: keys come from packets, and a fixed
-/// hash would let a sender aim its flows at one bucket.
-struct DumpIndex<'a> {
-    entries: &'a [(Tuple, CtEntry)],
-    at: std::collections::HashMap<Tuple, u32, foldhash::fast::RandomState>,
-}
-
-impl<'a> DumpIndex<'a> {
-    /// A key dumped twice (a flow promoted from `ct_new` to `ct` during the
-    /// dump) is found at its last position.
-    fn new(entries: &'a [(Tuple, CtEntry)]) -> Self {
-        let mut at = std::collections::HashMap::with_capacity_and_hasher(entries.len(), Default::default());
-        for (i, (k, _)) in entries.iter().enumerate() {
-            at.insert(*k, i as u32);
+    /// One pass over both tables (`ct_new` first), a batch at a time: each
+    /// half that `pick` selects, and whose pair (looked up, or `None`)
+    /// `with_pair` accepts, is deleted with its pair. Returns the flows
+    /// deleted.
+    fn sweep(
+        &self,
+        pick: impl Fn(&Tuple, &CtEntry) -> bool,
+        with_pair: impl Fn(&Tuple, &CtEntry, Option<&CtEntry>) -> bool,
+    ) -> Result<usize> {
+        let mut sweeper = Sweeper::new(self)?;
+        let mut flows = 0;
+        for table in [MAP_CT_NEW, MAP_CT] {
+            self.each_conntrack(table, |keys, entries| flows += sweeper.sweep(keys, entries, &pick, &with_pair))?;
         }
-        DumpIndex { entries, at }
+        Ok(flows)
+    }
+}
+
+/// Deletes flows from both conntrack tables, both halves at once. A half's
+/// pair is deleted only if it points back at the half (see `CtEntry`): a
+/// pair key that now belongs to another flow is left alone. An entry is
+/// deleted only while it is still the one read (same creation time and
+/// translation): a flow the program re-created under the same key since
+/// the read (a new connection on the tuple, a flow that expired and came
+/// back) is another flow, and stays.
+struct Sweeper {
+    /// `ct_new` first: a promotion between the two deletions moves an
+    /// entry into `ct`, where the second one still finds it.
+    maps: [HashMap<MapData, Tuple, CtEntry>; 2],
+}
+
+impl Sweeper {
+    fn new(t: &Tables) -> Result<Self> {
+        Ok(Sweeper { maps: [t.hash(MAP_CT_NEW)?, t.hash(MAP_CT)?] })
     }
 
-    fn get(&self, key: &Tuple) -> Option<&CtEntry> {
-        self.at.get(key).map(|&i| &self.entries[i as usize].1)
+    /// The live pair of half `key` (`entry` as read): the entry under its
+    /// translation reversed, if that entry points back at `key` and belongs
+    /// to the same flow (both halves of a flow carry its creation time; a
+    /// flow re-created on the same tuples since the read is another one).
+    fn pair(&self, key: &Tuple, entry: &CtEntry) -> Option<(Tuple, CtEntry)> {
+        let pk = entry.xlate.reversed();
+        self.maps
+            .iter()
+            .find_map(|m| m.get(&pk, 0).ok())
+            .filter(|p| p.xlate == key.reversed() && p.created_ns == entry.created_ns)
+            .map(|p| (pk, p))
+    }
+
+    /// Deletes `key` from whichever table holds it while it is the entry
+    /// read (`read`). Whether it deleted it.
+    fn remove_if_same(&mut self, key: &Tuple, read: &CtEntry) -> bool {
+        let mut removed = false;
+        for map in self.maps.iter_mut() {
+            let same = map.get(key, 0).is_ok_and(|now| now.created_ns == read.created_ns && now.xlate == read.xlate);
+            if same {
+                removed |= map.remove(key).is_ok();
+            }
+        }
+        removed
+    }
+
+    /// One batch: each half `pick` selects goes with its pair when
+    /// `with_pair` accepts that pair. A flow is counted by the deletion that
+    /// removes its first half, so a flow both of whose halves are selected
+    /// (in this batch or across batches) counts once.
+    fn sweep(
+        &mut self,
+        keys: &[Tuple],
+        entries: &[CtEntry],
+        pick: impl Fn(&Tuple, &CtEntry) -> bool,
+        with_pair: impl Fn(&Tuple, &CtEntry, Option<&CtEntry>) -> bool,
+    ) -> usize {
+        let mut flows = 0;
+        for (k, e) in keys.iter().zip(entries) {
+            if !pick(k, e) {
+                continue;
+            }
+            let pair = self.pair(k, e);
+            if !with_pair(k, e, pair.as_ref().map(|(_, p)| p)) {
+                continue;
+            }
+            let mut removed = self.remove_if_same(k, e);
+            if let Some((pk, p)) = pair {
+                removed |= self.remove_if_same(&pk, &p);
+            }
+            flows += usize::from(removed);
+        }
+        flows
     }
 }

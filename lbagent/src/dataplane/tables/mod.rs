@@ -27,6 +27,11 @@ pub use zone_ct::ZoneCt;
 
 use super::pins;
 
+/// `BPF_NOEXIST`: a map update that only inserts (the key is absent).
+pub const NOEXIST: u64 = 1;
+/// `BPF_EXIST`: a map update that only replaces (the key is present).
+pub const EXIST: u64 = 2;
+
 /// CLOCK_MONOTONIC in ns: the clock of `bpf_ktime_get_ns`, so of every
 /// conntrack timestamp.
 pub fn monotonic_ns() -> u64 {

@@ -166,19 +166,22 @@ impl Tables {
         let rules: std::collections::BTreeSet<u32> = entries.iter().map(|(k, _)| k.rule_id).collect();
         let mut counts: BTreeMap<ActiveKey, i64> = BTreeMap::new();
         for table in [MAP_CT, MAP_CT_NEW] {
-            for (_, e) in self.conntrack_table(table)? {
-                if e.flags & CT_F_REPLY == 0 && e.state != CT_CLOSING && rules.contains(&e.dnat_rule) {
-                    let k = ActiveKey { rule_id: e.dnat_rule, addr: e.xlate.daddr, port: e.xlate.dport, _pad0: 0 };
-                    *counts.entry(k).or_default() += 1;
+            self.each_conntrack(table, |_, entries| {
+                for e in entries {
+                    if e.flags & CT_F_REPLY == 0 && e.state != CT_CLOSING && rules.contains(&e.dnat_rule) {
+                        let k = ActiveKey { rule_id: e.dnat_rule, addr: e.xlate.daddr, port: e.xlate.dport, _pad0: 0 };
+                        *counts.entry(k).or_default() += 1;
+                    }
                 }
-            }
+            })?;
         }
         let mut map = self.hash(MAP_SCHED_ACTIVE)?;
         let mut fixed = 0;
         for (k, v) in entries {
             let want = counts.get(&k).copied().unwrap_or(0);
-            if v.active != want {
-                map.insert(&k, &Active { active: want, ..v }, 0)?;
+            // Only over the entry still there: a rule removed since the read
+            // (the daemon recounts beside its applies) is not brought back.
+            if v.active != want && map.insert(&k, &Active { active: want, ..v }, super::EXIST).is_ok() {
                 fixed += 1;
             }
         }

@@ -77,25 +77,33 @@ impl Tables {
         }
         let mut want: BTreeMap<u32, ZoneCtFlows> = BTreeMap::new();
         for (established, table) in [(true, MAP_CT), (false, MAP_CT_NEW)] {
-            for (k, e) in self.conntrack_table(table)? {
-                if e.flags & CT_F_REPLY != 0 {
-                    continue;
+            self.each_conntrack(table, |keys, entries| {
+                for (k, e) in keys.iter().zip(entries) {
+                    if e.flags & CT_F_REPLY != 0 {
+                        continue;
+                    }
+                    let f = want.entry(k.zone as u32).or_default();
+                    if established {
+                        f.established += 1;
+                    } else {
+                        f.new += 1;
+                    }
                 }
-                let f = want.entry(k.zone as u32).or_default();
-                if established {
-                    f.established += 1;
-                } else {
-                    f.new += 1;
-                }
-            }
+            })?;
         }
         let mut map = self.hash(MAP_ZONE_CT_FLOWS)?;
         let have: BTreeMap<u32, ZoneCtFlows> = map.iter().filter_map(|e| e.ok()).collect();
         let mut corrected = 0;
         for zone in have.keys().chain(want.keys()).copied().collect::<std::collections::BTreeSet<_>>() {
             let w = want.get(&zone).copied().unwrap_or_default();
-            if have.get(&zone).copied().unwrap_or_default() != w {
-                map.insert(&zone, &w, 0)?;
+            // A zone's counts are corrected only while they exist (a zone
+            // removed since the read stays removed); counts missing for a
+            // zone with flows are created unless the program did meanwhile.
+            let (had, flag) = match have.get(&zone) {
+                Some(h) => (*h, super::EXIST),
+                None => (ZoneCtFlows::default(), super::NOEXIST),
+            };
+            if had != w && map.insert(&zone, &w, flag).is_ok() {
                 corrected += 1;
             }
         }

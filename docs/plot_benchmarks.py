@@ -44,7 +44,39 @@ def main():
     if conn:
         plot_conn(root, conn)
         wrote.append("docs/bench-conn-rate.png")
-    print("wrote " + ", ".join(wrote) if wrote else "no plotted section in this run (sections 1 and 2 are plotted)")
+    flows = section_tables(src.read_text(), "17.")
+    if flows:
+        plot_flows(root, flows)
+        wrote += ["docs/bench-flow-memory.png", "docs/bench-flow-gc.png"]
+    print("wrote " + ", ".join(wrote) if wrote else "no plotted section in this run (sections 1, 2 and 17 are plotted)")
+
+
+def section_tables(text, prefix):
+    """The tables of the section numbered `prefix`, each a list of rows
+    (lists of cells) with its header row first; None when the run skipped
+    the section."""
+    inside, tabs, current = False, [], None
+    for line in text.splitlines():
+        if line.startswith("## "):
+            inside = line[3:].startswith(prefix)
+            continue
+        if not inside:
+            continue
+        if line.startswith("|"):
+            if set(line) <= set("|-: "):
+                continue
+            if current is None:
+                current = []
+                tabs.append(current)
+            current.append([c.strip() for c in line.strip("|").split("|")])
+        else:
+            current = None
+    return tabs or None
+
+
+def seconds(cell, i):
+    """The i-th figure of a cell such as `0.10 s / 0.10 s / 7 MB`."""
+    return float(cell.split("/")[i].split()[0])
 
 
 def plot_cost(root, cost):
@@ -75,6 +107,45 @@ def plot_conn(root, conn):
     plt.legend()
     plt.tight_layout()
     plt.savefig(root / "docs/bench-conn-rate.png", dpi=110)
+
+
+def flow_axis(n):
+    """A log2 axis with a tick at each size measured."""
+    plt.xscale("log", base=2)
+    plt.minorticks_off()
+    plt.xticks(n, [f"{x / 1e6:g} M" if x >= 1_000_000 else f"{x // 1000} k" for x in n])
+
+
+def plot_flows(root, tabs):
+    ebpf = next(t for t in tabs if t[0][0] == "flows" and "`ct` B/flow" in t[0])[1:]
+    linux = next((t for t in tabs if t[0][0] == "flows" and "entries" in t[0]), [[]])[1:]
+    n = [int(r[0]) for r in ebpf]
+    plt.figure(figsize=(6, 3.5))
+    plt.plot(n, [float(r[2]) for r in ebpf], "o-", label="eBPF `ct`, both halves")
+    plt.plot(n, [float(r[3]) for r in ebpf], "o--", label="eBPF with `ct_new` (its default quarter)")
+    if linux:
+        plt.plot([int(r[0]) for r in linux], [float(r[3]) for r in linux], "s-", label="Linux conntrack (slab + hash)")
+    flow_axis(n)
+    plt.ylim(bottom=0)
+    plt.xlabel("flows the table holds")
+    plt.ylabel("kernel bytes per flow")
+    plt.title("Memory per flow")
+    plt.legend()
+    plt.tight_layout()
+    plt.savefig(root / "docs/bench-flow-memory.png", dpi=110)
+
+    plt.figure(figsize=(6, 3.5))
+    plt.plot(n, [seconds(r[5], 1) for r in ebpf], "o-", label="GC pass, nothing idle (CPU s)")
+    plt.plot(n, [seconds(r[7], 1) for r in ebpf], "s-", label="GC pass freeing every flow (CPU s)")
+    plt.plot(n, [seconds(r[6], 1) for r in ebpf], "^--", label="`conntrack list --addr` (CPU s)")
+    flow_axis(n)
+    plt.ylim(bottom=0)
+    plt.xlabel("established flows")
+    plt.ylabel("CPU seconds (release agent)")
+    plt.title("Conntrack passes against table size")
+    plt.legend()
+    plt.tight_layout()
+    plt.savefig(root / "docs/bench-flow-gc.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -138,7 +138,8 @@ impl Tables {
     ) -> Result<usize> {
         let (keys, entries): (Vec<_>, Vec<_>) = entries.iter().copied().unzip();
         let mut sweeper = Sweeper::new(self)?;
-        Ok(sweeper.sweep(&keys, &entries, |k, e| select(k, e), |_, _, _| true))
+        // Read from either table: looked for in both (`ct_new` first).
+        Ok(sweeper.sweep(Table::New, &keys, &entries, |k, e| select(k, e), |_, _, _| true))
     }
 
     /// Deletes flows idle past their timeout in both directions (the program
@@ -166,55 +167,93 @@ impl Tables {
     ) -> Result<usize> {
         let mut sweeper = Sweeper::new(self)?;
         let mut flows = 0;
-        for table in [MAP_CT_NEW, MAP_CT] {
-            self.each_conntrack(table, |keys, entries| flows += sweeper.sweep(keys, entries, &pick, &with_pair))?;
+        for (def, from) in [(MAP_CT_NEW, Table::New), (MAP_CT, Table::Established)] {
+            self.each_conntrack(def, |keys, entries| flows += sweeper.sweep(from, keys, entries, &pick, &with_pair))?;
         }
         Ok(flows)
     }
 }
 
+/// Which conntrack table a half was read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Table {
+    /// `ct_new`: the half may have been promoted to `ct` since.
+    New,
+    /// `ct`: entries never move back to `ct_new` (a half under the same
+    /// key there is another flow's).
+    Established,
+}
+
 /// Deletes flows from both conntrack tables, both halves at once. A half's
-/// pair is deleted only if it points back at the half (see `CtEntry`): a
-/// pair key that now belongs to another flow is left alone. An entry is
-/// deleted only while it is still the one read (same creation time and
-/// translation): a flow the program re-created under the same key since
-/// the read (a new connection on the tuple, a flow that expired and came
-/// back) is another flow, and stays.
+/// pair is deleted only if it points back at the half and belongs to the
+/// same flow (see `CtEntry`): a pair key that now belongs to another flow
+/// is left alone. An entry is deleted only while it is still the one read
+/// (same creation time and translation): a flow the program re-created
+/// under the same key since the read (a new connection on the tuple, a
+/// flow that expired and came back) is another flow, and stays. Each
+/// lookup starts in the table the half was read from, so a flow of `ct`
+/// costs four syscalls: the pair's lookup, the half's check, two deletes.
 struct Sweeper {
-    /// `ct_new` first: a promotion between the two deletions moves an
-    /// entry into `ct`, where the second one still finds it.
-    maps: [HashMap<MapData, Tuple, CtEntry>; 2],
+    new: HashMap<MapData, Tuple, CtEntry>,
+    established: HashMap<MapData, Tuple, CtEntry>,
 }
 
 impl Sweeper {
     fn new(t: &Tables) -> Result<Self> {
-        Ok(Sweeper { maps: [t.hash(MAP_CT_NEW)?, t.hash(MAP_CT)?] })
+        Ok(Sweeper { new: t.hash(MAP_CT_NEW)?, established: t.hash(MAP_CT)? })
     }
 
-    /// The live pair of half `key` (`entry` as read): the entry under its
-    /// translation reversed, if that entry points back at `key` and belongs
-    /// to the same flow (both halves of a flow carry its creation time; a
-    /// flow re-created on the same tuples since the read is another one).
-    fn pair(&self, key: &Tuple, entry: &CtEntry) -> Option<(Tuple, CtEntry)> {
+    fn map(&self, table: Table) -> &HashMap<MapData, Tuple, CtEntry> {
+        match table {
+            Table::New => &self.new,
+            Table::Established => &self.established,
+        }
+    }
+
+    /// The entry under `key`, looked up first in `first`, then in the other
+    /// table, with the table it was found in.
+    fn find(&self, key: &Tuple, first: Table) -> Option<(Table, CtEntry)> {
+        let other = if first == Table::New { Table::Established } else { Table::New };
+        [first, other].into_iter().find_map(|t| self.map(t).get(key, 0).ok().map(|e| (t, e)))
+    }
+
+    /// The live pair of half `key` (`entry` as read from `from`): the entry
+    /// under its translation reversed, if it points back at `key` and
+    /// belongs to the same flow (both halves of a flow carry its creation
+    /// time; a flow re-created on the same tuples since the read is
+    /// another one).
+    fn pair(&self, key: &Tuple, entry: &CtEntry, from: Table) -> Option<(Tuple, Table, CtEntry)> {
         let pk = entry.xlate.reversed();
-        self.maps
-            .iter()
-            .find_map(|m| m.get(&pk, 0).ok())
-            .filter(|p| p.xlate == key.reversed() && p.created_ns == entry.created_ns)
-            .map(|p| (pk, p))
+        self.find(&pk, from)
+            .filter(|(_, p)| p.xlate == key.reversed() && p.created_ns == entry.created_ns)
+            .map(|(t, p)| (pk, t, p))
     }
 
-    /// Deletes `key` from whichever table holds it while it is the entry
-    /// read (`read`). Whether it deleted it.
-    fn remove_if_same(&mut self, key: &Tuple, read: &CtEntry) -> bool {
-        let mut removed = false;
-        for map in self.maps.iter_mut() {
-            let same = map.get(key, 0).is_ok_and(|now| now.created_ns == read.created_ns && now.xlate == read.xlate);
-            if same {
-                removed |= map.remove(key).is_ok();
+    /// Deletes `key` while it is the entry `read`, found in table `at` (as
+    /// just looked up). A half of `ct_new` is also looked for in `ct`: a
+    /// promotion between the lookup and the delete moves it there.
+    fn remove_checked(&mut self, key: &Tuple, read: &CtEntry, at: Table) -> bool {
+        let mut removed = match at {
+            Table::New => self.new.remove(key).is_ok(),
+            Table::Established => self.established.remove(key).is_ok(),
+        };
+        if at == Table::New {
+            let same = |now: CtEntry| now.created_ns == read.created_ns && now.xlate == read.xlate;
+            if self.established.get(key, 0).is_ok_and(same) {
+                removed |= self.established.remove(key).is_ok();
             }
         }
         removed
+    }
+
+    /// Deletes half `key` (`read` from table `from`) while it is still the
+    /// entry read. Whether it deleted it.
+    fn remove_if_same(&mut self, key: &Tuple, read: &CtEntry, from: Table) -> bool {
+        let first = if from == Table::New { [Table::New, Table::Established] } else { [Table::Established; 2] };
+        let at = first.into_iter().find(|t| {
+            self.map(*t).get(key, 0).is_ok_and(|now| now.created_ns == read.created_ns && now.xlate == read.xlate)
+        });
+        at.is_some_and(|t| self.remove_checked(key, read, t))
     }
 
     /// One batch: each half `pick` selects goes with its pair when
@@ -223,6 +262,7 @@ impl Sweeper {
     /// (in this batch or across batches) counts once.
     fn sweep(
         &mut self,
+        from: Table,
         keys: &[Tuple],
         entries: &[CtEntry],
         pick: impl Fn(&Tuple, &CtEntry) -> bool,
@@ -233,13 +273,14 @@ impl Sweeper {
             if !pick(k, e) {
                 continue;
             }
-            let pair = self.pair(k, e);
-            if !with_pair(k, e, pair.as_ref().map(|(_, p)| p)) {
+            let pair = self.pair(k, e, from);
+            if !with_pair(k, e, pair.as_ref().map(|(_, _, p)| p)) {
                 continue;
             }
-            let mut removed = self.remove_if_same(k, e);
-            if let Some((pk, p)) = pair {
-                removed |= self.remove_if_same(&pk, &p);
+            let mut removed = self.remove_if_same(k, e, from);
+            // The pair was looked up just now: deleted where it was found.
+            if let Some((pk, at, p)) = pair {
+                removed |= self.remove_checked(&pk, &p, at);
             }
             flows += usize::from(removed);
         }

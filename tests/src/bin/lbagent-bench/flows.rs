@@ -1,33 +1,45 @@
-//! Section 17 of `cargo xtask bench`: a million flows. The established
-//! table is sized for 1 048 576 flows (`--conntrack-max 2097152` halves;
-//! `ct_new` its default quarter) and filled with 1 000 000 DNAT'ed flows,
-//! both halves written into the map from userspace (crafted entries, not
-//! packets: a million handshakes through the program would take this
-//! machine minutes and measure the program, not the tables). Reported:
+//! Section 17 of `cargo xtask bench`: up to a million flows. For each size N
+//! the established table is sized for N flows (`--conntrack-max 2N`
+//! halves; `ct_new` its default quarter) and filled with N TCP flows
+//! through the program (`BPF_PROG_TEST_RUN`: SYN, SYN-ACK, ACK each), half
+//! DNAT'ed (client → VIP:80 → server:8080) and half SNAT'ed (10.x → the
+//! internet:443, source port picked by the program). Reported per size:
 //! the kernel-accounted memory of both tables (`memlock` in the map's
-//! fdinfo) per flow, beside Linux conntrack's object size on this machine
-//! (`nf_conntrack` in `/proc/slabinfo`, one object per flow, both
-//! directions, NAT included); the time and CPU of a whole-table read in
-//! batches and entry by entry (in this process, the bench's debug build:
-//! compare the two), and of `lbagent conntrack gc` (a pass that frees
-//! nothing) and `lbagent conntrack list` with a filter, run as the release
-//! agent (as installed).
+//! fdinfo) per flow, and the release agent's commands, as installed: `gc`
+//! with nothing idle and with every flow idle, `list` with a filter (wall,
+//! CPU, the process's peak RSS). Beside it, Linux conntrack filled with
+//! the same mix (half DNAT, half SNAT, real packets from a raw socket into
+//! an iptables NAT namespace): the kernel's slab memory it took per flow,
+//! and its hash table. At the largest size, a whole-table read in batches
+//! against entry by entry (in the bench's debug build: compare the two).
 
-use std::{fmt::Write as _, time::Instant};
+use std::{
+    fmt::Write as _,
+    io::Read as _,
+    net::Ipv4Addr,
+    path::Path,
+    time::{Duration, Instant},
+};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use aya::maps::MapData;
-use lbagent::dataplane::{pins, tables::monotonic_ns};
-use lbagent_common::{MAP_CT, MAP_CT_NEW};
-use lbagent_tests::{engine::TestZone, lbagent_release_bin, topology::ZONE};
+use lbagent::dataplane::pins;
+use lbagent_common::{MAP_CT, MAP_CT_NEW, NatConfig, PROTO_TCP};
+use lbagent_tests::{
+    engine::{TC_ACT_OK, TestZone},
+    fixture::{self, ZONE},
+    lbagent_release_bin,
+    packet::{ACK, Ip, L4, SYN, frame, summary},
+    topology::{NatTopology, spawn_in},
+};
 use nix::sys::resource::{UsageWho, getrusage};
 
-const FLOWS: u32 = 1_000_000;
-/// Halves the established table holds (`--conntrack-max`).
-const CT_HALVES: u32 = 2_097_152;
+/// Flows per size (the established table holds exactly this many).
+const SIZES: [u32; 4] = [131_072, 262_144, 524_288, 1_048_576];
+const QUICK_SIZES: [u32; 2] = [131_072, 262_144];
 
 /// Kernel memory charged for a pinned map (`memlock` in its fdinfo).
-fn memlock(path: &std::path::Path) -> Result<u64> {
+fn memlock(path: &Path) -> Result<u64> {
     use std::os::fd::{AsFd, AsRawFd};
     let map = MapData::from_pin(path)?;
     let fd = map.fd().as_fd().as_raw_fd();
@@ -38,17 +50,9 @@ fn memlock(path: &std::path::Path) -> Result<u64> {
         .context("memlock")
 }
 
-/// Linux conntrack's object size (bytes per flow), if the slab is listed.
-fn nf_conntrack_objsize() -> Option<u64> {
-    let _ = std::process::Command::new("modprobe").arg("nf_conntrack").status();
-    let slab = std::fs::read_to_string("/proc/slabinfo").ok()?;
-    // name active_objs num_objs objsize ...
-    slab.lines().find(|l| l.starts_with("nf_conntrack ")).and_then(|l| l.split_whitespace().nth(3)?.parse().ok())
-}
-
-/// CPU seconds (user + system) this process, or its waited children, used.
-fn cpu_of(who: UsageWho) -> f64 {
-    getrusage(who)
+/// CPU seconds (user + system) this process used.
+fn cpu_self() -> f64 {
+    getrusage(UsageWho::RUSAGE_SELF)
         .map(|u| {
             let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
             t(u.user_time()) + t(u.system_time())
@@ -56,72 +60,557 @@ fn cpu_of(who: UsageWho) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Runs `f`: (its result, wall seconds, CPU seconds of this process).
-fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64, f64)> {
-    let (t, c) = (Instant::now(), cpu_of(UsageWho::RUSAGE_SELF));
-    let v = f()?;
-    Ok((v, t.elapsed().as_secs_f64(), cpu_of(UsageWho::RUSAGE_SELF) - c))
+/// One run of a command: its output, wall and CPU seconds, peak RSS (MB).
+struct Run {
+    stdout: String,
+    wall: f64,
+    cpu: f64,
+    rss_mb: f64,
 }
 
-/// Runs the release agent's `args`: (its output, wall seconds, its CPU seconds).
-fn agent(args: &[&str], root: &std::path::Path) -> Result<(String, f64, f64)> {
-    let (t, c) = (Instant::now(), cpu_of(UsageWho::RUSAGE_CHILDREN));
-    let out = std::process::Command::new(lbagent_release_bin()).args(args).arg("--bpffs").arg(root).output()?;
-    let (wall, cpu) = (t.elapsed().as_secs_f64(), cpu_of(UsageWho::RUSAGE_CHILDREN) - c);
-    anyhow::ensure!(out.status.success(), "lbagent {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok((String::from_utf8_lossy(&out.stdout).into_owned(), wall, cpu))
+impl Run {
+    fn cells(&self) -> String {
+        format!("{:.2} s / {:.2} s / {:.0} MB", self.wall, self.cpu, self.rss_mb)
+    }
 }
 
-pub fn flows(out: &mut String) -> Result<()> {
-    eprintln!("bench: a million flows");
-    let e = TestZone::with_ct_max(ZONE, Some(CT_HALVES))?;
+/// Runs the release agent's `args`: its output, wall and CPU time (its
+/// own, from the children's usage), and its peak RSS, sampled from
+/// `VmHWM` while it runs (`wait4`'s `ru_maxrss` would count this large
+/// process's RSS, which the child's spawn inherits until its exec).
+fn agent(args: &[&str], root: &Path) -> Result<Run> {
+    let (t, c) = (Instant::now(), cpu_children());
+    let mut child = std::process::Command::new(lbagent_release_bin())
+        .args(args)
+        .arg("--bpffs")
+        .arg(root)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut pipes = (child.stdout.take().context("stdout")?, child.stderr.take().context("stderr")?);
+    let reader = std::thread::spawn(move || {
+        let (mut o, mut e) = (String::new(), String::new());
+        let _ = pipes.0.read_to_string(&mut o);
+        let _ = pipes.1.read_to_string(&mut e);
+        (o, e)
+    });
+    let pid = child.id() as i32;
+    let mut peak: f64 = 0.0;
+    let status = loop {
+        peak = peak.max(rss(pid).1);
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let wall = t.elapsed().as_secs_f64();
+    let (stdout, stderr) = reader.join().map_err(|_| anyhow::anyhow!("reader panicked"))?;
+    if !status.success() {
+        bail!("lbagent {args:?} failed: {stderr}");
+    }
+    Ok(Run { stdout, wall, cpu: cpu_children() - c, rss_mb: peak })
+}
+
+/// CPU seconds (user + system) of this process's waited-for children.
+fn cpu_children() -> f64 {
+    getrusage(UsageWho::RUSAGE_CHILDREN)
+        .map(|u| {
+            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+            t(u.user_time()) + t(u.system_time())
+        })
+        .unwrap_or(0.0)
+}
+
+/// A zone with the fixture's TCP DNAT rule (VIP:80 → server:8080) and a
+/// SNAT rule for 10.0.0.0/8 leaving by `v1` (the whole port range), its
+/// tables sized for `flows` established flows.
+fn zone(flows: u32) -> Result<TestZone> {
+    let e = TestZone::with_ct_max(ZONE, Some(2 * flows))?;
+    e.tables.set_dnat(&fixture::dnat(PROTO_TCP, 80, 1, &[(fixture::SERVER, 8080)]))?;
+    e.tables.set_snat(&fixture::snat(([10, 0, 0, 0], 8), fixture::SNAT, (1024, 65535), false, 10))?;
+    Ok(e)
+}
+
+fn tcp(flags: u8, sport: u16, dport: u16) -> L4 {
+    fixture::tcp(flags, sport, dport, b"")
+}
+
+/// Opens `flows` TCP flows through the program, each by its three
+/// handshake packets (so each is established, in `ct`): even ones DNAT'ed
+/// from 100.64.0.0/10 clients, odd ones SNAT'ed from 10.1.0.0/16… to one
+/// of 256 destinations (the program picks the source port). Returns the
+/// flows the program answered every packet of.
+fn open_flows(e: &mut TestZone, flows: u32) -> Result<u32> {
+    let mut opened = 0;
+    for i in 0..flows {
+        let n = i / 2;
+        let b = |shift: u32| (n >> shift) as u8;
+        let ok = if i % 2 == 0 {
+            let c = [100, 64 + b(16), b(8), b(0)];
+            let (rc1, _) = e.run(&frame(&Ip::new(c, fixture::VIP), &tcp(SYN, 40000, 80)))?;
+            let (rc2, _) = e.run(&frame(&Ip::new(fixture::SERVER, c), &tcp(SYN | ACK, 8080, 40000)))?;
+            let (rc3, _) = e.run(&frame(&Ip::new(c, fixture::VIP), &tcp(ACK, 40000, 80)))?;
+            [rc1, rc2, rc3] == [TC_ACT_OK; 3]
+        } else {
+            let (c, dst) = ([10, 1 + b(16), b(8), b(0)], [198, 18, b(0), 1]);
+            let (rc1, out) = e.run(&frame(&Ip::new(c, dst), &tcp(SYN, 40000, 443)))?;
+            let port = summary(&out).sport;
+            let (rc2, _) = e.run(&frame(&Ip::new(dst, fixture::SNAT), &tcp(SYN | ACK, 443, port)))?;
+            let (rc3, _) = e.run(&frame(&Ip::new(c, dst), &tcp(ACK, 40000, 443)))?;
+            [rc1, rc2, rc3] == [TC_ACT_OK; 3]
+        };
+        opened += u32::from(ok);
+        if i % 65_536 == 0 {
+            eprint!(".");
+        }
+    }
+    Ok(opened)
+}
+
+/// One size's eBPF figures.
+struct Ebpf {
+    flows: u32,
+    established: usize,
+    ct: u64,
+    ct_new: u64,
+    fill_s: f64,
+    gc_kept: Run,
+    list: Run,
+    gc_freed: Run,
+}
+
+fn ebpf(flows: u32) -> Result<Ebpf> {
+    let mut e = zone(flows)?;
     let dir = pins::versioned_dir(&e.pins.root);
-    let (empty_ct, empty_new) = (memlock(&dir.join(MAP_CT.name))?, memlock(&dir.join(MAP_CT_NEW.name))?);
-    let ((), fill_s, _) = timed(|| super::fill_dnat_flows(&e.tables, FLOWS, monotonic_ns()))?;
+    let t = Instant::now();
+    let opened = open_flows(&mut e, flows)?;
+    let fill_s = t.elapsed().as_secs_f64();
+    let established = e.tables.conntrack_table(MAP_CT)?.len() / 2;
+    if opened < flows * 99 / 100 {
+        bail!("only {opened} of {flows} flows opened through the program");
+    }
+    let (ct, ct_new) = (memlock(&dir.join(MAP_CT.name))?, memlock(&dir.join(MAP_CT_NEW.name))?);
+    let gc_kept = agent(&["conntrack", "gc"], &e.pins.root)?;
+    let list = agent(&["conntrack", "list", "--addr", "100.64.0.3"], &e.pins.root)?;
+    e.tables.set_config(NatConfig { tcp_established_s: 1, ..Default::default() })?;
+    std::thread::sleep(Duration::from_millis(2100));
+    let gc_freed = agent(&["conntrack", "gc"], &e.pins.root)?;
     eprint!(".");
-    let (full_ct, full_new) = (memlock(&dir.join(MAP_CT.name))?, memlock(&dir.join(MAP_CT_NEW.name))?);
-    let (batched, batch_s, batch_cpu) = timed(|| e.tables.conntrack_table(MAP_CT))?;
+    Ok(Ebpf { flows, established, ct, ct_new, fill_s, gc_kept, list, gc_freed })
+}
+
+/// `SUnreclaim` of `/proc/meminfo`, bytes: the kernel's unreclaimable slab
+/// memory, where conntrack objects and their extensions live.
+fn slab_unreclaimable() -> Result<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo")?;
+    let kb: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("SUnreclaim:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("SUnreclaim in /proc/meminfo")?;
+    Ok(kb * 1024)
+}
+
+/// A global conntrack setting, restored when dropped.
+struct Restore(&'static str, String);
+
+impl Restore {
+    fn set(path: &'static str, value: &str) -> Result<Self> {
+        let was = std::fs::read_to_string(path).with_context(|| path.to_string())?.trim().to_string();
+        std::fs::write(path, value).with_context(|| format!("{path} = {value}"))?;
+        Ok(Restore(path, was))
+    }
+}
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.0, &self.1);
+    }
+}
+
+/// One size's Linux conntrack figures.
+struct Linux {
+    flows: u64,
+    slab: u64,
+    hash: u64,
+    fill_s: f64,
+}
+
+/// Linux conntrack with the same mix: a NAT namespace with iptables DNAT
+/// (VIP:80 → server:8080) and SNAT (to 198.18.0.0/16, the whole port
+/// range); `flows` first packets (TCP SYNs, from the same clients to the
+/// same destinations as the program's flows) sent from a raw socket in the
+/// client namespace. Each creates one conntrack entry with its NAT
+/// extension; the memory is the growth of the kernel's unreclaimable slab
+/// over the fill, divided by the entries the namespace counts.
+fn linux(flows: u32) -> Result<Linux> {
+    let t = NatTopology::plain()?;
+    let ns = |args: &[&str]| t.nat.exec(args);
+    super::iptables_restore(
+        &t.nat.name,
+        &format!(
+            "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n\
+             -A PREROUTING -d {vip} -p tcp --dport 80 -j DNAT --to-destination {server}:8080\n\
+             -A POSTROUTING -o {out} -d 198.18.0.0/16 -p tcp -j SNAT --to-source {snat}:1024-65535\nCOMMIT\n",
+            vip = Ipv4Addr::from(fixture::VIP),
+            server = lbagent_tests::topology::SERVER,
+            snat = lbagent_tests::topology::SNAT,
+            out = t.ifaces[1],
+        ),
+    )?;
+    ns(&["ip", "route", "add", "198.18.0.0/16", "via", "10.0.2.2"])?;
+    // The server namespace drops what reaches it (no RSTs back).
+    super::iptables_restore(&t.server.name, "*filter\n:INPUT DROP [0:0]\nCOMMIT\n")?;
+    t.nat.sysctl("net.netfilter.nf_conntrack_tcp_timeout_syn_sent", "600")?;
+    let _max = Restore::set("/proc/sys/net/netfilter/nf_conntrack_max", &(flows + flows / 4).to_string())?;
+    let _buckets = Restore::set("/sys/module/nf_conntrack/parameters/hashsize", &flows.to_string())?;
+    let buckets: u64 = std::fs::read_to_string("/sys/module/nf_conntrack/parameters/hashsize")?.trim().parse()?;
+    let before = slab_unreclaimable()?;
+    let start = Instant::now();
+    spawn_in(&t.client.name, move || send_syns(flows)).join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    let fill_s = start.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = slab_unreclaimable()?;
+    let count: u64 = ns(&["cat", "/proc/sys/net/netfilter/nf_conntrack_count"])?.trim().parse()?;
     eprint!(".");
-    let (by_key, key_s, key_cpu) = timed(|| e.tables.conntrack_table_by_key(MAP_CT))?;
-    eprint!(".");
-    let (freed, gc_s, gc_cpu) = agent(&["conntrack", "gc"], &e.pins.root)?;
-    let freed = freed.trim();
-    eprint!(".");
-    let (listed, list_s, list_cpu) = agent(&["conntrack", "list", "--addr", "10.1.2.3"], &e.pins.root)?;
-    let listed = listed.lines().count();
-    eprint!(".");
-    // Both tables preallocate: bytes per flow of the capacity.
-    let per_flow = |bytes: u64| bytes as f64 / (CT_HALVES as f64 / 2.0);
-    let linux = nf_conntrack_objsize();
+    Ok(Linux { flows: count, slab: after.saturating_sub(before), hash: buckets * 8, fill_s })
+}
+
+/// `flows` TCP SYNs from a raw socket (the kernel fills in the IPv4
+/// header's checksum and length; TCP's checksum is computed here), the
+/// same tuples as [`open_flows`]' first packets.
+fn send_syns(flows: u32) -> Result<()> {
+    // SAFETY: plain socket creation; the descriptor is owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    // SAFETY: `fd` is a fresh descriptor this function owns.
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    use std::os::fd::AsRawFd;
+    for i in 0..flows {
+        let n = i / 2;
+        let b = |shift: u32| (n >> shift) as u8;
+        let (src, dst, dport) = if i % 2 == 0 {
+            ([100, 64 + b(16), b(8), b(0)], fixture::VIP, 80)
+        } else {
+            ([10, 1 + b(16), b(8), b(0)], [198, 18, b(0), 1], 443)
+        };
+        let f = frame(&Ip::new(src, dst), &tcp(SYN, 40000, dport));
+        let packet = &f[14..];
+        let to = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(dst) },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: the buffer and the address are live for the call; sizes match.
+        let rc = unsafe {
+            libc::sendto(
+                sock.as_raw_fd(),
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                (&to as *const libc::sockaddr_in).cast(),
+                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+    }
+    Ok(())
+}
+
+pub fn flows(quick: bool, out: &mut String) -> Result<()> {
+    eprintln!("bench: up to a million flows");
+    let sizes: &[u32] = if quick { &QUICK_SIZES } else { &SIZES };
+    let (mut ebpfs, mut linuxes) = (vec![], vec![]);
+    for &n in sizes {
+        ebpfs.push(ebpf(n)?);
+        linuxes.push(linux(n)?);
+    }
+
+    // Whole-table reads at the largest size, batches against keys.
+    let largest = *sizes.last().expect("sizes");
+    let (batch, by_key) = {
+        let mut e = zone(largest)?;
+        open_flows(&mut e, largest)?;
+        let timed = |f: &dyn Fn() -> Result<usize>| -> Result<(usize, f64)> {
+            let c = cpu_self();
+            let n = f()?;
+            Ok((n, cpu_self() - c))
+        };
+        (
+            timed(&|| Ok(e.tables.conntrack_table(MAP_CT)?.len()))?,
+            timed(&|| Ok(e.tables.conntrack_table_by_key(MAP_CT)?.len()))?,
+        )
+    };
     writeln!(
         out,
-        "\n## 17. A million flows\n\n\
-         `ct` sized for {CT_HALVES} halves (`--conntrack-max`), `ct_new` its default quarter; {FLOWS} DNAT'ed \
-         flows written into `ct` from userspace, both halves (crafted entries, not packets). Memory is the \
-         kernel's charge for each map (`memlock`, fdinfo): hash maps preallocate, so it is the same empty and \
-         full ({} and {} bytes for `ct` empty and full).\n\n\
-         | what | value |\n|---|---:|\n\
-         | `ct` memlock | {:.1} MB |\n\
-         | `ct_new` memlock | {:.1} MB |\n\
-         | bytes per established flow in `ct` (both halves; capacity {} flows) | {:.0} B |\n\
-         | bytes per flow with `ct_new` counted | {:.0} B |\n\
-         | Linux conntrack, `nf_conntrack` object size (one per flow, both directions) | {} |\n\
-         | filling 1 M flows (2 M map updates) | {fill_s:.1} s |\n\
-         | reading `ct` whole, in batches ({} entries) | {batch_s:.2} s wall, {batch_cpu:.2} s CPU |\n\
-         | reading `ct` whole, entry by entry ({} entries) | {key_s:.2} s wall, {key_cpu:.2} s CPU |\n\
-         | `lbagent conntrack gc`, nothing idle (\"{freed}\") | {gc_s:.2} s wall, {gc_cpu:.2} s CPU |\n\
-         | `lbagent conntrack list --addr 10.1.2.3` ({listed} entries) | {list_s:.2} s wall, {list_cpu:.2} s CPU |",
-        empty_ct,
-        full_ct,
-        full_ct as f64 / 1e6,
-        full_new as f64 / 1e6,
-        CT_HALVES / 2,
-        per_flow(full_ct),
-        per_flow(full_ct + full_new),
-        linux.map_or("not listed (slab merged)".to_string(), |b| format!("{b} B")),
-        batched.len(),
-        by_key.len(),
+        "\n## 17. Up to a million flows\n\n\
+         For each size, `ct` holds exactly that many flows (`--conntrack-max` 2 × flows halves), `ct_new` \
+         its default quarter; the flows are TCP, opened through the program (`BPF_PROG_TEST_RUN`, three \
+         handshake packets each), half DNAT'ed and half SNAT'ed. Memory is the kernel's charge for each map \
+         (`memlock`): hash maps preallocate, so a table costs the same empty and full. The commands are the \
+         release agent's (wall / CPU / the process's peak RSS).\n\n\
+         | flows | established | `ct` B/flow | with `ct_new` | fill (through the program) | `gc`, nothing idle | \
+         `list --addr` | `gc`, every flow idle (freed) |\n|---:|---:|---:|---:|---:|---|---|---|"
     )?;
-    writeln!(out, "\n(`ct_new` memlock empty: {empty_new} bytes.)")?;
+    for r in &ebpfs {
+        writeln!(
+            out,
+            "| {} | {} | {:.1} | {:.1} | {:.0} flows/s | {} | {} | {} ({}) |",
+            r.flows,
+            r.established,
+            r.ct as f64 / r.flows as f64,
+            (r.ct + r.ct_new) as f64 / r.flows as f64,
+            r.flows as f64 / r.fill_s,
+            r.gc_kept.cells(),
+            r.list.cells(),
+            r.gc_freed.cells(),
+            r.gc_freed.stdout.trim(),
+        )?;
+        if !r.gc_kept.stdout.contains("collected 0 ") {
+            bail!("a GC pass with nothing idle freed flows: {}", r.gc_kept.stdout);
+        }
+    }
+    writeln!(
+        out,
+        "\nLinux conntrack, the same mix (half DNAT, half SNAT, iptables-legacy; one TCP SYN per flow from a raw \
+         socket): the growth of the kernel's unreclaimable slab (`SUnreclaim`) over the fill per entry, and \
+         its hash table (`hashsize` set to the flows, 8 B per bucket).\n\n\
+         | flows | entries | slab B/entry | + hash table B/entry | fill |\n|---:|---:|---:|---:|---:|"
+    )?;
+    for (n, l) in sizes.iter().zip(&linuxes) {
+        let per = l.slab as f64 / l.flows.max(1) as f64;
+        writeln!(
+            out,
+            "| {n} | {} | {per:.1} | {:.1} | {:.0} flows/s |",
+            l.flows,
+            per + l.hash as f64 / l.flows.max(1) as f64,
+            l.flows as f64 / l.fill_s
+        )?;
+    }
+    writeln!(
+        out,
+        "\nReading `ct` whole at {largest} flows ({} entries), in the bench's debug build: in batches {:.2} s \
+         CPU, entry by entry {:.2} s CPU ({} entries).",
+        batch.0, batch.1, by_key.1, by_key.0
+    )?;
+    Ok(())
+}
+
+/// `gws` NAT gateways, each with `rules` DNAT rules (an EIP port each, to
+/// hosts of its LAN, port 80; the first gateway's first one to port `port`)
+/// and `rules` SNAT rules (a host each): 2 × gws × rules rules in all.
+fn gateways_document(lan: &str, ext: &str, gws: usize, rules: usize, port: u16, conntrack: &str) -> String {
+    let mut s =
+        format!("version: 1\nagent: {{integration_bridge: {lan}, conntrack: {{{conntrack}}}}}\nnat_gateways:\n");
+    for g in 0..gws {
+        let _ = write!(
+            s,
+            "  - name: g{g}\n    lan: {{ip: 10.{g}.255.254, prefix_len: 16, mac: \"02:00:0a:{g:02x}:ff:fe\", gateway: 10.{g}.0.1}}\n    \
+             external: {{bridge: {ext}, prefix_len: 16, gateway: 100.64.0.1}}\n    eips: [{{name: e, ip: 100.64.{}.2}}]\n    dnats:\n",
+            g + 1
+        );
+        let host = |j: usize| format!("10.{g}.{}.{}", j / 250, j % 250 + 1);
+        for j in 0..rules {
+            let p = if g == 0 && j == 0 { port } else { 80 };
+            let _ = writeln!(
+                s,
+                "      - {{eip: e, protocol: tcp, external_port: {}, internal_ip: {}, internal_port: {p}}}",
+                10_000 + j,
+                host(j)
+            );
+        }
+        s.push_str("    snats:\n");
+        for j in 0..rules {
+            let _ = writeln!(s, "      - {{eip: e, internal_cidr: {}/32}}", host(j));
+        }
+    }
+    s
+}
+
+/// `VmRSS` and `VmHWM` (peak) of process `pid`, MB.
+fn rss(pid: i32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (kb("VmRSS:") / 1024.0, kb("VmHWM:") / 1024.0)
+}
+
+/// One metrics scrape (HTTP/1.0 GET): seconds, bytes.
+fn scrape(addr: std::net::SocketAddr) -> Result<(f64, usize)> {
+    use std::io::Write as _;
+    let t = Instant::now();
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")?;
+    let mut body = Vec::new();
+    s.read_to_end(&mut body)?;
+    if !body.starts_with(b"HTTP/1.0 200") && !body.starts_with(b"HTTP/1.1 200") {
+        bail!("metrics: {}", String::from_utf8_lossy(&body[..body.len().min(200)]));
+    }
+    Ok((t.elapsed().as_secs_f64(), body.len()))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The agent (the release build, as installed) at scale: NAT gateways with
+/// 100 000 rules, then a million flows in its tables (crafted entries,
+/// idle past the document's TCP timeout, so its next GC pass frees them
+/// all): its RSS at each step, the status and metrics scrapes, and a
+/// change written while that GC pass runs (its apply must not wait for it).
+pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
+    use lbagent_tests::{
+        agent::AgentDirs,
+        ovs::{LinuxBridge, OvsBridge},
+        unique,
+    };
+    let (gws, rules) = if quick { (5, 1_000) } else { (50, 1_000) };
+    let flows: u32 = if quick { 262_144 } else { 1_000_000 };
+    eprintln!("bench: the agent with {gws} gateways, {} rules, {flows} flows", 2 * gws * rules);
+    let lan = OvsBridge::new(&unique("brf"))?;
+    let ext = LinuxBridge::new(&unique("bre"))?;
+    let dirs = AgentDirs::new("lbfl");
+    let state = dirs.path("state.yaml");
+    let idle_after = "tcp_established_s: 60";
+    let doc = |port| gateways_document(&lan.name, &ext.name, gws, rules, port, idle_after);
+    std::fs::write(&state, doc(80))?;
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], 19_477));
+    let args: Vec<String> = [
+        "--state",
+        state.to_str().unwrap(),
+        "--repair-interval",
+        "5",
+        "--conntrack-max",
+        "2097152",
+        "--metrics",
+        &metrics.to_string(),
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    let t = Instant::now();
+    let mut agent = dirs.spawn(&lbagent_release_bin(), &args, "agent.log");
+    let pid = agent.pid().as_raw();
+    let first = super::restart::wait_apply(&dirs, &agent, None, Duration::from_secs(120 + 3 * gws as u64))?;
+    let create = t.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(6));
+    let (applied_rss, applied_hwm) = rss(pid);
+    eprint!(".");
+    let status_times = |n: usize| -> Result<f64> {
+        let mut v = vec![];
+        for _ in 0..n {
+            let t = Instant::now();
+            dirs.status_by(&lbagent_release_bin()).context("status")?;
+            v.push(t.elapsed().as_secs_f64());
+        }
+        Ok(median(v))
+    };
+    let scrape_times = |n: usize| -> Result<(f64, usize)> {
+        let mut v = vec![];
+        let mut bytes = 0;
+        for _ in 0..n {
+            let (s, b) = scrape(metrics)?;
+            v.push(s);
+            bytes = b;
+        }
+        Ok((median(v), bytes))
+    };
+    let (status_empty, (metrics_empty, metrics_bytes)) = (status_times(5)?, scrape_times(5)?);
+    // A million flows, idle for two minutes (past the 60 s timeout).
+    let tables = lbagent::dataplane::tables::Tables::open(&dirs.bpffs)?;
+    let stale = lbagent::dataplane::tables::monotonic_ns().saturating_sub(120_000_000_000);
+    super::fill_dnat_flows(&tables, flows, stale)?;
+    eprint!(".");
+    // Scrapes with the full table, before the pass that frees it.
+    let (status_full, (metrics_full, _)) = (status_times(3)?, scrape_times(3)?);
+    // The next GC pass frees every flow: wait for it to start (the table
+    // shrinks), then write a change and time its apply.
+    let log = dirs.path("agent.log");
+    let collected = |log: &Path| {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains(&format!("{flows} idle flows collected")))
+    };
+    let pin = lbagent::dataplane::pins::versioned_dir(&dirs.bpffs).join(MAP_CT.name);
+    let count = || -> Result<usize> {
+        let data = MapData::from_pin(&pin)?;
+        let mut n = 0;
+        lbagent::dataplane::tables::batch::each_chunk::<lbagent_common::Tuple, lbagent_common::CtEntry>(
+            &data,
+            |k, _| n += k.len(),
+        )?;
+        Ok(n)
+    };
+    let t = Instant::now();
+    while count()? >= 2 * flows as usize {
+        if t.elapsed() > Duration::from_secs(30) {
+            bail!("no GC pass started within 30 s:\n{}", agent.log());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let gc_started = Instant::now();
+    std::fs::write(&state, doc(81))?;
+    let changed = super::restart::wait_apply(&dirs, &agent, Some(&first), Duration::from_secs(120))?;
+    let change_s = gc_started.elapsed().as_secs_f64();
+    let during_gc = !collected(&log);
+    while !collected(&log) {
+        if gc_started.elapsed() > Duration::from_secs(120) {
+            bail!("the GC pass did not finish within 120 s:\n{}", agent.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gc_s = gc_started.elapsed().as_secs_f64();
+    let (after_rss, after_hwm) = rss(pid);
+    // The same change with no pass running: what an apply takes here.
+    let t = Instant::now();
+    std::fs::write(&state, doc(82))?;
+    let quiet = super::restart::wait_apply(&dirs, &agent, Some(&changed), Duration::from_secs(120))?;
+    let quiet_s = t.elapsed().as_secs_f64();
+    anyhow::ensure!(quiet["last_apply"]["ok"] == true, "the second change's apply failed: {quiet}");
+    let kept = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench/agent-scale.log");
+    let _ = std::fs::create_dir_all(kept.parent().unwrap());
+    let _ = std::fs::copy(&log, &kept);
+    anyhow::ensure!(changed["last_apply"]["ok"] == true, "the change's apply failed: {changed}");
+    agent.stop();
+    eprint!(".");
+    writeln!(
+        out,
+        "\n## 18. The agent at scale\n\n\
+         The release agent (`lbagent run`, as installed) with {gws} NAT gateways of {rules} DNAT and {rules} SNAT \
+         rules each ({} rules, {} zones), `--conntrack-max 2097152`; then {flows} flows written into its `ct` \
+         (crafted entries, idle past the document's 60 s TCP timeout, so that its next GC pass, on its own \
+         thread, frees them all). A change is written once that pass has started; its apply is timed from \
+         there (the file source waits for the file to stay unchanged for a second). Status: `lbagent status \
+         --json` through the API socket (a process each time); metrics: one HTTP scrape ({metrics_bytes} bytes). \
+         Medians of 5 (3 at full table).\n\n\
+         | what | value |\n|---|---:|\n\
+         | create every zone, first apply | {create:.1} s |\n\
+         | RSS after the apply (peak so far) | {applied_rss:.1} MB ({applied_hwm:.1} MB) |\n\
+         | status / metrics scrape, empty tables | {:.1} ms / {:.1} ms |\n\
+         | status / metrics scrape, {flows} flows | {:.1} ms / {:.1} ms |\n\
+         | change written during the GC pass → applied | {change_s:.2} s (applied {}) |\n\
+         | the same change, no GC pass running | {quiet_s:.2} s |\n\
+         | GC pass freeing {flows} flows (from its start seen) | {gc_s:.1} s |\n\
+         | RSS after the GC pass (peak over the whole run) | {after_rss:.1} MB ({after_hwm:.1} MB) |",
+        2 * gws * rules,
+        gws,
+        status_empty * 1e3,
+        metrics_empty * 1e3,
+        status_full * 1e3,
+        metrics_full * 1e3,
+        if during_gc { "before the pass ended" } else { "after the pass ended" },
+    )?;
     Ok(())
 }

@@ -31,10 +31,14 @@
 //!     offered load (`load.rs`); 14. an established flow's cost with its
 //!     conntrack entries cold (50 000 flows, each timed once per sweep);
 //!     15. a restart over 10, 100 and 500 load balancers (`restart.rs`).
-//!     16. the new-flow table's LRU, common or per CPU, under a flood (`lru.rs`).
+//!     16. the new-flow table's LRU, common or per CPU, under a flood (`lru.rs`);
+//!     17. up to a million flows: memory per flow, GC and listings, beside
+//!     Linux conntrack filled with the same mix; 18. the agent at 100 000
+//!     rules and a million flows: RSS, scrapes, a change during a GC pass
+//!     (`flows.rs`).
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart,lru`
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart,lru,flows,agent-scale`
 //! picks sections; `profile` (only when named) records where the time of a
 //! TCP stream without TSO, 64-byte UDP and new connections goes (`profile.rs`).
 
@@ -929,7 +933,10 @@ fn main() -> Result<()> {
         lru::lru(&mut out)?;
     }
     if want("flows") {
-        flows::flows(&mut out)?;
+        flows::flows(quick, &mut out)?;
+    }
+    if want("agent-scale") {
+        flows::daemon_at_scale(quick, &mut out)?;
     }
     // Opt-in only: it needs `perf` and prints profiles, not figures.
     if only.split(',').any(|s| s == "profile") {

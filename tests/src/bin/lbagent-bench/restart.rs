@@ -103,7 +103,12 @@ fn one_size(n: usize, also_loaded: bool, out: &mut String) -> Result<()> {
 
 /// Waits for an apply without errors whose revision differs from
 /// `after`'s (`None`: any); returns the status then.
-fn wait_apply(dirs: &AgentDirs, agent: &AgentProcess, after: Option<&Value>, limit: Duration) -> Result<Value> {
+pub(crate) fn wait_apply(
+    dirs: &AgentDirs,
+    agent: &AgentProcess,
+    after: Option<&Value>,
+    limit: Duration,
+) -> Result<Value> {
     let t = Instant::now();
     let revision = |s: &Value| s["revision_running"].clone();
     loop {

@@ -657,10 +657,23 @@ fn the_tables_read_in_batches_are_the_tables_read_by_key() {
             ..Default::default()
         };
         let reply = CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..entry };
-        // One flow in ten has not completed its handshake.
-        let table = if i % 10 == 0 { &mut ct_new } else { &mut ct };
-        table.insert(&orig, &entry, 0).unwrap();
-        table.insert(&x.reversed(), &reply, 0).unwrap();
+        // One flow in ten has not completed its handshake; one in ten is
+        // being promoted (its reply half in `ct` already, the other still
+        // in `ct_new`).
+        match i % 10 {
+            1 => {
+                ct_new.insert(&orig, &entry, 0).unwrap();
+                ct_new.insert(&x.reversed(), &reply, 0).unwrap();
+            }
+            3 => {
+                ct_new.insert(&orig, &entry, 0).unwrap();
+                ct.insert(&x.reversed(), &reply, 0).unwrap();
+            }
+            _ => {
+                ct.insert(&orig, &entry, 0).unwrap();
+                ct.insert(&x.reversed(), &reply, 0).unwrap();
+            }
+        }
     }
     for table in [MAP_CT, MAP_CT_NEW] {
         // This kernel reads them in batches (no fallback to reads by key).
@@ -673,32 +686,37 @@ fn the_tables_read_in_batches_are_the_tables_read_by_key() {
         let key = |(k, _): &(Tuple, CtEntry)| (k.saddr, k.daddr, k.sport, k.dport);
         batched.sort_by_key(key);
         by_key.sort_by_key(key);
-        let want = if table.name == MAP_CT.name { 2 * (FLOWS - FLOWS / 10) } else { 2 * (FLOWS / 10) };
+        let tenth = FLOWS / 10;
+        let want = if table.name == MAP_CT.name { 2 * (FLOWS - 2 * tenth) + tenth } else { 3 * tenth };
         assert_eq!(batched.len() as u32, want, "{}", table.name);
         assert!(batched == by_key, "{}: the batched dump differs from the dump by key", table.name);
     }
     // A flush that picks only reply halves (the client as destination), of
-    // every other flow, across every batch: each flow counted once, both
-    // of its halves gone, whichever batch held each half.
-    let flushed = e.tables.flush_conntrack(|k, v| v.flags & CT_F_REPLY != 0 && k.daddr[3] % 2 == 0).unwrap();
-    let even = (0..FLOWS).filter(|i| i % 2 == 0).count();
-    assert_eq!(flushed, even, "flows flushed");
+    // half the flows (i mod 4 = 0 or 1: some of every kind), across every
+    // batch: each flow counted once, both of its halves gone, whichever
+    // batch and table held each half.
+    let picked = |client: [u8; 4]| client[3] % 4 < 2;
+    let flushed = e.tables.flush_conntrack(|k, v| v.flags & CT_F_REPLY != 0 && picked(k.daddr)).unwrap();
+    let half = (0..FLOWS).filter(|i| i % 4 < 2).count();
+    assert_eq!(flushed, half, "flows flushed");
     let left = e.tables.conntrack().unwrap();
-    assert_eq!(left.len(), 2 * (FLOWS as usize - even), "both halves of each flushed flow went");
-    assert!(left.iter().all(|(k, v)| if v.flags & CT_F_REPLY != 0 {
-        k.daddr[3] % 2 == 1
-    } else {
-        k.saddr[3] % 2 == 1
-    }));
+    assert_eq!(left.len(), 2 * (FLOWS as usize - half), "both halves of each flushed flow went");
+    assert!(left.iter().all(|(k, v)| !picked(if v.flags & CT_F_REPLY != 0 { k.daddr } else { k.saddr })));
+    let flow = |c: [u8; 4]| u32::from(c[2]) << 8 | u32::from(c[3]);
+    let split = left.iter().filter(|(k, v)| v.flags & CT_F_REPLY == 0 && flow(k.saddr) % 10 == 3).count();
+    assert!(
+        split > 100 && e.tables.conntrack_table(MAP_CT_NEW).unwrap().len() > 100,
+        "flows of ct_new and flows split over both tables are left for GC"
+    );
     // One flow whose reply direction is still active: GC keeps it whole.
     let busy =
-        Tuple { saddr: SERVER, daddr: [10, 9, 0, 1], sport: 80, dport: 1000, proto: PROTO_TCP, _pad0: 0, zone: ZONE };
+        Tuple { saddr: SERVER, daddr: [10, 9, 0, 2], sport: 80, dport: 1000, proto: PROTO_TCP, _pad0: 0, zone: ZONE };
     let mut reply = ct.get(&busy, 0).unwrap();
     reply.last_seen_ns = now + 10_000_000_000;
     ct.insert(&busy, &reply, 0).unwrap();
     // Every other flow idle: collected whole, both halves, from both tables.
     e.tables.set_config(NatConfig { tcp_established_s: 1, tcp_new_s: 1, ..Default::default() }).unwrap();
-    assert_eq!(e.tables.gc(now + 2_000_000_000 + u64::from(FLOWS)).unwrap(), FLOWS as usize - even - 1);
+    assert_eq!(e.tables.gc(now + 2_000_000_000 + u64::from(FLOWS)).unwrap(), FLOWS as usize - half - 1);
     let left = e.tables.conntrack().unwrap();
     assert_eq!(left.len(), 2, "the busy flow's two halves: {left:?}");
     assert!(left.iter().any(|(k, _)| *k == busy));

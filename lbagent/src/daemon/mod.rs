@@ -230,6 +230,11 @@ impl Daemon {
             // maps can go (after catching up what its programs still wrote).
             let from = m.from;
             self.reconciler.realizer.engine.migrating = false;
+            // The catch-up copy and a GC pass could each leave a half the
+            // other deleted: one at a time.
+            if let Some(gc) = self.gc.take() {
+                let _ = gc.join();
+            }
             if let Err(e) = m.finish() {
                 warn!("finishing the migration from layout {from}: {e:#}; the old pins stay until teardown");
             }

@@ -39,6 +39,22 @@ pub struct Applied {
     pub partial_lbs: BTreeSet<String>,
     #[serde(default)]
     pub partial_gws: BTreeSet<String>,
+    /// Bumped by every change through `begin`, `commit` and `forget` (not
+    /// by a commit of the spec already recorded), so that whether there is
+    /// anything to write is known without keeping a copy to compare with.
+    #[serde(skip)]
+    pub generation: Generation,
+}
+
+/// A count of changes, not part of what was applied: equal whatever its
+/// value (two records of the same objects are equal).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Generation(pub u64);
+
+impl PartialEq for Generation {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Default for Applied {
@@ -49,6 +65,7 @@ impl Default for Applied {
             gws: BTreeMap::new(),
             partial_lbs: BTreeSet::new(),
             partial_gws: BTreeSet::new(),
+            generation: Generation::default(),
         }
     }
 }
@@ -123,35 +140,46 @@ impl Applied {
 /// succeeded; a removal forgets both.
 impl Applied {
     pub fn begin(&mut self, key: &str, spec: Spec) {
-        match spec {
+        let added = match spec {
             Spec::Lb(_) => self.partial_lbs.insert(key.into()),
             Spec::Gw(_) => self.partial_gws.insert(key.into()),
         };
+        self.changed(added);
     }
 
     pub fn commit(&mut self, key: &str, spec: Spec) {
-        match spec {
+        let changed = match spec {
             Spec::Lb(l) => {
-                self.partial_lbs.remove(key);
-                self.lbs.insert(key.into(), l.clone());
+                let was_partial = self.partial_lbs.remove(key);
+                let new = self.lbs.get(key) != Some(l);
+                if new {
+                    self.lbs.insert(key.into(), l.clone());
+                }
+                was_partial || new
             }
             Spec::Gw(g) => {
-                self.partial_gws.remove(key);
-                self.gws.insert(key.into(), g.clone());
+                let was_partial = self.partial_gws.remove(key);
+                let new = self.gws.get(key) != Some(g);
+                if new {
+                    self.gws.insert(key.into(), g.clone());
+                }
+                was_partial || new
             }
-        }
+        };
+        self.changed(changed);
     }
 
     pub fn forget(&mut self, kind: Kind, key: &str) {
-        match kind {
-            Kind::Lb => {
-                self.lbs.remove(key);
-                self.partial_lbs.remove(key);
-            }
-            Kind::Gw => {
-                self.gws.remove(key);
-                self.partial_gws.remove(key);
-            }
+        let removed = match kind {
+            Kind::Lb => self.lbs.remove(key).is_some() | self.partial_lbs.remove(key),
+            Kind::Gw => self.gws.remove(key).is_some() | self.partial_gws.remove(key),
+        };
+        self.changed(removed);
+    }
+
+    fn changed(&mut self, changed: bool) {
+        if changed {
+            self.generation.0 += 1;
         }
     }
 }
@@ -163,6 +191,36 @@ mod tests {
 
     fn example() -> model::StateFile {
         load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap()
+    }
+
+    /// What `persist` relies on to skip a write: every change counts, a
+    /// step that changes nothing does not.
+    #[test]
+    fn the_generation_counts_changes_and_only_changes() {
+        let want = Desired::from_state(&example()).unwrap();
+        let (key, lb) = want.lbs.iter().next().unwrap();
+        let mut a = Applied::default();
+        let g = |a: &Applied| a.generation.0;
+        a.begin(key, Spec::Lb(lb));
+        assert_eq!(g(&a), 1, "partial");
+        a.begin(key, Spec::Lb(lb));
+        assert_eq!(g(&a), 1, "partial already");
+        a.commit(key, Spec::Lb(lb));
+        assert_eq!(g(&a), 2, "applied");
+        a.begin(key, Spec::Lb(lb));
+        a.commit(key, Spec::Lb(lb));
+        assert_eq!(g(&a), 4, "a repair marks it partial, then applied again");
+        a.commit(key, Spec::Lb(lb));
+        assert_eq!(g(&a), 4, "the same spec again");
+        let mut other = lb.clone();
+        other.listeners.pop();
+        a.commit(key, Spec::Lb(&other));
+        assert_eq!(g(&a), 5, "another spec");
+        a.forget(Kind::Lb, key);
+        assert_eq!(g(&a), 6, "forgotten");
+        a.forget(Kind::Lb, key);
+        assert_eq!(g(&a), 6, "nothing left to forget");
+        assert_eq!(a, Applied::default(), "the generation is not part of what was applied");
     }
 
     #[test]

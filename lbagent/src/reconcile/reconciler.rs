@@ -95,7 +95,7 @@ pub struct Reconciler<R> {
     applied_file: JsonFile,
     /// What the files hold as this reconciler last wrote them (`None`
     /// before its first write).
-    saved: Option<(Allocations, Applied)>,
+    saved: Option<(Allocations, u64)>,
 }
 
 pub const ALLOC_FILE: &str = "allocations.json";
@@ -263,13 +263,14 @@ impl<R: Realizer> Reconciler<R> {
     /// was last written (compared in memory: serializing hundreds of
     /// objects after every step of a repair pass was most of its cost).
     fn persist(&mut self) -> Result<()> {
-        if self.saved.as_ref().is_some_and(|(a, s)| *a == self.alloc && *s == self.applied) {
+        let generation = self.applied.generation.0;
+        if self.saved.as_ref().is_some_and(|(a, g)| *a == self.alloc && *g == generation) {
             return Ok(());
         }
         self.saved = None;
         self.alloc_file.save(&self.alloc)?;
         self.applied_file.save(&self.applied)?;
-        self.saved = Some((self.alloc.clone(), self.applied.clone()));
+        self.saved = Some((self.alloc.clone(), generation));
         Ok(())
     }
 

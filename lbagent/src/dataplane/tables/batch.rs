@@ -81,7 +81,11 @@ pub fn each_chunk<K: aya::Pod, V: aya::Pod>(map: &MapData, mut visit: impl FnMut
             libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &mut attr as *mut BatchAttr, size_of::<BatchAttr>())
         };
         let error = (rc < 0).then(io::Error::last_os_error);
-        let n = (attr.count as usize).min(chunk);
+        // The kernel writes `count` on success, at the end (`ENOENT`) and
+        // when a bucket does not fit (`ENOSPC`); after any other error it
+        // is still what was asked for, and nothing was copied.
+        let copied = error.as_ref().is_none_or(|e| matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOSPC)));
+        let n = if copied { (attr.count as usize).min(chunk) } else { 0 };
         if n > 0 {
             visit(&keys[..n], &values[..n]);
             visited = true;

@@ -249,8 +249,9 @@ impl Sweeper {
     /// Deletes half `key` (`read` from table `from`) while it is still the
     /// entry read. Whether it deleted it.
     fn remove_if_same(&mut self, key: &Tuple, read: &CtEntry, from: Table) -> bool {
-        let first = if from == Table::New { [Table::New, Table::Established] } else { [Table::Established; 2] };
-        let at = first.into_iter().find(|t| {
+        let tables: &[Table] =
+            if from == Table::New { &[Table::New, Table::Established] } else { &[Table::Established] };
+        let at = tables.iter().copied().find(|t| {
             self.map(*t).get(key, 0).is_ok_and(|now| now.created_ns == read.created_ns && now.xlate == read.xlate)
         });
         at.is_some_and(|t| self.remove_checked(key, read, t))

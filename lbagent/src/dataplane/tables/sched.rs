@@ -177,11 +177,16 @@ impl Tables {
         }
         let mut map = self.hash(MAP_SCHED_ACTIVE)?;
         let mut fixed = 0;
-        for (k, v) in entries {
+        for (k, _) in entries {
             let want = counts.get(&k).copied().unwrap_or(0);
-            // Only over the entry still there: a rule removed since the read
-            // (the daemon recounts beside its applies) is not brought back.
-            if v.active != want && map.insert(&k, &Active { active: want, ..v }, super::EXIST).is_ok() {
+            // The entry as it is now, not as read before the scan: the
+            // daemon recounts beside its applies, which may have changed
+            // the backend's weight or removed the rule since (a removed
+            // rule is not brought back: `BPF_EXIST`). What lands between
+            // this read and the write (the program's add, an apply's) is
+            // lost until the next recount, as the program's adds always were.
+            let Ok(now) = map.get(&k, 0) else { continue };
+            if now.active != want && map.insert(&k, &Active { active: want, ..now }, super::EXIST).is_ok() {
                 fixed += 1;
             }
         }

@@ -75,6 +75,12 @@ impl Tables {
         if !self.has_zone_ct() {
             return Ok(0);
         }
+        // The zones that have counts, read before the scan: a zone removed
+        // meanwhile (the daemon recounts beside its applies) is not
+        // brought back, and a zone without counts gets them from the
+        // program at its first flow.
+        let mut map = self.hash(MAP_ZONE_CT_FLOWS)?;
+        let have: BTreeMap<u32, ZoneCtFlows> = map.iter().filter_map(|e| e.ok()).collect();
         let mut want: BTreeMap<u32, ZoneCtFlows> = BTreeMap::new();
         for (established, table) in [(true, MAP_CT), (false, MAP_CT_NEW)] {
             self.each_conntrack(table, |keys, entries| {
@@ -91,19 +97,10 @@ impl Tables {
                 }
             })?;
         }
-        let mut map = self.hash(MAP_ZONE_CT_FLOWS)?;
-        let have: BTreeMap<u32, ZoneCtFlows> = map.iter().filter_map(|e| e.ok()).collect();
         let mut corrected = 0;
-        for zone in have.keys().chain(want.keys()).copied().collect::<std::collections::BTreeSet<_>>() {
-            let w = want.get(&zone).copied().unwrap_or_default();
-            // A zone's counts are corrected only while they exist (a zone
-            // removed since the read stays removed); counts missing for a
-            // zone with flows are created unless the program did meanwhile.
-            let (had, flag) = match have.get(&zone) {
-                Some(h) => (*h, super::EXIST),
-                None => (ZoneCtFlows::default(), super::NOEXIST),
-            };
-            if had != w && map.insert(&zone, &w, flag).is_ok() {
+        for (zone, had) in &have {
+            let w = want.get(zone).copied().unwrap_or_default();
+            if *had != w && map.insert(zone, &w, super::EXIST).is_ok() {
                 corrected += 1;
             }
         }

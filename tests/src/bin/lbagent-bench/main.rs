@@ -799,9 +799,7 @@ pub fn fill_dnat_flows(tables: &Tables, flows: u32, now: u64) -> Result<()> {
     use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CtEntry, MAP_CT, Tuple};
     let mut ct = tables.hash(MAP_CT)?;
     for i in 0..flows {
-        let c = [10, (i >> 16) as u8, (i >> 8) as u8, i as u8];
-        let orig =
-            Tuple { saddr: c, daddr: VIP.octets(), sport: 1000, dport: 80, proto: PROTO_TCP, _pad0: 0, zone: ZONE };
+        let orig = dnat_flow_key(i);
         let x = Tuple { daddr: SERVER.octets(), ..orig };
         let entry = CtEntry {
             xlate: x,
@@ -815,6 +813,20 @@ pub fn fill_dnat_flows(tables: &Tables, flows: u32, now: u64) -> Result<()> {
         ct.insert(&x.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..entry }, 0)?;
     }
     Ok(())
+}
+
+/// The original tuple of [`fill_dnat_flows`]' flow `i`.
+pub fn dnat_flow_key(i: u32) -> lbagent_common::Tuple {
+    let c = [10, (i >> 16) as u8, (i >> 8) as u8, i as u8];
+    lbagent_common::Tuple {
+        saddr: c,
+        daddr: VIP.octets(),
+        sport: 1000,
+        dport: 80,
+        proto: PROTO_TCP,
+        _pad0: 0,
+        zone: ZONE,
+    }
 }
 
 /// 7. A repair pass at 500 zones × 25 rules and GC over a full conntrack table.

@@ -75,12 +75,6 @@ impl Tables {
         if !self.has_zone_ct() {
             return Ok(0);
         }
-        // The zones that have counts, read before the scan: a zone removed
-        // meanwhile (the daemon recounts beside its applies) is not
-        // brought back, and a zone without counts gets them from the
-        // program at its first flow.
-        let mut map = self.hash(MAP_ZONE_CT_FLOWS)?;
-        let have: BTreeMap<u32, ZoneCtFlows> = map.iter().filter_map(|e| e.ok()).collect();
         let mut want: BTreeMap<u32, ZoneCtFlows> = BTreeMap::new();
         for (established, table) in [(true, MAP_CT), (false, MAP_CT_NEW)] {
             self.each_conntrack(table, |keys, entries| {
@@ -97,10 +91,24 @@ impl Tables {
                 }
             })?;
         }
+        let mut map = self.hash(MAP_ZONE_CT_FLOWS)?;
+        let have: BTreeMap<u32, ZoneCtFlows> = map.iter().filter_map(|e| e.ok()).collect();
         let mut corrected = 0;
-        for (zone, had) in &have {
-            let w = want.get(zone).copied().unwrap_or_default();
-            if *had != w && map.insert(zone, &w, super::EXIST).is_ok() {
+        for zone in have.keys().chain(want.keys()).copied().collect::<std::collections::BTreeSet<_>>() {
+            let w = want.get(&zone).copied().unwrap_or_default();
+            // Counts that exist are corrected only while they do (a zone
+            // removed after the read stays removed). Counts missing for a
+            // zone with flows are created unless the program did meanwhile:
+            // an upgrade from a layout without per-zone counts leaves every
+            // zone without them, and the flows it carried must count (the
+            // upgrade test loses proxied connections without this). A zone
+            // removed during the scan may get counts back this way; the next
+            // recount zeroes them once its flows are gone.
+            let (had, flag) = match have.get(&zone) {
+                Some(h) => (*h, super::EXIST),
+                None => (ZoneCtFlows::default(), super::NOEXIST),
+            };
+            if had != w && map.insert(&zone, &w, flag).is_ok() {
                 corrected += 1;
             }
         }

@@ -50,9 +50,9 @@ fn memlock(path: &Path) -> Result<u64> {
         .context("memlock")
 }
 
-/// CPU seconds (user + system) this process used.
-fn cpu_self() -> f64 {
-    getrusage(UsageWho::RUSAGE_SELF)
+/// CPU seconds (user + system) this process, or its waited-for children, used.
+fn cpu_of(who: UsageWho) -> f64 {
+    getrusage(who)
         .map(|u| {
             let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
             t(u.user_time()) + t(u.system_time())
@@ -79,7 +79,7 @@ impl Run {
 /// `VmHWM` while it runs (`wait4`'s `ru_maxrss` would count this large
 /// process's RSS, which the child's spawn inherits until its exec).
 fn agent(args: &[&str], root: &Path) -> Result<Run> {
-    let (t, c) = (Instant::now(), cpu_children());
+    let (t, c) = (Instant::now(), cpu_of(UsageWho::RUSAGE_CHILDREN));
     let mut child = std::process::Command::new(lbagent_release_bin())
         .args(args)
         .arg("--bpffs")
@@ -108,17 +108,7 @@ fn agent(args: &[&str], root: &Path) -> Result<Run> {
     if !status.success() {
         bail!("lbagent {args:?} failed: {stderr}");
     }
-    Ok(Run { stdout, wall, cpu: cpu_children() - c, rss_mb: peak })
-}
-
-/// CPU seconds (user + system) of this process's waited-for children.
-fn cpu_children() -> f64 {
-    getrusage(UsageWho::RUSAGE_CHILDREN)
-        .map(|u| {
-            let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
-            t(u.user_time()) + t(u.system_time())
-        })
-        .unwrap_or(0.0)
+    Ok(Run { stdout, wall, cpu: cpu_of(UsageWho::RUSAGE_CHILDREN) - c, rss_mb: peak })
 }
 
 /// A zone with the fixture's TCP DNAT rule (VIP:80 → server:8080) and a
@@ -337,9 +327,9 @@ pub fn flows(quick: bool, out: &mut String) -> Result<()> {
         let mut e = zone(largest)?;
         open_flows(&mut e, largest)?;
         let timed = |f: &dyn Fn() -> Result<usize>| -> Result<(usize, f64)> {
-            let c = cpu_self();
+            let c = cpu_of(UsageWho::RUSAGE_SELF);
             let n = f()?;
-            Ok((n, cpu_self() - c))
+            Ok((n, cpu_of(UsageWho::RUSAGE_SELF) - c))
         };
         (
             timed(&|| Ok(e.tables.conntrack_table(MAP_CT)?.len()))?,

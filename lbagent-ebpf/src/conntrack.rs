@@ -374,48 +374,83 @@ pub struct NewFlow {
 }
 
 /// Frees `key` if it holds an expired flow (both halves idle): an expired
-/// flow must not keep its port from a new one.
+/// flow must not keep its port from a new one. Whether the tuple is free
+/// now.
 #[inline(always)]
-fn reclaim_expired(cfg: &NatConfig, key: &Tuple, now: u64) -> bool {
-    let Some((table, ptr)) = find(key) else { return true };
+fn reclaim_expired(key: &Tuple, now: u64) -> bool {
+    let k = tuple_words(key);
+    lbagent_ct_reclaim(k[0], k[1], now) != 0
+}
+
+/// A tuple as the two words a global function takes it in.
+#[inline(always)]
+fn tuple_words(t: &Tuple) -> [u64; 2] {
+    // SAFETY: `Tuple` is 16 bytes of plain integers (repr(C), no padding
+    // bytes: asserted in lbagent-common), as are two u64s.
+    unsafe { core::mem::transmute::<Tuple, [u64; 2]>(*t) }
+}
+
+/// `reclaim_expired` as a global BPF function: the verifier checks it once,
+/// on its own, instead of once for every port the allocation's loop may
+/// probe (inlined in each probe, the program exceeded the verifier's
+/// million instructions). Scalars in (the tuple as two words, the clock),
+/// 1 out when the tuple is free.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn lbagent_ct_reclaim(key0: u64, key1: u64, now: u64) -> u32 {
+    // SAFETY: any 16 bytes are a valid `Tuple` (plain integers).
+    let key: Tuple = unsafe { core::mem::transmute::<[u64; 2], Tuple>([key0, key1]) };
+    // Entries are read through their map pointers, not copied: the
+    // program's own frame leaves this function less than 100 bytes of the
+    // 512-byte stack.
+    let Some(cfg) = NAT_CONFIG.get(0) else { return 0 };
+    let Some((table, ptr)) = find(&key) else { return 1 };
     // SAFETY: a map value pointer stays valid for the program run.
-    let e = unsafe { *ptr };
-    if fresh(cfg, &e, key.proto, now) {
-        return false;
+    let e = unsafe { &*ptr };
+    if fresh(cfg, e, key.proto, now) {
+        return 0;
     }
     let pair_key = e.xlate.reversed();
     if let Some((pt, pp)) = find(&pair_key) {
         // SAFETY: as above.
-        let pair = unsafe { *pp };
+        let pair = unsafe { &*pp };
         if pair.xlate == key.reversed() {
-            if fresh(cfg, &pair, key.proto, now) {
-                return false;
+            if fresh(cfg, pair, key.proto, now) {
+                return 0;
             }
             remove(pt, &pair_key);
         }
     }
-    if remove(table, key) {
+    if remove(table, &key) {
         crate::zone_ct::ended(key.zone, table == Table::Established);
     }
     count(Counter::ExpiredFlows);
-    true
+    1
 }
 
 /// Claims translated tuple `x` for a new flow: its reply key goes into
 /// `ct_new`, and must not be held in `ct` (see the module docs on races).
-/// A tuple held by an expired flow is reclaimed when `reclaim` is set.
+/// A tuple held by an expired flow is reclaimed (as Linux takes an expired
+/// entry's tuple): with one destination and many short flows (DNS through
+/// one EIP) most of the port range is held by flows that expired since the
+/// last GC pass.
+///
+/// A tuple `ct_new` holds is looked up before the insert is tried: the
+/// kernel takes a free element for an LRU insert before it finds the key
+/// present (and gives it back), which costs more than a lookup and, when
+/// the CPU's free list is empty in a full `ct_new`, evicts entries to
+/// refill it.
 #[inline(always)]
-fn claim(cfg: &NatConfig, x: &Tuple, reply: &CtEntry, now: u64, reclaim: bool) -> bool {
+fn claim(x: &Tuple, reply: &CtEntry, now: u64) -> bool {
     let rkey = x.reversed();
-    if !insert(Table::New, &rkey, reply, BPF_NOEXIST as u64) {
-        if !(reclaim && reclaim_expired(cfg, &rkey, now)) {
-            return false;
-        }
-        if !insert(Table::New, &rkey, reply, BPF_NOEXIST as u64) {
-            return false;
-        }
+    if get(Table::New, &rkey).is_some() && !reclaim_expired(&rkey, now) {
+        return false;
     }
-    if get(Table::Established, &rkey).is_some() && !(reclaim && reclaim_expired(cfg, &rkey, now)) {
+    // Another CPU may claim it between the lookup and the insert.
+    if !insert(Table::New, &rkey, reply, BPF_NOEXIST as u64) {
+        return false;
+    }
+    if get(Table::Established, &rkey).is_some() && !reclaim_expired(&rkey, now) {
         remove(Table::New, &rkey);
         return false;
     }
@@ -432,7 +467,6 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
         // The zone holds its share of `ct_new`: no room for this flow.
         return Err(Counter::DropConntrackInsert);
     }
-    let cfg = config();
     let mut x = f.xlate;
     // Read opaquely: with both ids constant 0 (the egress program's local
     // flows) LLVM would merge them with the zero fields that follow into a
@@ -458,23 +492,17 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
     let movable = p.kind == Kind::Ports || p.kind == Kind::EchoRequest;
     let in_range = x.sport >= f.port_min && x.sport <= f.port_max;
     let keep_first = !movable || (!f.random && (f.flags & CT_F_SNAT == 0 || in_range));
-    let mut claimed = keep_first && claim(&cfg, &x, &reply, now, true);
+    let mut claimed = keep_first && claim(&x, &reply, now);
     if !claimed && movable {
         let span = (f.port_max as u32).saturating_sub(f.port_min as u32) + 1;
         // Random-fully draws the start; otherwise a per-flow hash spreads
         // flows over the range (a plain sport start would cluster). Each
-        // round starts afresh at random; its first port may reclaim an
-        // expired flow's tuple, the others only take free ones.
+        // round starts afresh at random.
         let mut start = if f.random { random() } else { crate::hash::flow_hash(&orig) };
         'rounds: for _ in 0..PORT_ROUNDS {
-            x.sport = f.port_min + (start % span) as u16;
-            if claim(&cfg, &x, &reply, now, true) {
-                claimed = true;
-                break;
-            }
-            for i in 1..PORT_TRIES_PER_ROUND {
+            for i in 0..PORT_TRIES_PER_ROUND {
                 x.sport = f.port_min + ((start.wrapping_add(i)) % span) as u16;
-                if claim(&cfg, &x, &reply, now, false) {
+                if claim(&x, &reply, now) {
                     claimed = true;
                     break 'rounds;
                 }

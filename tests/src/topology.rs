@@ -14,7 +14,7 @@ use std::{fs::File, net::Ipv4Addr, thread::JoinHandle};
 use anyhow::{Context, Result};
 use lbagent::dataplane::{
     attach::{self, AttachMode, Hook},
-    loader::ZoneProgram,
+    loader::{CtSizes, ZoneProgram},
     tables::{DnatSpec, SnatSpec, Tables},
 };
 use lbagent_common::{PROTO_ICMP, PROTO_TCP, PROTO_UDP};
@@ -49,16 +49,21 @@ pub struct NatTopology {
 
 impl NatTopology {
     pub fn new(mode: AttachMode) -> Result<Self> {
-        Self::build(Some(mode))
+        Self::build(Some(mode), CtSizes::default())
+    }
+
+    /// [`NatTopology::new`] with conntrack tables of these sizes.
+    pub fn sized(mode: AttachMode, sizes: CtSizes) -> Result<Self> {
+        Self::build(Some(mode), sizes)
     }
 
     /// The same namespaces and addresses with nothing attached (baselines:
     /// plain routing, iptables). The program is loaded but not attached.
     pub fn plain() -> Result<Self> {
-        Self::build(None)
+        Self::build(None, CtSizes::default())
     }
 
-    fn build(mode: Option<AttachMode>) -> Result<Self> {
+    fn build(mode: Option<AttachMode>, sizes: CtSizes) -> Result<Self> {
         let client = Netns::new(&unique("lbc"))?;
         let nat = Netns::new(&unique("lbn"))?;
         let server = Netns::new(&unique("lbs"))?;
@@ -80,7 +85,7 @@ impl NatTopology {
         sender_offloads(&server, &s0)?;
 
         let pins = TestPins::new();
-        let mut prog = ZoneProgram::load(&pins.root, ZONE)?;
+        let mut prog = ZoneProgram::load_sized(&pins.root, ZONE, sizes)?;
         let mut used = mode.unwrap_or_default();
         // Both programs on both interfaces, as the agent attaches them
         // (`TestZone::attach`): forwarded packets also pass the egress one.

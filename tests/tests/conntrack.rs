@@ -391,6 +391,48 @@ fn a_busy_range_is_used_to_its_last_port() {
     assert_eq!(rc, lbagent_tests::engine::TC_ACT_SHOT, "the 33rd finds none");
 }
 
+/// A new flow takes the port of a flow that expired wherever its search
+/// meets it. With one destination and many short flows (DNS through one
+/// EIP) most of a busy range is held by flows that expired since the last
+/// GC pass; when only the first port of each search round could be
+/// reclaimed, a range of live flows and one expired flow refused new flows
+/// seven times in eight (and cost every query that found a port 128 probes).
+#[test]
+fn a_new_flow_takes_an_expired_flows_port_wherever_the_search_meets_it() {
+    let Some(mut e) = engine() else { return };
+    e.tables.set_snat(&snat((CLIENT, 32), SNAT, (31000, 31031), true, 11)).unwrap();
+    let query = |sport: u16| frame(&Ip::new(CLIENT, VIP), &udp(sport, 53, b"x"));
+    // Client port -> SNAT port, the whole range taken.
+    let mut port_of = std::collections::HashMap::new();
+    for sport in 2000..2032u16 {
+        let (rc, out) = e.run(&query(sport)).unwrap();
+        assert_eq!(rc, TC_ACT_OK);
+        port_of.insert(sport, packet::summary(&out).sport);
+    }
+    for round in 0..8u16 {
+        // One flow expires (both halves idle since boot); the others are live.
+        let victim = 2000 + round * 3;
+        let port = port_of.remove(&victim).unwrap();
+        e.edit_entries(MAP_CT_NEW, |v| {
+            if v.xlate.sport == port || v.xlate.dport == victim {
+                v.last_seen_ns = 0;
+            }
+        })
+        .unwrap();
+        let newcomer = 3000 + round;
+        let (rc, out) = e.run(&query(newcomer)).unwrap();
+        assert_eq!(rc, TC_ACT_OK, "round {round}: the expired flow's port {port} is free");
+        assert_eq!(packet::summary(&out).sport, port, "round {round}");
+        port_of.insert(newcomer, port);
+    }
+    assert_eq!(e.tables.counter(Counter::ExpiredFlows).unwrap(), 8);
+    // Every live flow kept its port.
+    for (sport, port) in port_of {
+        let (rc, out) = e.run(&query(sport)).unwrap();
+        assert_eq!((rc, packet::summary(&out).sport), (TC_ACT_OK, port), "flow from port {sport}");
+    }
+}
+
 #[test]
 fn flush_and_gc_never_delete_a_half_that_belongs_to_another_flow() {
     let Some(mut e) = engine() else { return };

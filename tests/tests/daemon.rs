@@ -325,6 +325,16 @@ fn kill_9_and_restart_keep_established_connections() {
     let programs = attached_programs(&ns, &env.bpffs).unwrap();
     assert!(programs.len() >= 5, "both sides of both links and the loopback's egress: {programs:?}");
 
+    // A new dataplane's conntrack tables: a share of the host's memory.
+    let pinned = |def: &str| {
+        let path = lbagent::dataplane::pins::versioned_dir(&env.bpffs).join(def);
+        aya::maps::MapData::from_pin(path).unwrap().info().unwrap().max_entries()
+    };
+    let ct_max = pinned(lbagent_common::MAP_CT.name);
+    let memory = lbagent::dataplane::loader::meminfo("MemTotal").unwrap();
+    assert_eq!(ct_max, lbagent::dataplane::loader::CtSizes::for_memory(memory));
+    assert_eq!(pinned(lbagent_common::MAP_CT_NEW.name), ct_max / 4);
+
     // kill -9: the dataplane (maps, programs, haproxy) is not the daemon's.
     daemon.signal(Signal::SIGKILL);
     drop(daemon);
@@ -345,8 +355,8 @@ fn kill_9_and_restart_keep_established_connections() {
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     let err = run(&["--conntrack-new-max", "4096"]);
-    let default_new = lbagent_common::CT_MAX / 4;
-    assert!(err.contains("`ct_new`") && err.contains(&format!("--conntrack-new-max {default_new}")), "{err}");
+    let pinned_new = ct_max / 4;
+    assert!(err.contains("`ct_new`") && err.contains(&format!("--conntrack-new-max {pinned_new}")), "{err}");
     let err = run(&["--conntrack-new-max", "100"]);
     assert!(err.contains("--conntrack-new-max") && err.contains("256"), "{err}");
     assert_eq!(attached_programs(&ns, &env.bpffs).unwrap(), programs, "a refused start changes nothing");
@@ -390,18 +400,12 @@ fn kill_9_and_restart_keep_established_connections() {
     // for established flows by default, no new-flow limit), its open flows
     // counted by the program.
     let limits = maps["zone_ct_limits"].as_array().unwrap();
-    assert!(
-        limits.iter().any(|z| z["established"].as_u64() == Some(u64::from(lbagent_common::CT_MAX / 4))),
-        "{limits:?}"
-    );
+    assert!(limits.iter().any(|z| z["established"].as_u64() == Some(u64::from(ct_max / 4))), "{limits:?}");
     let flows = maps["zone_ct_flows"].as_array().unwrap();
     assert!(flows.iter().any(|z| z["established"].as_u64().unwrap_or(0) + z["new"].as_u64().unwrap_or(0) > 0));
     let metrics = env.metrics();
     assert!(metrics.contains(&format!("lbagent_rule_packets_total{{rule=\"lb/{id}/listener/direct\"}}")), "{metrics}");
-    let share = format!(
-        "lbagent_conntrack_zone_limit{{object=\"lb/{id}\",table=\"established\"}} {}",
-        lbagent_common::CT_MAX / 4
-    );
+    let share = format!("lbagent_conntrack_zone_limit{{object=\"lb/{id}\",table=\"established\"}} {}", ct_max / 4);
     assert!(metrics.contains(&share), "{share} in {metrics}");
     assert!(metrics.contains("lbagent_last_apply_success 1"));
     assert!(metrics.contains("lbagent_last_apply_errors{kind=\"plumbing\"} 0"), "{metrics}");

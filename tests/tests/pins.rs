@@ -2,7 +2,7 @@
 //! reuse of conntrack across a program reload (agent restart).
 
 use lbagent::dataplane::{
-    loader::{CtSizes, ZoneProgram},
+    loader::{CtSizes, SizeOrigin, ZoneProgram},
     pins,
 };
 use lbagent_common::*;
@@ -98,6 +98,22 @@ fn conntrack_sizes_are_kept_and_other_sizes_refused_naming_the_flag() {
     assert!(err.contains("`ct`") && err.contains("--conntrack-max 4096"), "{err}");
     assert_eq!((size(MAP_CT.name), size(MAP_CT_NEW.name)), ("4096".to_string(), "2048".to_string()));
     assert_eq!(CtSizes::new(Some(64), None).new, 256, "the new-flow table's floor");
+    // What a start that asks for no size uses: the pinned tables' sizes,
+    // whatever the host's memory would give a new dataplane; and the
+    // pinned new-flow size when only the established one is asked for.
+    let (resolved, origin) = CtSizes::resolve(&p.root, None, None).unwrap();
+    assert_eq!((resolved, origin), (sizes, SizeOrigin::Pinned(dir.clone())));
+    let (resolved, origin) = CtSizes::resolve(&p.root, Some(4096), None).unwrap();
+    assert_eq!((resolved, origin), (sizes, SizeOrigin::Asked));
+    ZoneProgram::load_sized(&p.root, 3, resolved).unwrap();
+    // Another size asked for is taken as asked (and refused by the pins).
+    let (resolved, _) = CtSizes::resolve(&p.root, Some(8192), Some(512)).unwrap();
+    assert_eq!(resolved, CtSizes::new(Some(8192), Some(512)));
+    // A fresh dataplane: a share of the host's memory.
+    let fresh = TestPins::new();
+    let (resolved, origin) = CtSizes::resolve(&fresh.root, None, None).unwrap();
+    let SizeOrigin::Memory(memory) = origin else { panic!("{origin:?}") };
+    assert_eq!(resolved, CtSizes::new(Some(CtSizes::for_memory(memory)), None));
 }
 
 #[test]

@@ -84,7 +84,9 @@ pub enum Command {
         /// the `lbagent_ebpf` target; `off` costs nothing per packet.
         #[arg(long, default_value = "off")]
         ebpf_log: crate::dataplane::logs::EbpfLogLevel,
-        /// Established-flow table size in entries (two per flow; default 262144).
+        /// Established-flow table size in entries (two per flow). Default: the
+        /// pinned table's size; for a new dataplane, 1/64 of the host's memory
+        /// (a power of two, 262144 to 4194304; 2097152 on a 24 GiB host).
         /// Fixed for the life of the pins: a different size is refused until teardown.
         #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
         conntrack_max: Option<u32>,
@@ -200,7 +202,8 @@ pub fn main() -> Result<()> {
                 metrics: metrics.0,
                 api_socket: common.api_socket,
                 repair_interval: Duration::from_secs(repair_interval.max(1)),
-                conntrack: crate::dataplane::loader::CtSizes::new(conntrack_max, conntrack_new_max),
+                conntrack_max,
+                conntrack_new_max,
                 max_removal_percent: max_removal,
             };
             tokio::runtime::Builder::new_multi_thread()

@@ -24,7 +24,11 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracing::{debug, error, info, warn};
 
 use crate::{
-    dataplane::{attach::AttachMode, loader::ZoneProgram, migrate::Migration},
+    dataplane::{
+        attach::AttachMode,
+        loader::{CtSizes, ZoneProgram},
+        migrate::Migration,
+    },
     lb::health,
     outcome::{Changes, ObjectError},
     reconcile::{ApplyReport, Kind, Reconciler, RepairPass, host::Host},
@@ -40,8 +44,11 @@ pub struct Options {
     pub metrics: Option<SocketAddr>,
     pub api_socket: PathBuf,
     pub repair_interval: Duration,
-    /// The conntrack tables' sizes (`--conntrack-max`, `--conntrack-new-max`).
-    pub conntrack: crate::dataplane::loader::CtSizes,
+    /// The conntrack tables' sizes asked for (`--conntrack-max`,
+    /// `--conntrack-new-max`); the others are resolved at start
+    /// (`CtSizes::resolve`: the pinned tables', or a share of memory).
+    pub conntrack_max: Option<u32>,
+    pub conntrack_new_max: Option<u32>,
     /// The largest share (percent) of the running objects one document may
     /// remove without `allow_mass_removal` (`guard.rs`; 100: no guard).
     pub max_removal_percent: u8,
@@ -376,13 +383,20 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     tracing::debug!("open file limit {nofile}");
     // An upgrade across a layout change: this layout's maps are filled from
     // the previous layout's before anything is attached.
-    let migration =
-        Migration::begin(&opts.bpffs, opts.conntrack).context("migrating the previous layout's dataplane")?;
+    let (sizes, origin) = CtSizes::resolve(&opts.bpffs, opts.conntrack_max, opts.conntrack_new_max)
+        .context("sizing the conntrack tables")?;
+    info!(
+        "conntrack tables: ct {} entries ({} flows), ct_new {} entries; sized by {origin}",
+        sizes.established,
+        sizes.established / 2,
+        sizes.new
+    );
+    let migration = Migration::begin(&opts.bpffs, sizes).context("migrating the previous layout's dataplane")?;
     // Load the object once up front: it creates or reuses (after checking)
     // the pinned maps, and fails fast on a verifier or pin problem.
-    ZoneProgram::load_sized(&opts.bpffs, 0, opts.conntrack).context("preparing the dataplane")?;
+    ZoneProgram::load_sized(&opts.bpffs, 0, sizes).context("preparing the dataplane")?;
     let mut host = Host::new(opts.bpffs.clone(), opts.attach, &opts.state_dir);
-    host.engine.ct_sizes = opts.conntrack;
+    host.engine.ct_sizes = sizes;
     host.engine.migrating = migration.is_some();
     let reconciler = Reconciler::open(host, &opts.state_dir)?;
     let mut status = Status::default();

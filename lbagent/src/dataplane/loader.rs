@@ -24,11 +24,51 @@ impl Default for CtSizes {
 }
 
 impl CtSizes {
-    /// The sizes asked for; the built-in size for `established`, and a
-    /// quarter of `established` (at least 256) for `new`, when not given.
+    /// The sizes asked for; the built-in size ([`lbagent_common::CT_MAX`],
+    /// also the smallest default [`CtSizes::resolve`] picks) for
+    /// `established`, and a quarter of `established` (at least 256) for
+    /// `new`, when not given.
     pub fn new(established: Option<u32>, new: Option<u32>) -> Self {
         let established = established.unwrap_or(lbagent_common::CT_MAX);
         Self { established, new: new.unwrap_or(lbagent_common::ct_new_max(established)) }
+    }
+
+    /// The sizes a start of the agent uses, and where `established` came
+    /// from. A size asked for is used as asked (pins of another size are
+    /// then refused, [`CtSizes::check_pins`]). A size not asked for is the
+    /// pinned table's (`new` too when only `established` is asked for): this layout's, or a running older layout's that the
+    /// migration carries over; so a default never refuses a restart, and
+    /// a host whose memory changed keeps its tables. On a fresh dataplane
+    /// `established` is [`CtSizes::for_memory`] of the host's memory and
+    /// `new` a quarter of it.
+    pub fn resolve(root: &Path, established: Option<u32>, new: Option<u32>) -> Result<(Self, SizeOrigin)> {
+        let dirs = std::iter::once(pins::versioned_dir(root))
+            .chain(pins::older_live_versions(root).into_iter().rev().map(|(_, dir)| dir));
+        let pinned = dirs.into_iter().find_map(|dir| {
+            let size =
+                |name: &str| aya::maps::MapData::from_pin(dir.join(name)).ok()?.info().ok()?.max_entries().into();
+            Some((size(lbagent_common::MAP_CT.name)?, size(lbagent_common::MAP_CT_NEW.name), dir))
+        });
+        let pinned_new = pinned.as_ref().and_then(|(_, n, _)| *n);
+        if let Some(established) = established {
+            return Ok((Self::new(Some(established), new.or(pinned_new)), SizeOrigin::Asked));
+        }
+        if let Some((pinned_ct, _, dir)) = pinned {
+            return Ok((Self::new(Some(pinned_ct), new.or(pinned_new)), SizeOrigin::Pinned(dir)));
+        }
+        let memory = meminfo("MemTotal")?;
+        Ok((Self::new(Some(Self::for_memory(memory)), new), SizeOrigin::Memory(memory)))
+    }
+
+    /// The established table's default size on a host with `memory` bytes:
+    /// the largest power of two of entries whose two tables take at most
+    /// `1/DEFAULT_MEMORY_SHARE` of it (`ct` and a quarter as many `ct_new`
+    /// entries, [`KERNEL_BYTES_PER_CT_ENTRY`] each), between
+    /// [`lbagent_common::CT_MAX`] and [`DEFAULT_CT_MAX_CEILING`].
+    pub fn for_memory(memory: u64) -> u32 {
+        let entries = memory / DEFAULT_MEMORY_SHARE / (KERNEL_BYTES_PER_CT_ENTRY * 5 / 4);
+        let pow2 = if entries == 0 { 1 } else { 1u64 << (63 - entries.leading_zeros()) };
+        pow2.clamp(u64::from(lbagent_common::CT_MAX), u64::from(DEFAULT_CT_MAX_CEILING)) as u32
     }
 
     /// Each table with its size and the flag that sets it.
@@ -60,6 +100,58 @@ impl CtSizes {
         }
         Ok(())
     }
+}
+
+/// Where a start's conntrack sizes came from ([`CtSizes::resolve`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SizeOrigin {
+    /// `--conntrack-max`.
+    Asked,
+    /// The tables pinned in this directory.
+    Pinned(std::path::PathBuf),
+    /// The host's memory (bytes): a fresh dataplane's default.
+    Memory(u64),
+}
+
+impl std::fmt::Display for SizeOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SizeOrigin::Asked => write!(f, "--conntrack-max"),
+            SizeOrigin::Pinned(dir) => write!(f, "the tables pinned in {}", dir.display()),
+            SizeOrigin::Memory(m) => write!(
+                f,
+                "1/{DEFAULT_MEMORY_SHARE} of the host's {:.1} GiB (the default for a new dataplane)",
+                *m as f64 / f64::from(1u32 << 30)
+            ),
+        }
+    }
+}
+
+/// A new dataplane's conntrack tables take at most this fraction (1/N) of
+/// the host's memory by default ([`CtSizes::for_memory`]).
+pub const DEFAULT_MEMORY_SHARE: u64 = 64;
+
+/// Kernel memory (bpftool's `memlock`) per conntrack entry of either
+/// table, measured at every size from 262 144 to 2 097 152 entries: the
+/// 16-byte key, the 56-byte entry, the kernel's element header and a
+/// bucket.
+pub const KERNEL_BYTES_PER_CT_ENTRY: u64 = 136;
+
+/// The largest default `ct`: 4 194 304 entries (2 097 152 flows), 713 MB
+/// with its `ct_new`, which leaves room under the packaged unit's
+/// `MemoryMax=2G` (a larger table is asked for with `--conntrack-max`).
+pub const DEFAULT_CT_MAX_CEILING: u32 = 1 << 22;
+
+/// A `/proc/meminfo` figure in bytes (`field` without its colon, e.g.
+/// `MemTotal`).
+pub fn meminfo(field: &str) -> Result<u64> {
+    let info = fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    let kb: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/meminfo"))?;
+    Ok(kb * 1024)
 }
 
 /// The NAT programs loaded for one zone. Dropping them does not detach
@@ -276,4 +368,28 @@ pub fn raise_nofile() -> u64 {
         return hard;
     }
     soft
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_table_is_a_share_of_memory_in_powers_of_two_within_bounds() {
+        const GIB: u64 = 1 << 30;
+        // 1/64 of 24 GiB is 384 MiB: 2 097 152 entries take 2 097 152 ×
+        // 170 B = 340 MiB with their quarter of `ct_new`; twice as many would not fit.
+        assert_eq!(CtSizes::for_memory(24 * GIB), 2_097_152);
+        const {
+            assert!(2_097_152 * KERNEL_BYTES_PER_CT_ENTRY * 5 / 4 <= 24 * GIB / DEFAULT_MEMORY_SHARE);
+            assert!(4_194_304 * KERNEL_BYTES_PER_CT_ENTRY * 5 / 4 > 24 * GIB / DEFAULT_MEMORY_SHARE);
+        }
+        // Small hosts keep the built-in size; huge ones stop at the ceiling.
+        assert_eq!(CtSizes::for_memory(GIB), lbagent_common::CT_MAX);
+        assert_eq!(CtSizes::for_memory(0), lbagent_common::CT_MAX);
+        assert_eq!(CtSizes::for_memory(4096 * GIB), DEFAULT_CT_MAX_CEILING);
+        for memory in [3 * GIB, 10 * GIB, 100 * GIB] {
+            assert!(CtSizes::for_memory(memory).is_power_of_two());
+        }
+    }
 }

@@ -126,27 +126,23 @@ fn tcp(flags: u8, sport: u16, dport: u16) -> L4 {
 }
 
 /// Opens `flows` TCP flows through the program, each by its three
-/// handshake packets (so each is established, in `ct`): even ones DNAT'ed
-/// from 100.64.0.0/10 clients, odd ones SNAT'ed from 10.1.0.0/16… to one
-/// of 256 destinations (the program picks the source port). Returns the
+/// handshake packets (so each is established, in `ct`), flow `i` being
+/// [`same_mix`]`(i)` (the program picks the SNAT'ed flows' source port). Returns the
 /// flows the program answered every packet of.
 fn open_flows(e: &mut TestZone, flows: u32) -> Result<u32> {
     let mut opened = 0;
     for i in 0..flows {
-        let n = i / 2;
-        let b = |shift: u32| (n >> shift) as u8;
+        let (c, dst, dport) = same_mix(i);
         let ok = if i % 2 == 0 {
-            let c = [100, 64 + b(16), b(8), b(0)];
-            let (rc1, _) = e.run(&frame(&Ip::new(c, fixture::VIP), &tcp(SYN, 40000, 80)))?;
+            let (rc1, _) = e.run(&frame(&Ip::new(c, dst), &tcp(SYN, 40000, dport)))?;
             let (rc2, _) = e.run(&frame(&Ip::new(fixture::SERVER, c), &tcp(SYN | ACK, 8080, 40000)))?;
-            let (rc3, _) = e.run(&frame(&Ip::new(c, fixture::VIP), &tcp(ACK, 40000, 80)))?;
+            let (rc3, _) = e.run(&frame(&Ip::new(c, dst), &tcp(ACK, 40000, dport)))?;
             [rc1, rc2, rc3] == [TC_ACT_OK; 3]
         } else {
-            let (c, dst) = ([10, 1 + b(16), b(8), b(0)], [198, 18, b(0), 1]);
-            let (rc1, out) = e.run(&frame(&Ip::new(c, dst), &tcp(SYN, 40000, 443)))?;
+            let (rc1, out) = e.run(&frame(&Ip::new(c, dst), &tcp(SYN, 40000, dport)))?;
             let port = summary(&out).sport;
-            let (rc2, _) = e.run(&frame(&Ip::new(dst, fixture::SNAT), &tcp(SYN | ACK, 443, port)))?;
-            let (rc3, _) = e.run(&frame(&Ip::new(c, dst), &tcp(ACK, 40000, 443)))?;
+            let (rc2, _) = e.run(&frame(&Ip::new(dst, fixture::SNAT), &tcp(SYN | ACK, dport, port)))?;
+            let (rc3, _) = e.run(&frame(&Ip::new(c, dst), &tcp(ACK, 40000, dport)))?;
             [rc1, rc2, rc3] == [TC_ACT_OK; 3]
         };
         opened += u32::from(ok);
@@ -192,20 +188,14 @@ fn ebpf(flows: u32) -> Result<Ebpf> {
 /// `SUnreclaim` of `/proc/meminfo`, bytes: the kernel's unreclaimable slab
 /// memory, where conntrack objects and their extensions live.
 fn slab_unreclaimable() -> Result<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo")?;
-    let kb: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("SUnreclaim:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("SUnreclaim in /proc/meminfo")?;
-    Ok(kb * 1024)
+    lbagent::dataplane::loader::meminfo("SUnreclaim")
 }
 
 /// A global conntrack setting, restored when dropped.
-struct Restore(&'static str, String);
+pub struct Restore(&'static str, String);
 
 impl Restore {
-    fn set(path: &'static str, value: &str) -> Result<Self> {
+    pub fn set(path: &'static str, value: &str) -> Result<Self> {
         let was = std::fs::read_to_string(path).with_context(|| path.to_string())?.trim().to_string();
         std::fs::write(path, value).with_context(|| format!("{path} = {value}"))?;
         Ok(Restore(path, was))
@@ -257,7 +247,9 @@ fn linux(flows: u32) -> Result<Linux> {
     let buckets: u64 = std::fs::read_to_string("/sys/module/nf_conntrack/parameters/hashsize")?.trim().parse()?;
     let before = slab_unreclaimable()?;
     let start = Instant::now();
-    spawn_in(&t.client.name, move || send_syns(flows)).join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    spawn_in(&t.client.name, move || send_syns(flows, same_mix))
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
     let fill_s = start.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_millis(500));
     let after = slab_unreclaimable()?;
@@ -266,10 +258,23 @@ fn linux(flows: u32) -> Result<Linux> {
     Ok(Linux { flows: count, slab: after.saturating_sub(before), hash: buckets * 8, fill_s })
 }
 
-/// `flows` TCP SYNs from a raw socket (the kernel fills in the IPv4
-/// header's checksum and length; TCP's checksum is computed here), the
-/// same tuples as [`open_flows`]' first packets.
-fn send_syns(flows: u32) -> Result<()> {
+/// Flow `i` of the mix, as (source, destination, destination port): even
+/// ones from 100.64.0.0/10 clients, DNAT'ed at the VIP; odd ones from
+/// 10.1.0.0/16…, SNAT'ed toward one of 256 destinations in 198.18.0.0/16.
+fn same_mix(i: u32) -> ([u8; 4], [u8; 4], u16) {
+    let n = i / 2;
+    let b = |shift: u32| (n >> shift) as u8;
+    if i % 2 == 0 {
+        ([100, 64 + b(16), b(8), b(0)], fixture::VIP, 80)
+    } else {
+        ([10, 1 + b(16), b(8), b(0)], [198, 18, b(0), 1], 443)
+    }
+}
+
+/// `flows` TCP SYNs from a raw socket, flow `i` from port 40000 with the
+/// addresses and destination port `tuple(i)` gives (the kernel fills in the
+/// IPv4 header's checksum and length; TCP's checksum is computed here).
+pub fn send_syns(flows: u32, tuple: impl Fn(u32) -> ([u8; 4], [u8; 4], u16)) -> Result<()> {
     // SAFETY: plain socket creation; the descriptor is owned below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
     if fd < 0 {
@@ -279,13 +284,7 @@ fn send_syns(flows: u32) -> Result<()> {
     let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     use std::os::fd::AsRawFd;
     for i in 0..flows {
-        let n = i / 2;
-        let b = |shift: u32| (n >> shift) as u8;
-        let (src, dst, dport) = if i % 2 == 0 {
-            ([100, 64 + b(16), b(8), b(0)], fixture::VIP, 80)
-        } else {
-            ([10, 1 + b(16), b(8), b(0)], [198, 18, b(0), 1], 443)
-        };
+        let (src, dst, dport) = tuple(i);
         let f = frame(&Ip::new(src, dst), &tcp(SYN, 40000, dport));
         let packet = &f[14..];
         let to = libc::sockaddr_in {

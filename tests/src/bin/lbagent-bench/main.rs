@@ -38,12 +38,13 @@
 //!     (`flows.rs`).
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart,lru,flows,agent-scale`
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart,lru,flows,full-table,agent-scale`
 //! picks sections; `profile` (only when named) records where the time of a
 //! TCP stream without TSO, 64-byte UDP and new connections goes (`profile.rs`).
 
 mod fleet;
 mod flows;
+mod full_table;
 mod load;
 mod lru;
 mod profile;
@@ -62,6 +63,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use lbagent::dataplane::{
     attach::AttachMode,
+    loader::CtSizes,
     tables::{DnatSpec, SnatSpec, Tables},
 };
 use lbagent_common::{PROTO_TCP, PROTO_UDP};
@@ -717,12 +719,19 @@ const UDP_CLIENTS: u8 = 8;
 /// UDP idle timeout for both engines in that benchmark (s).
 const UDP_BENCH_TIMEOUT_S: u32 = 5;
 
+/// Where the next [`udp_flow_rate`] run starts in the client tuples
+/// (`UDP_CLIENTS` addresses × 64 512 ports): each run goes on from the
+/// last, so a run never reuses a tuple an earlier run left in a table.
+static UDP_TUPLE_CURSOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// One-shot UDP queries to `to`, each from a fresh (address, port), each
 /// waiting up to 100 ms for its answer, for `dur`: (answered/s, lost).
 fn udp_flow_rate(client_ns: &str, to: SocketAddr, dur: Duration) -> Result<(f64, u32)> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let first = UDP_TUPLE_CURSOR.load(Relaxed);
     spawn_in(client_ns, move || {
         let start = Instant::now();
-        let (mut ok, mut lost, mut i) = (0u32, 0u32, 0u32);
+        let (mut ok, mut lost, mut i) = (0u32, 0u32, first);
         let mut buf = [0u8; 512];
         while start.elapsed() < dur {
             let addr = Ipv4Addr::new(10, 0, 1, 2 + (i % UDP_CLIENTS as u32) as u8);
@@ -736,6 +745,7 @@ fn udp_flow_rate(client_ns: &str, to: SocketAddr, dur: Duration) -> Result<(f64,
                 Err(_) => lost += 1,
             }
         }
+        UDP_TUPLE_CURSOR.store(i % (UDP_CLIENTS as u32 * 64_512), Relaxed);
         Ok((ok as f64 / start.elapsed().as_secs_f64(), lost))
     })
     .join()
@@ -745,9 +755,15 @@ fn udp_flow_rate(client_ns: &str, to: SocketAddr, dur: Duration) -> Result<(f64,
 /// 6. New UDP flows/s to one resolver through one SNAT address.
 fn udp_flow_rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
     let resolver = SocketAddr::from((SERVER, 53));
-    let ebpf = NatTopology::new(AttachMode::Auto)?;
+    // As many flows in `ct_new` (two halves each) as Linux conntrack holds:
+    // every query flow lives there for its timeout, and a smaller LRU
+    // would evict flows whose answers are still on their way.
+    let linux_max: u32 = std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_max")?.trim().parse()?;
+    let ebpf = NatTopology::sized(AttachMode::Auto, CtSizes::new(None, Some(2 * linux_max)))?;
     wide_snat(&ebpf)?;
-    ebpf.tables.set_config(lbagent_common::NatConfig { udp_s: UDP_BENCH_TIMEOUT_S, ..Default::default() })?;
+    // The timeout changed, the rest as the topology set it (the fast path on).
+    let cfg = ebpf.tables.config()?;
+    ebpf.tables.set_config(lbagent_common::NatConfig { udp_s: UDP_BENCH_TIMEOUT_S, ..cfg })?;
     let ipt = NatTopology::plain()?;
     iptables_restore(
         &ipt.nat.name,
@@ -946,6 +962,9 @@ fn main() -> Result<()> {
     }
     if want("flows") {
         flows::flows(quick, &mut out)?;
+    }
+    if want("full-table") {
+        full_table::full_table(quick, &mut out)?;
     }
     if want("agent-scale") {
         flows::daemon_at_scale(quick, &mut out)?;

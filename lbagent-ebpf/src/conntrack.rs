@@ -18,6 +18,14 @@
 //! reply key into `ct_new` with `BPF_NOEXIST` and *then* checks `ct`;
 //! promotion inserts into `ct` *before* deleting from `ct_new`. So whichever
 //! order two CPUs run in, a tuple held in either table is never claimed twice.
+//! A tuple held by an expired flow is freed for the claim by deleting that
+//! flow, and Linux 5.10's BPF has no compare-and-delete: two CPUs that read
+//! the same expired entry could each delete it and insert their own, the
+//! second deleting the first's new entry. The reclaim reads the entry again
+//! right before each delete (same creation time) and the claimer reads its
+//! reply entry back after its insert, which leaves one window: a CPU
+//! interrupted between that second read and its delete, while another CPU
+//! deletes, inserts and reads back.
 //! A lookup that misses `ct` and then `ct_new` may have run while another
 //! CPU promoted the flow (into `ct` after the first lookup, out of `ct_new`
 //! before the second): it looks in `ct` once more, where the flow then is.
@@ -410,6 +418,7 @@ pub extern "C" fn lbagent_ct_reclaim(key0: u64, key1: u64, now: u64) -> u32 {
     if fresh(cfg, e, key.proto, now) {
         return 0;
     }
+    let created = e.created_ns;
     let pair_key = e.xlate.reversed();
     if let Some((pt, pp)) = find(&pair_key) {
         // SAFETY: as above.
@@ -418,14 +427,30 @@ pub extern "C" fn lbagent_ct_reclaim(key0: u64, key1: u64, now: u64) -> u32 {
             if fresh(cfg, pair, key.proto, now) {
                 return 0;
             }
-            remove(pt, &pair_key);
+            remove_same(pt, &pair_key, pair.created_ns);
         }
     }
-    if remove(table, &key) {
-        crate::zone_ct::ended(key.zone, table == Table::Established);
+    if !remove_same(table, &key, created) {
+        // Another CPU took the tuple (or the flow came back) meanwhile.
+        return 0;
     }
+    crate::zone_ct::ended(key.zone, table == Table::Established);
     count(Counter::ExpiredFlows);
     1
+}
+
+/// Deletes `key` from `table` while it holds the entry created at
+/// `created_ns` (read a moment ago). BPF on Linux 5.10 has no
+/// compare-and-delete: the entry is read again right before the delete,
+/// which leaves another CPU only the few instructions in between to
+/// replace it (see the module docs on races).
+#[inline(always)]
+fn remove_same(table: Table, key: &Tuple, created_ns: u64) -> bool {
+    match get(table, key) {
+        // SAFETY: a map value pointer stays valid for the program run.
+        Some(p) if unsafe { (*p).created_ns } == created_ns => remove(table, key),
+        _ => false,
+    }
 }
 
 /// Claims translated tuple `x` for a new flow: its reply key goes into
@@ -435,26 +460,33 @@ pub extern "C" fn lbagent_ct_reclaim(key0: u64, key1: u64, now: u64) -> u32 {
 /// one EIP) most of the port range is held by flows that expired since the
 /// last GC pass.
 ///
-/// A tuple `ct_new` holds is looked up before the insert is tried: the
-/// kernel takes a free element for an LRU insert before it finds the key
-/// present (and gives it back), which costs more than a lookup and, when
-/// the CPU's free list is empty in a full `ct_new`, evicts entries to
-/// refill it.
+/// A busy tuple is looked up in both tables before the insert is tried:
+/// the kernel takes a free element for an LRU insert before it finds the
+/// key present (and gives it back), which costs more than a lookup and,
+/// when the CPU's free list is empty in a full `ct_new`, evicts entries to
+/// refill it. After the insert the reply entry is read back: a CPU that
+/// reclaimed the tuple on a stale read could have replaced it.
 #[inline(always)]
 fn claim(x: &Tuple, reply: &CtEntry, now: u64) -> bool {
     let rkey = x.reversed();
-    if get(Table::New, &rkey).is_some() && !reclaim_expired(&rkey, now) {
+    let busy = get(Table::New, &rkey).is_some() || get(Table::Established, &rkey).is_some();
+    if busy && !reclaim_expired(&rkey, now) {
         return false;
     }
     // Another CPU may claim it between the lookup and the insert.
     if !insert(Table::New, &rkey, reply, BPF_NOEXIST as u64) {
         return false;
     }
-    if get(Table::Established, &rkey).is_some() && !reclaim_expired(&rkey, now) {
+    // A promotion into `ct` since the lookup: the tuple is that flow's.
+    if get(Table::Established, &rkey).is_some() {
         remove(Table::New, &rkey);
         return false;
     }
-    true
+    match get(Table::New, &rkey) {
+        // SAFETY: a map value pointer stays valid for the program run.
+        Some(p) => unsafe { (*p).created_ns == reply.created_ns && (*p).xlate == reply.xlate },
+        None => false,
+    }
 }
 
 /// Creates both entries of a new flow; returns the final translated tuple.

@@ -409,13 +409,20 @@ fn a_new_flow_takes_an_expired_flows_port_wherever_the_search_meets_it() {
         assert_eq!(rc, TC_ACT_OK);
         port_of.insert(sport, packet::summary(&out).sport);
     }
+    // Idle past the UDP timeout (30 s) means a clock more than 30 s after
+    // boot: a VM just booted waits for it.
+    let idle_since = || lbagent::dataplane::tables::monotonic_ns().checked_sub(31_000_000_000);
+    while idle_since().is_none() {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     for round in 0..8u16 {
-        // One flow expires (both halves idle since boot); the others are live.
+        // One flow expires (both halves idle for 31 s); the others are live.
         let victim = 2000 + round * 3;
         let port = port_of.remove(&victim).unwrap();
+        let seen = idle_since().unwrap();
         e.edit_entries(MAP_CT_NEW, |v| {
             if v.xlate.sport == port || v.xlate.dport == victim {
-                v.last_seen_ns = 0;
+                v.last_seen_ns = seen;
             }
         })
         .unwrap();

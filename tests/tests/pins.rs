@@ -106,9 +106,12 @@ fn conntrack_sizes_are_kept_and_other_sizes_refused_naming_the_flag() {
     let (resolved, origin) = CtSizes::resolve(&p.root, Some(4096), None).unwrap();
     assert_eq!((resolved, origin), (sizes, SizeOrigin::Asked));
     ZoneProgram::load_sized(&p.root, 3, resolved).unwrap();
-    // Another size asked for is taken as asked (and refused by the pins).
+    // Another size asked for is taken as asked (and refused by the pins);
+    // a `ct` resized without --conntrack-new-max gets a quarter of it.
     let (resolved, _) = CtSizes::resolve(&p.root, Some(8192), Some(512)).unwrap();
     assert_eq!(resolved, CtSizes::new(Some(8192), Some(512)));
+    let (resolved, _) = CtSizes::resolve(&p.root, Some(16384), None).unwrap();
+    assert_eq!(resolved, CtSizes { established: 16384, new: 4096 });
     // A fresh dataplane: a share of the host's memory.
     let fresh = TestPins::new();
     let (resolved, origin) = CtSizes::resolve(&fresh.root, None, None).unwrap();

@@ -78,13 +78,23 @@ const SLOW_PATH_TESTS: [&str; 4] = ["traffic", "natgw", "lb", "sched"];
 /// and 155 s of wall time two at a time).
 const WAITING_TESTS: [&str; 2] = ["daemon", "fleet"];
 
-/// Every file of the root tests (`tests/tests/<name>.rs`), by name.
-fn test_files() -> Result<Vec<String>> {
-    let dir = build::root().join("tests/tests");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".rs").map(str::to_owned))
-        .collect();
+/// Every integration-test target of the workspace's host crates (the root
+/// tests in `tests/tests/`, the agent's own in `lbagent/tests/`), by name,
+/// as `cargo metadata` lists them: a file added anywhere is run.
+fn test_targets(channel: &str) -> Result<Vec<String>> {
+    let json = output(build::cargo(channel).args(["metadata", "--no-deps", "--format-version", "1"]))?;
+    let meta: serde_json::Value = serde_json::from_str(&json).context("parsing cargo metadata")?;
+    let mut names = Vec::new();
+    for package in meta["packages"].as_array().context("cargo metadata: no packages")? {
+        if package["name"] == "lbagent-ebpf" {
+            continue;
+        }
+        for target in package["targets"].as_array().into_iter().flatten() {
+            if target["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test")) {
+                names.push(target["name"].as_str().context("cargo metadata: a target without a name")?.to_string());
+            }
+        }
+    }
     names.sort();
     Ok(names)
 }
@@ -142,12 +152,14 @@ fn main() -> Result<()> {
             if !args.is_empty() {
                 run(cargo_test(&channel, "2").args(&args).envs(env))?;
             } else {
-                let files = test_files()?;
-                let busy = files.iter().filter(|f| !WAITING_TESTS.contains(&f.as_str()));
+                let targets = test_targets(&channel)?;
+                let busy = targets.iter().filter(|f| !WAITING_TESTS.contains(&f.as_str()));
                 run(cargo_test(&channel, "2")
                     .args(["--lib", "--bins"])
                     .args(busy.flat_map(|t| ["--test", t.as_str()]))
                     .envs(env))?;
+                // Documentation examples (none run today; any added are).
+                run(cargo_test(&channel, "2").arg("--doc"))?;
                 eprintln!("xtask: the waiting tests ({}) three at a time", WAITING_TESTS.join(", "));
                 run(cargo_test(&channel, "3").args(WAITING_TESTS.iter().flat_map(|t| ["--test", *t])).envs(env))?;
                 // The traffic tests again with the fast path off: both paths

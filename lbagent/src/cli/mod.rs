@@ -90,8 +90,9 @@ pub enum Command {
         /// Fixed for the life of the pins: a different size is refused until teardown.
         #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
         conntrack_max: Option<u32>,
-        /// New-flow table size in entries (two per flow; default a quarter of
-        /// --conntrack-max, at least 256): flows not established yet, UDP
+        /// New-flow table size in entries (two per flow; default the pinned
+        /// table's size, or a quarter of the established table's for a new
+        /// dataplane or a --conntrack-max that resizes it, at least 256): flows not established yet, UDP
         /// query/answer flows for their whole life. Size it by concurrency:
         /// new flows per second × how long they stay new (TCP handshake, up to
         /// 60 s unanswered; UDP queries 30 s), times two. An LRU: when full,

@@ -36,28 +36,35 @@ impl CtSizes {
     /// The sizes a start of the agent uses, and where `established` came
     /// from. A size asked for is used as asked (pins of another size are
     /// then refused, [`CtSizes::check_pins`]). A size not asked for is the
-    /// pinned table's (`new` too when only `established` is asked for): this layout's, or a running older layout's that the
-    /// migration carries over; so a default never refuses a restart, and
-    /// a host whose memory changed keeps its tables. On a fresh dataplane
-    /// `established` is [`CtSizes::for_memory`] of the host's memory and
-    /// `new` a quarter of it.
+    /// pinned table's: this layout's, or else a running older layout's
+    /// that the migration carries over (each table on its own: a start that
+    /// crashed while taking over the old tables pinned one of them). So a
+    /// default never refuses a restart, and a host whose memory changed
+    /// keeps its tables. `new` follows the pinned `ct_new` only while
+    /// `established` is the pinned `ct`'s size: a `--conntrack-max` that
+    /// resizes `ct` gets a quarter of it, as documented. On a fresh
+    /// dataplane `established` is [`CtSizes::for_memory`] of the host's
+    /// memory and `new` a quarter of it.
     pub fn resolve(root: &Path, established: Option<u32>, new: Option<u32>) -> Result<(Self, SizeOrigin)> {
-        let dirs = std::iter::once(pins::versioned_dir(root))
-            .chain(pins::older_live_versions(root).into_iter().rev().map(|(_, dir)| dir));
-        let pinned = dirs.into_iter().find_map(|dir| {
-            let size =
-                |name: &str| aya::maps::MapData::from_pin(dir.join(name)).ok()?.info().ok()?.max_entries().into();
-            Some((size(lbagent_common::MAP_CT.name)?, size(lbagent_common::MAP_CT_NEW.name), dir))
-        });
-        let pinned_new = pinned.as_ref().and_then(|(_, n, _)| *n);
-        if let Some(established) = established {
-            return Ok((Self::new(Some(established), new.or(pinned_new)), SizeOrigin::Asked));
-        }
-        if let Some((pinned_ct, _, dir)) = pinned {
-            return Ok((Self::new(Some(pinned_ct), new.or(pinned_new)), SizeOrigin::Pinned(dir)));
-        }
-        let memory = meminfo("MemTotal")?;
-        Ok((Self::new(Some(Self::for_memory(memory)), new), SizeOrigin::Memory(memory)))
+        let dirs: Vec<std::path::PathBuf> = std::iter::once(pins::versioned_dir(root))
+            .chain(pins::older_live_versions(root).into_iter().rev().map(|(_, dir)| dir))
+            .collect();
+        let pinned_ct = pinned_size(&dirs, lbagent_common::MAP_CT.name)?;
+        let pinned_new = pinned_size(&dirs, lbagent_common::MAP_CT_NEW.name)?.map(|(size, _)| size);
+        let established_as_pinned = match (established, &pinned_ct) {
+            (Some(asked), Some((pinned, _))) => asked == *pinned,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        let new = new.or(pinned_new.filter(|_| established_as_pinned));
+        Ok(match (established, pinned_ct) {
+            (Some(established), _) => (Self::new(Some(established), new), SizeOrigin::Asked),
+            (None, Some((pinned, dir))) => (Self::new(Some(pinned), new), SizeOrigin::Pinned(dir)),
+            (None, None) => {
+                let memory = meminfo("MemTotal")?;
+                (Self::new(Some(Self::for_memory(memory)), new), SizeOrigin::Memory(memory))
+            }
+        })
     }
 
     /// The established table's default size on a host with `memory` bytes:
@@ -91,7 +98,7 @@ impl CtSizes {
             if have != want {
                 bail!(
                     "the pinned conntrack table `{name}` under {} holds {have} entries, but {flag} asks for {want} \
-                     (--conntrack-new-max defaults to a quarter of --conntrack-max, at least 256); a table's size is \
+                     (a size not given is the pinned one); a table's size is \
                      fixed for the life of its pins: start with {flag} {have}, or tear the dataplane down \
                      (`lbagent teardown`, which drops every flow) to resize it",
                     dir.display()
@@ -141,6 +148,22 @@ pub const KERNEL_BYTES_PER_CT_ENTRY: u64 = 136;
 /// with its `ct_new`, which leaves room under the packaged unit's
 /// `MemoryMax=2G` (a larger table is asked for with `--conntrack-max`).
 pub const DEFAULT_CT_MAX_CEILING: u32 = 1 << 22;
+
+/// The size of the first of `dirs` that pins table `name`, and that
+/// directory. A pin that is there but cannot be read is an error (taking
+/// it for absent would size a new table and then refuse the start).
+fn pinned_size(dirs: &[std::path::PathBuf], name: &str) -> Result<Option<(u32, std::path::PathBuf)>> {
+    for dir in dirs {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let map = aya::maps::MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+        let info = map.info().with_context(|| format!("reading {}", path.display()))?;
+        return Ok(Some((info.max_entries(), dir.clone())));
+    }
+    Ok(None)
+}
 
 /// A `/proc/meminfo` figure in bytes (`field` without its colon, e.g.
 /// `MemTotal`).

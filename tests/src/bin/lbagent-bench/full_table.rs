@@ -4,9 +4,10 @@
 //! connections per second to the VIP (DNAT and SNAT) and new UDP flows per
 //! second to one resolver through the SNAT address (section 6's clients),
 //! first with empty tables, then with full ones. The eBPF engine's `ct` is
-//! sized for `FULL` flows and filled to the brim (crafted entries written
-//! from userspace: new flows then live in `ct_new`, as on a gateway whose
-//! established table is full). Linux conntrack is sized the same
+//! sized for `FULL` flows and filled to the brim, and so is `ct_new` (crafted
+//! entries written from userspace: new flows then live in `ct_new`, each
+//! taking an element the LRU evicts from another flow, as on a gateway
+//! whose tables are full). Linux conntrack is sized the same
 //! (`nf_conntrack_max`, `hashsize`) and filled by real packets: TCP SYNs
 //! from a raw socket in the client namespace, SNAT'ed, to ports the server
 //! drops, so each stays an entry (unassured: a new flow at the full table
@@ -60,6 +61,34 @@ fn rates(ts: [&NatTopology; 2], reps: usize) -> Result<[Rates; 2]> {
     Ok(runs.map(|(tcp, udp, lost)| Rates { tcp: super::median(tcp), udp: super::median(udp), lost }))
 }
 
+/// Fills `ct_new` to its capacity (`halves`) with crafted unanswered TCP
+/// flows (both halves, no translation, `CT_NEW`: 60 s before they expire),
+/// as the SYNs fill Linux's table: a new flow then takes an LRU element
+/// that the kernel evicts from another flow.
+fn fill_new_flows(t: &NatTopology, halves: u32, now: u64) -> Result<()> {
+    use lbagent_common::{CT_F_REPLY, CT_NEW, CtEntry, MAP_CT_NEW, PROTO_TCP, Tuple};
+    let mut ct_new = t.tables.hash(MAP_CT_NEW)?;
+    let (lo, hi) = DROPPED_PORTS;
+    let ports = u32::from(hi - lo + 1);
+    for i in 0..halves / 2 {
+        let c = i / ports;
+        let orig = Tuple {
+            saddr: [172, 16 + (c >> 16) as u8, (c >> 8) as u8, c as u8],
+            daddr: SERVER.octets(),
+            sport: 40000,
+            dport: lo + (i % ports) as u16,
+            proto: PROTO_TCP,
+            _pad0: 0,
+            zone: super::ZONE,
+        };
+        let half = CtEntry { xlate: orig, last_seen_ns: now, created_ns: now, state: CT_NEW, ..Default::default() };
+        ct_new.insert(&orig, &half, 0)?;
+        let reply = CtEntry { xlate: orig.reversed(), flags: CT_F_REPLY, ..half };
+        ct_new.insert(&orig.reversed(), &reply, 0)?;
+    }
+    Ok(())
+}
+
 /// Fills Linux conntrack in `t`'s NAT namespace to `max` entries (with its
 /// one-rule iptables: the SYNs would take minutes through 100 000 rules;
 /// the entries are the same). Returns the entries it holds.
@@ -89,8 +118,8 @@ pub fn full_table(quick: bool, out: &mut String) -> Result<()> {
     writeln!(
         out,
         "\n## 19. New flows with a full conntrack table (median of {reps}; TCP 1 s runs, UDP 2 s runs)\n\n\
-         Empty tables, then full ones: the eBPF engine's `ct` sized for {full} flows and holding as many \
-         (crafted entries; new flows then stay in `ct_new`), Linux conntrack sized the same (`nf_conntrack_max`, \
+         Empty tables, then full ones: the eBPF engine's `ct` sized for {full} flows and holding as many, \
+         and its `ct_new` full too (crafted entries; new flows go to `ct_new`, evicting others), Linux conntrack sized the same (`nf_conntrack_max`, \
          `hashsize`) and filled to its maximum by real SNAT'ed SYNs (unassured entries: each new flow evicts one). \
          TCP: new connections/s to the VIP (DNAT and SNAT, section 2); UDP: new flows/s to one resolver through \
          the SNAT address (section 6, UDP timeout {} s on both).\n\n\
@@ -100,7 +129,8 @@ pub fn full_table(quick: bool, out: &mut String) -> Result<()> {
     )?;
     let mut kept_new = vec![];
     for &n in counts {
-        let ebpf = NatTopology::sized(AttachMode::Auto, CtSizes::new(Some(2 * full), None))?;
+        let sizes = CtSizes::new(Some(2 * full), None);
+        let ebpf = NatTopology::sized(AttachMode::Auto, sizes)?;
         for spec in super::filler(super::ZONE, n.saturating_sub(1)) {
             ebpf.tables.set_dnat(&spec)?;
         }
@@ -134,9 +164,10 @@ pub fn full_table(quick: bool, out: &mut String) -> Result<()> {
         writeln!(out, "{}", row("empty", e, i))?;
         eprint!(".");
 
-        // The empty runs' flows first: `ct` holds exactly the filling flows.
+        // The empty runs' flows first: the tables hold exactly the filling flows.
         ebpf.tables.flush_conntrack(|_, _| true)?;
         super::fill_dnat_flows(&ebpf.tables, full, monotonic_ns())?;
+        fill_new_flows(&ebpf, sizes.new, monotonic_ns())?;
         let _max = Restore::set("/proc/sys/net/netfilter/nf_conntrack_max", &full.to_string())?;
         let _buckets = Restore::set("/sys/module/nf_conntrack/parameters/hashsize", &full.to_string())?;
         ipt.nat.sysctl("net.netfilter.nf_conntrack_tcp_timeout_syn_sent", "600")?;

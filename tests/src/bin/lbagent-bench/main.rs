@@ -721,7 +721,9 @@ const UDP_BENCH_TIMEOUT_S: u32 = 5;
 
 /// Where the next [`udp_flow_rate`] run starts in the client tuples
 /// (`UDP_CLIENTS` addresses × 64 512 ports): each run goes on from the
-/// last, so a run never reuses a tuple an earlier run left in a table.
+/// last, so a tuple comes back only after the other 516 095 (20 s or more
+/// at these rates), when its flow is long past the benchmarks' 5 s UDP
+/// timeout: every query is a new flow, not a hit on an earlier run's.
 static UDP_TUPLE_CURSOR: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// One-shot UDP queries to `to`, each from a fresh (address, port), each

@@ -111,6 +111,24 @@ pub struct CtEntry {
     pub _pad1: u32,
 }
 
+/// Garbage collection runs in the kernel: the agent hands the program
+/// `lbagent_ct_gc` (through `BPF_PROG_TEST_RUN`, never attached) the keys of
+/// halves it read idle, and the program frees each flow still idle at the
+/// clock given, with both halves, as a new flow reclaims an expired one's
+/// tuple. Its input: the clock (`u64`, CLOCK_MONOTONIC ns, host order) at
+/// offset 0, then up to [`CT_GC_BATCH`] keys from offset [`CT_GC_KEYS`]. Its
+/// return value is the flows it freed.
+pub const CT_GC_KEYS: usize = 16;
+/// Keys per run: the input stays within the page `BPF_PROG_TEST_RUN` copies
+/// it into (with its headroom and the shared info at its end).
+pub const CT_GC_BATCH: usize = 128;
+/// What the reclaim of one tuple found: a live flow holds it (kept).
+pub const CT_RECLAIM_LIVE: u32 = 0;
+/// An expired flow held it: both its halves were deleted.
+pub const CT_RECLAIM_FREED: u32 = 1;
+/// No flow held it.
+pub const CT_RECLAIM_ABSENT: u32 = 2;
+
 /// Key of a fragmented datagram: what every fragment of it carries.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

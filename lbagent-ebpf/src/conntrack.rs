@@ -386,8 +386,21 @@ pub struct NewFlow {
 /// now.
 #[inline(always)]
 fn reclaim_expired(key: &Tuple, now: u64) -> bool {
+    match reclaim(key, now) {
+        CT_RECLAIM_FREED => {
+            count(Counter::ExpiredFlows);
+            true
+        }
+        CT_RECLAIM_ABSENT => true,
+        _ => false,
+    }
+}
+
+/// [`lbagent_ct_reclaim`] on a tuple: `CT_RECLAIM_*`.
+#[inline(always)]
+pub fn reclaim(key: &Tuple, now: u64) -> u32 {
     let k = tuple_words(key);
-    lbagent_ct_reclaim(k[0], k[1], now) != 0
+    lbagent_ct_reclaim(k[0], k[1], now)
 }
 
 /// A tuple as the two words a global function takes it in.
@@ -401,8 +414,11 @@ fn tuple_words(t: &Tuple) -> [u64; 2] {
 /// `reclaim_expired` as a global BPF function: the verifier checks it once,
 /// on its own, instead of once for every port the allocation's loop may
 /// probe (inlined in each probe, the program exceeded the verifier's
-/// million instructions). Scalars in (the tuple as two words, the clock),
-/// 1 out when the tuple is free.
+/// million instructions), and garbage collection (`ct_gc.rs`) runs it on
+/// each idle half the agent hands it. Scalars in (the tuple as two words,
+/// the clock), `CT_RECLAIM_*` out: the tuple is held by a live flow, was
+/// held by an expired one (both halves deleted now, the zone's count taken
+/// down), or is free.
 #[inline(never)]
 #[unsafe(no_mangle)]
 pub extern "C" fn lbagent_ct_reclaim(key0: u64, key1: u64, now: u64) -> u32 {
@@ -411,12 +427,12 @@ pub extern "C" fn lbagent_ct_reclaim(key0: u64, key1: u64, now: u64) -> u32 {
     // Entries are read through their map pointers, not copied: the
     // program's own frame leaves this function less than 100 bytes of the
     // 512-byte stack.
-    let Some(cfg) = NAT_CONFIG.get(0) else { return 0 };
-    let Some((table, ptr)) = find(&key) else { return 1 };
+    let Some(cfg) = NAT_CONFIG.get(0) else { return CT_RECLAIM_LIVE };
+    let Some((table, ptr)) = find(&key) else { return CT_RECLAIM_ABSENT };
     // SAFETY: a map value pointer stays valid for the program run.
     let e = unsafe { &*ptr };
     if fresh(cfg, e, key.proto, now) {
-        return 0;
+        return CT_RECLAIM_LIVE;
     }
     let created = e.created_ns;
     let pair_key = e.xlate.reversed();
@@ -425,18 +441,17 @@ pub extern "C" fn lbagent_ct_reclaim(key0: u64, key1: u64, now: u64) -> u32 {
         let pair = unsafe { &*pp };
         if pair.xlate == key.reversed() {
             if fresh(cfg, pair, key.proto, now) {
-                return 0;
+                return CT_RECLAIM_LIVE;
             }
             remove_same(pt, &pair_key, pair.created_ns);
         }
     }
     if !remove_same(table, &key, created) {
         // Another CPU took the tuple (or the flow came back) meanwhile.
-        return 0;
+        return CT_RECLAIM_LIVE;
     }
     crate::zone_ct::ended(key.zone, table == Table::Established);
-    count(Counter::ExpiredFlows);
-    1
+    CT_RECLAIM_FREED
 }
 
 /// Deletes `key` from `table` while it holds the entry created at

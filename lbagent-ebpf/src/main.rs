@@ -31,6 +31,7 @@
 mod atomic;
 mod conntrack;
 mod counters;
+mod ct_gc;
 mod egress;
 mod fragment;
 mod hash;
@@ -76,6 +77,14 @@ pub fn lbagent_nat_egress(ctx: TcContext) -> i32 {
 #[inline(always)]
 pub fn lbagent_proxy_guard(ctx: TcContext) -> i32 {
     proxy_guard::process(&ctx)
+}
+
+/// Conntrack garbage collection, run by the agent on batches of keys
+/// (never attached): see `ct_gc.rs`.
+#[classifier]
+#[inline(always)]
+pub fn lbagent_ct_gc(ctx: TcContext) -> i32 {
+    ct_gc::collect(&ctx)
 }
 
 /// Measurement probe (never attached by the agent): see `xdp.rs`.

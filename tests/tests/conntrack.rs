@@ -540,7 +540,11 @@ fn garbage_collection_frees_idle_flows_only() {
     open_tcp(&mut e);
     std::thread::sleep(std::time::Duration::from_millis(2200));
     let now = lbagent::dataplane::tables::monotonic_ns();
-    assert_eq!(e.tables.gc(now).unwrap(), 1, "the idle UDP flow goes; the TCP flow (60 s) stays");
+    assert_eq!(
+        lbagent::dataplane::ct_gc::collect(&e.pins.root, now).unwrap(),
+        1,
+        "the idle UDP flow goes; the TCP flow (60 s) stays"
+    );
     let left = e.tables.conntrack().unwrap();
     assert_eq!(left.len(), 2);
     assert!(left.iter().all(|(k, _)| k.proto == PROTO_TCP));
@@ -765,7 +769,10 @@ fn the_tables_read_in_batches_are_the_tables_read_by_key() {
     ct.insert(&busy, &reply, 0).unwrap();
     // Every other flow idle: collected whole, both halves, from both tables.
     e.tables.set_config(NatConfig { tcp_established_s: 1, tcp_new_s: 1, ..Default::default() }).unwrap();
-    assert_eq!(e.tables.gc(now + 2_000_000_000 + u64::from(FLOWS)).unwrap(), FLOWS as usize - half - 1);
+    assert_eq!(
+        lbagent::dataplane::ct_gc::collect(&e.pins.root, now + 2_000_000_000 + u64::from(FLOWS)).unwrap(),
+        FLOWS as usize - half - 1
+    );
     let left = e.tables.conntrack().unwrap();
     assert_eq!(left.len(), 2, "the busy flow's two halves: {left:?}");
     assert!(left.iter().any(|(k, _)| *k == busy));

@@ -46,6 +46,8 @@ const SMOKE: &[(&str, &[&str])] = &[
     ("traffic", &["traffic_through_netlink_attach"]),
     ("natgw", &["fip_dnat_snat_hairpin_and_icmp", "tso_tcp_over_a_smaller_mtu"]),
     ("daemon", &["kill_9_and_restart_keep_established_connections"]),
+    // The garbage collector is a program of its own, verified when run.
+    ("conntrack", &["garbage_collection_frees_idle_flows_only"]),
 ];
 
 const FULL_EXTRA: &[(&str, &[&str])] = &[

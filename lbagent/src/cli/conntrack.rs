@@ -84,7 +84,9 @@ pub fn run(action: Action) -> Result<()> {
                 eprintln!("{} entries", entries.len());
             }
         }
-        Action::Gc { .. } => println!("collected {} idle flows", tables.gc(fmt::monotonic_ns())?),
+        Action::Gc { .. } => {
+            println!("collected {} idle flows", crate::dataplane::ct_gc::collect(&bpffs, fmt::monotonic_ns())?)
+        }
         Action::Flush { filter, .. } => {
             let n = tables.flush_conntrack(|k, e| filter.matches(k, e))?;
             println!("flushed {n} flows");

@@ -355,7 +355,7 @@ fn collect_garbage(bpffs: &Path) {
         Ok(t) => t,
         Err(e) => return warn!("conntrack garbage collection: {e:#}"),
     };
-    match tables.gc(crate::dataplane::tables::monotonic_ns()) {
+    match crate::dataplane::ct_gc::collect(bpffs, crate::dataplane::tables::monotonic_ns()) {
         Ok(0) => {}
         Ok(n) => info!("conntrack: {n} idle flows collected"),
         Err(e) => warn!("conntrack garbage collection: {e:#}"),

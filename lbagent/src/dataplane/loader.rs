@@ -266,38 +266,15 @@ impl Programs {
 /// verification each. Another object (an upgrade), other maps (a pin
 /// deleted while the agent was down) or eBPF logs on: loaded afresh.
 fn load_programs(root: &Path, owner: &str, zone: u16, sizes: CtSizes, names: &[&'static str]) -> Result<Programs> {
-    if OBJECT.is_empty() {
-        bail!("this lbagent was built without its eBPF object; build with `cargo xtask build`");
-    }
-    raise_memlock();
-    pins::ensure_bpffs(root)?;
-    pins::check_meta(root)?;
-    sizes.check_pins(root)?;
-    let dir = pins::ensure_versioned_dir(root)?;
-    let log_level = super::logs::level();
+    prepare(root, sizes)?;
+    let (log_level, build) = (super::logs::level(), pins::programs_dir(root, object_id()));
     let logs = log_level != 0;
-    let build = pins::programs_dir(root, object_id());
     if !logs && let Some(progs) = reuse(root, &build, owner, names) {
         // As a load does: the layout check of older and newer builds reads it.
         pins::write_meta(root)?;
         return Ok(Programs { held: Held::Pinned(progs), reused: true });
     }
-    let mut loader = EbpfLoader::new();
-    loader.default_map_pin_directory(&dir).override_global("ZONE", &zone, true).override_global(
-        aya_log::LEVEL,
-        &log_level,
-        false,
-    );
-    for (name, size, _) in sizes.tables() {
-        loader.map_max_entries(name, size);
-    }
-    let mut ebpf = loader.load(OBJECT).map_err(|e| explain(e, &dir))?;
-    super::logs::attach(&mut ebpf);
-    pins::write_meta(root)?;
-    for &name in names {
-        let prog: &mut SchedClassifier = ebpf.program_mut(name).context("program missing from object")?.try_into()?;
-        prog.load().with_context(|| format!("loading {name} (verifier)"))?;
-    }
+    let mut ebpf = load_object(root, zone, sizes, names)?;
     // The loaded program holds its maps in the kernel and every user
     // opens them by pin: close this object's map fds, so a zone costs
     // its two program fds (plus, with eBPF logs on, the object's BTF fd
@@ -324,6 +301,63 @@ fn load_programs(root: &Path, owner: &str, zone: u16, sizes: CtSizes, names: &[&
         progs.push((name, SchedClassifier::from_pin(&path)?));
     }
     Ok(Programs { held: Held::Pinned(progs), reused: false })
+}
+
+/// The checks before a load: the bpffs, the layout's `meta`, the pinned
+/// tables' sizes.
+fn prepare(root: &Path, sizes: CtSizes) -> Result<()> {
+    if OBJECT.is_empty() {
+        bail!("this lbagent was built without its eBPF object; build with `cargo xtask build`");
+    }
+    raise_memlock();
+    pins::ensure_bpffs(root)?;
+    pins::check_meta(root)?;
+    sizes.check_pins(root)
+}
+
+/// Loads the object with `ZONE = zone` (creating or reusing the pinned
+/// maps under `root`) and its programs `names` (the others stay unloaded),
+/// after [`prepare`].
+fn load_object(root: &Path, zone: u16, sizes: CtSizes, names: &[&'static str]) -> Result<Ebpf> {
+    let dir = pins::ensure_versioned_dir(root)?;
+    let log_level = super::logs::level();
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(&dir).override_global("ZONE", &zone, true).override_global(
+        aya_log::LEVEL,
+        &log_level,
+        false,
+    );
+    for (name, size, _) in sizes.tables() {
+        loader.map_max_entries(name, size);
+    }
+    let mut ebpf = loader.load(OBJECT).map_err(|e| explain(e, &dir))?;
+    super::logs::attach(&mut ebpf);
+    pins::write_meta(root)?;
+    for &name in names {
+        let prog: &mut SchedClassifier = ebpf.program_mut(name).context("program missing from object")?.try_into()?;
+        prog.load().with_context(|| format!("loading {name} (verifier)"))?;
+    }
+    Ok(ebpf)
+}
+
+/// The conntrack garbage collector (`lbagent_ct_gc`), loaded on the pinned
+/// maps of a running dataplane (their sizes as pinned) and held by its
+/// object: never pinned or attached, it is run by `ct_gc` and goes with
+/// its holder.
+pub struct GcProgram {
+    ebpf: Ebpf,
+}
+
+impl GcProgram {
+    pub fn load(root: &Path) -> Result<Self> {
+        let (sizes, _) = CtSizes::resolve(root, None, None)?;
+        prepare(root, sizes)?;
+        Ok(Self { ebpf: load_object(root, 0, sizes, &[super::PROGRAM_CT_GC])? })
+    }
+
+    pub fn program(&mut self) -> &mut SchedClassifier {
+        self.ebpf.program_mut(super::PROGRAM_CT_GC).expect("loaded").try_into().expect("a classifier")
+    }
 }
 
 /// `owner`'s programs `names` from their pins in `build`, when every one

@@ -5,6 +5,7 @@
 //! `<bpffs>/v<LAYOUT_VERSION>/`.
 
 pub mod attach;
+pub mod ct_gc;
 pub mod engine;
 pub mod loader;
 pub mod logs;
@@ -23,6 +24,10 @@ pub const PROGRAM: &str = "lbagent_nat";
 pub const PROGRAM_EGRESS: &str = "lbagent_nat_egress";
 /// The proxy guard, at clsact egress of a load balancer's host-side link.
 pub const PROGRAM_PROXY_GUARD: &str = "lbagent_proxy_guard";
+
+/// Conntrack garbage collection, run by the agent on batches of keys
+/// (never attached).
+pub const PROGRAM_CT_GC: &str = "lbagent_ct_gc";
 
 /// Default bpffs directory for lbagent's pins.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/lbagent";

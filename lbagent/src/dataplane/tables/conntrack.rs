@@ -1,5 +1,6 @@
 //! Conntrack maps: both halves of every flow (established and new tables),
-//! first fragments, flush by selector, garbage collection by timeout.
+//! first fragments, flush by selector (garbage collection by timeout is
+//! the program's: `dataplane::ct_gc`).
 
 use anyhow::Result;
 use aya::maps::{HashMap, MapData, MapError};
@@ -140,20 +141,6 @@ impl Tables {
         let mut sweeper = Sweeper::new(self)?;
         // Read from either table: looked for in both (`ct_new` first).
         Ok(sweeper.sweep(Table::New, &keys, &entries, |k, e| select(k, e), |_, _, _| true))
-    }
-
-    /// Deletes flows idle past their timeout in both directions (the program
-    /// also expires them on lookup; this frees entries nobody looks up).
-    /// One pass over the tables, a batch at a time: a half idle past its
-    /// timeout goes with its pair when the pair is idle too (or missing).
-    /// `now_ns` is CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns`. Returns
-    /// the number of flows deleted.
-    pub fn gc(&self, now_ns: u64) -> Result<usize> {
-        let cfg = self.config()?;
-        let idle = |k: &Tuple, e: &CtEntry| {
-            now_ns.saturating_sub(e.last_seen_ns) > cfg.timeout_s(k.proto, e.state) as u64 * 1_000_000_000
-        };
-        self.sweep(idle, |k, _, pair| pair.is_none_or(|p| idle(k, p)))
     }
 
     /// One pass over both tables (`ct_new` first), a batch at a time: each

@@ -16,9 +16,17 @@ pub const KERNEL_NAME_LEN: usize = 15;
 pub const CT_MAX: u32 = 262_144;
 /// In-flight first fragments (datagrams being fragmented at once).
 pub const FRAGS_MAX: u32 = 8_192;
-pub const DNAT_RULES_MAX: u32 = 131_072;
-pub const DNAT_BACKENDS_MAX: u32 = 262_144;
-pub const SNAT_RULES_MAX: u32 = 131_072;
+/// Rule tables: a million DNAT and a million SNAT rules per host. The DNAT
+/// tables are hashes the kernel does not preallocate (`BPF_F_NO_PREALLOC`:
+/// only the agent writes them, so an element is allocated by its update,
+/// and a host pays for the rules it has, not for the limit); the SNAT
+/// table is an LPM trie, never preallocated.
+pub const DNAT_RULES_MAX: u32 = 1_048_576;
+/// Two backends per DNAT rule on average (a NAT gateway's DNAT rule has one).
+pub const DNAT_BACKENDS_MAX: u32 = 2_097_152;
+pub const SNAT_RULES_MAX: u32 = 1_048_576;
+/// `BPF_F_NO_PREALLOC`: elements allocated by each update.
+pub const MAP_F_NO_PREALLOC: usize = 1;
 pub const ACL_RULES_MAX: u32 = 65_536;
 pub const RULE_STATS_MAX: u32 = 65_536;
 

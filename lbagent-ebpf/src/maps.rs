@@ -22,13 +22,15 @@ pub static CT_NEW_TABLE: LruHashMap<Tuple, CtEntry, { ct_new_max(CT_MAX) as usiz
 #[btf_map(name = "frags", pin_by_name)]
 pub static FRAGS: LruHashMap<FragKey, FragEntry, { FRAGS_MAX as usize }> = LruHashMap::new();
 
-/// DNAT rules by (zone, address, protocol, port).
+/// DNAT rules by (zone, address, protocol, port). Not preallocated: the
+/// agent's updates allocate (see `DNAT_RULES_MAX`).
 #[btf_map(name = "dnat_rules", pin_by_name)]
-pub static DNAT_RULES: HashMap<DnatKey, DnatRule, { DNAT_RULES_MAX as usize }> = HashMap::new();
+pub static DNAT_RULES: HashMap<DnatKey, DnatRule, { DNAT_RULES_MAX as usize }, MAP_F_NO_PREALLOC> = HashMap::new();
 
-/// Backends of each DNAT rule, by (rule id, index).
+/// Backends of each DNAT rule, by (rule id, index). Not preallocated.
 #[btf_map(name = "dnat_backends", pin_by_name)]
-pub static DNAT_BACKENDS: HashMap<BackendKey, Backend, { DNAT_BACKENDS_MAX as usize }> = HashMap::new();
+pub static DNAT_BACKENDS: HashMap<BackendKey, Backend, { DNAT_BACKENDS_MAX as usize }, MAP_F_NO_PREALLOC> =
+    HashMap::new();
 
 /// SNAT rules by (zone, egress interface, source prefix).
 #[btf_map(name = "snat_rules", pin_by_name)]

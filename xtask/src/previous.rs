@@ -16,9 +16,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::{build, output, run};
 
-/// The last commit of layout version 2 (the next commit made layout 3).
+/// The last commit of layout version 3 (the next commit made layout 4).
 /// Move it forward when `LAYOUT_VERSION` is bumped (and the migration with it).
-pub const COMMIT: &str = "899a6ad71c4dd57e4caf35160dadca7a0b2bc326";
+pub const COMMIT: &str = "9a41fd7354b775f2141c95eaf45ebca54c66a739";
 
 /// Builds the previous release's `lbagent` (debug, with its eBPF object)
 /// if it is not built yet; returns the binary's path.

@@ -31,19 +31,19 @@
 //!    set to this layout, which makes an agent of the old layout refuse to
 //!    start (a downgrade would lose every flow).
 //!
-//! Only the previous layout is migrated (its types and conversions are in
-//! `v<FROM_VERSION>.rs`; an older release's module went with it); pins of
-//! older ones are refused as before (`pins::check_meta` and the daemon's
-//! warning about stale pins).
-
-mod v2;
-
-use v2 as previous;
+//! Only the previous layout is migrated; pins of older ones are refused as
+//! before (`pins::check_meta` and the daemon's warning about stale pins).
+//! Layout 4 changed only rule tables (the DNAT tables' sizes and their
+//! preallocation, the SNAT table's size), which the first apply writes
+//! whole: every map this module copies has the same types in layout 3. A
+//! layout that changes a copied map's types keeps the old types and their
+//! conversion in `v<FROM_VERSION>.rs` (as `v2.rs` did for layout 3: in git
+//! history).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{Array, HashMap, MapData, PerCpuArray, PerCpuHashMap};
 use lbagent_common::*;
 use tracing::info;
 
@@ -206,10 +206,9 @@ fn share_conntrack(old: &Path, root: &Path, sizes: CtSizes) -> Result<bool> {
 }
 
 /// A map of the previous layout, found by this layout's definition's name.
-/// Its key and value are the previous layout's (`previous`); its kind is
-/// taken from this layout's definition (`map_of`), the same in layout 2 for
-/// every map copied but `qos_stats` (opened as layout 2's plain array): a
-/// layout that changes a map's kind opens the old one by hand.
+/// Its kind, key and value are this layout's, the same in layout 3 for
+/// every map copied: a layout that changes a copied map opens the old one
+/// by hand, with its old types.
 fn old_map<K, V>(dir: &Path, def: MapDef<K, V>) -> Result<MapData> {
     let path = dir.join(def.name);
     MapData::from_pin(&path).with_context(|| format!("opening {} of layout {FROM_VERSION}", path.display()))
@@ -258,18 +257,16 @@ fn copy_rule_stats(old: &Path, t: &Tables) -> Result<usize> {
 }
 
 /// Every QoS bucket in use (rate > 0): its config, clock and counts, and
-/// the hook and EIP entries that point at it (converted), so that the first
+/// the hook and EIP entries that point at it, so that the first
 /// apply finds the bucket in use and changes only what differs. Returns the
 /// number of buckets.
 fn copy_qos(old: &Path, t: &Tables) -> Result<usize> {
     let config: Array<_, QosConfig> = Array::try_from(map_of(MAP_QOS_CONFIG, old_map(old, MAP_QOS_CONFIG)?))?;
     let state: Array<_, QosBucket> = Array::try_from(map_of(MAP_QOS_STATE, old_map(old, MAP_QOS_STATE)?))?;
-    // Layout 2's `qos_stats` was a plain array (this layout's is per CPU).
-    let stats: Array<_, QosStats> = Array::try_from(Map::Array(old_map(old, MAP_QOS_STATS)?))?;
+    let stats: PerCpuArray<_, QosStats> = PerCpuArray::try_from(map_of(MAP_QOS_STATS, old_map(old, MAP_QOS_STATS)?))?;
     let mut new_config = t.array(MAP_QOS_CONFIG)?;
     let mut new_state = t.array(MAP_QOS_STATE)?;
     let mut new_stats = t.per_cpu_array(MAP_QOS_STATS)?;
-    let cpus = possible_cpus()?;
     let mut n = 0;
     for b in 1..QOS_BUCKETS_MAX {
         let c = config.get(&b, 0)?;
@@ -279,21 +276,20 @@ fn copy_qos(old: &Path, t: &Tables) -> Result<usize> {
         // Clock and counts before the config: the bucket is complete before
         // anything in this layout could use it.
         new_state.set(b, &state.get(&b, 0)?, 0)?;
-        new_stats.set(b, per_cpu(previous::qos_stats(&stats.get(&b, 0)?, cpus))?, 0)?;
+        new_stats.set(b, stats.get(&b, 0)?, 0)?;
         new_config.set(b, &c, 0)?;
         n += 1;
     }
-    let hooks: HashMap<_, QosHookKey, previous::QosHookV2> =
+    let hooks: HashMap<_, QosHookKey, QosHook> =
         HashMap::try_from(map_of(MAP_QOS_HOOKS, old_map(old, MAP_QOS_HOOKS)?))?;
     let mut new_hooks = t.hash(MAP_QOS_HOOKS)?;
     for (k, h) in hooks.iter().flatten() {
-        let _ = new_hooks.insert(&k, &previous::qos_hook(&h), NOEXIST);
+        let _ = new_hooks.insert(&k, &h, NOEXIST);
     }
-    let eips: HashMap<_, QosEipKey, previous::QosEipV2> =
-        HashMap::try_from(map_of(MAP_QOS_EIPS, old_map(old, MAP_QOS_EIPS)?))?;
+    let eips: HashMap<_, QosEipKey, QosEip> = HashMap::try_from(map_of(MAP_QOS_EIPS, old_map(old, MAP_QOS_EIPS)?))?;
     let mut new_eips = t.hash(MAP_QOS_EIPS)?;
     for (k, e) in eips.iter().flatten() {
-        let _ = new_eips.insert(&k, &previous::qos_eip(&e), NOEXIST);
+        let _ = new_eips.insert(&k, &e, NOEXIST);
     }
     Ok(n)
 }

@@ -121,14 +121,13 @@ pub struct CtEntry {
 
 /// Garbage collection runs in the kernel: the agent hands the program
 /// `lbagent_ct_gc` (through `BPF_PROG_TEST_RUN`, never attached) the keys of
-/// halves it read idle, and the program frees each flow still idle at the
-/// clock given, with both halves, as a new flow reclaims an expired one's
-/// tuple. Its input: the clock (`u64`, CLOCK_MONOTONIC ns, host order) at
-/// offset 0, then up to [`CT_GC_BATCH`] keys from offset [`CT_GC_KEYS`]. Its
-/// return value is the flows it freed.
-pub const CT_GC_KEYS: usize = 16;
-/// Keys per run: the input stays within the page `BPF_PROG_TEST_RUN` copies
-/// it into (with its headroom and the shared info at its end).
+/// halves it read idle, and the program frees each flow still idle now
+/// (its own clock), with both halves, as a new flow reclaims an expired
+/// one's tuple. Its input: up to `CT_GC_BATCH` keys, one after the other
+/// (16 bytes each; at least one: the kernel wants 14 bytes). Its return
+/// value is the flows it freed. Keys per run: the input stays within the
+/// page `BPF_PROG_TEST_RUN` copies it into (with its headroom and the
+/// shared info at its end).
 pub const CT_GC_BATCH: usize = 128;
 /// What the reclaim of one tuple found: a live flow holds it (kept).
 pub const CT_RECLAIM_LIVE: u32 = 0;

@@ -35,13 +35,25 @@ fn flows(zone: u16) -> Option<*mut ZoneCtFlows> {
     ZONE_CT_FLOWS.get_ptr_mut(&key)
 }
 
-/// Adds `v` (wrapping: `u64::MAX` takes one away) to the field `field`
-/// picks in the zone's counts.
+/// Adds one to the field `field` picks in the zone's counts (created on
+/// its first flow).
 #[inline(always)]
-fn add_flows(zone: u16, v: u64, field: impl FnOnce(*mut ZoneCtFlows) -> *mut u64) {
+fn add_flow(zone: u16, field: impl FnOnce(*mut ZoneCtFlows) -> *mut u64) {
     if let Some(f) = flows(zone) {
         // SAFETY: a field of a map value, 8-byte aligned, valid for the run.
-        unsafe { crate::atomic::add(field(f), v) };
+        unsafe { crate::atomic::add(field(f), 1) };
+    }
+}
+
+/// Takes one away from the field `field` picks in the zone's counts, if
+/// the zone has counts: a removed zone's (the agent deletes them with the
+/// zone, then flushes its flows) are not brought back by the flows that
+/// end after.
+#[inline(always)]
+fn sub_flow(zone: u16, field: impl FnOnce(*mut ZoneCtFlows) -> *mut u64) {
+    if let Some(f) = ZONE_CT_FLOWS.get_ptr_mut(&(zone as u32)) {
+        // SAFETY: as in `add_flow`; the wrapping add of `u64::MAX` takes one.
+        unsafe { crate::atomic::add(field(f), u64::MAX) };
     }
 }
 
@@ -53,7 +65,7 @@ fn refused(zone: u16, field: impl FnOnce(*mut ZoneCtRefused) -> *mut u64) {
         let _ = ZONE_CT_REFUSED.insert(&key, &ZoneCtRefused { established: 0, new: 0 }, BPF_NOEXIST as u64);
     }
     if let Some(r) = ZONE_CT_REFUSED.get_ptr_mut(&key) {
-        // SAFETY: as in `add_flows`.
+        // SAFETY: as in `add_flow`.
         unsafe { crate::atomic::add(field(r), 1) };
     }
 }
@@ -103,23 +115,23 @@ pub fn may_promote(zone: u16) -> bool {
 #[inline(always)]
 pub fn opened(zone: u16) {
     // SAFETY: only the field's address is taken.
-    add_flows(zone, 1, |f| unsafe { core::ptr::addr_of_mut!((*f).new) });
+    add_flow(zone, |f| unsafe { core::ptr::addr_of_mut!((*f).new) });
 }
 
 /// A flow moved from `ct_new` to `ct`.
 #[inline(always)]
 pub fn promoted(zone: u16) {
     // SAFETY: as in `opened`.
-    add_flows(zone, 1, |f| unsafe { core::ptr::addr_of_mut!((*f).established) });
+    add_flow(zone, |f| unsafe { core::ptr::addr_of_mut!((*f).established) });
     // SAFETY: as in `opened`.
-    add_flows(zone, u64::MAX, |f| unsafe { core::ptr::addr_of_mut!((*f).new) });
+    sub_flow(zone, |f| unsafe { core::ptr::addr_of_mut!((*f).new) });
 }
 
 /// A flow left its table (`established`: `ct`, else `ct_new`).
 #[inline(always)]
 pub fn ended(zone: u16, established: bool) {
     // SAFETY: as in `opened`.
-    add_flows(zone, u64::MAX, |f| unsafe {
+    sub_flow(zone, |f| unsafe {
         if established { core::ptr::addr_of_mut!((*f).established) } else { core::ptr::addr_of_mut!((*f).new) }
     });
 }

@@ -1577,3 +1577,60 @@ fn a_change_during_a_long_gc_pass_is_applied_at_once() {
     // One pass at a time: the ticks during the pause started no other.
     assert_eq!(d.log().matches("pause point gc-pass").count(), 1, "{}", d.log());
 }
+
+/// The daemon's GC passes free idle flows, pass after pass, with the
+/// collector it loaded once (the program `lbagent_ct_gc`, verified at its
+/// load, decides in the kernel).
+#[test]
+fn gc_passes_free_idle_flows_with_one_collector() {
+    use lbagent_common::{CT_ESTABLISHED, CT_F_DNAT, CT_F_REPLY, CtEntry, MAP_CT, PROTO_UDP, Tuple};
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brg")).unwrap();
+    let env = Env::new();
+    let id = lb_id();
+    let doc = lb_state(
+        &bridge.name,
+        &id,
+        71,
+        ["{id: direct, type: tcp, port: 9000, backend_group: g}"],
+        "[{id: b, address: 10.71.0.21, port: 9000}]",
+    );
+    let args: Vec<String> = ["--state", env.state().to_str().unwrap(), "--repair-interval", "1", "--metrics", "off"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    std::fs::write(env.state(), doc).unwrap();
+    let d = env.spawn(&lbagent_bin(), &args, "daemon.log");
+    wait(|| env.status().is_some_and(|s| applied(&s)), "the first apply");
+    let tables = lbagent::dataplane::tables::Tables::open(&env.bpffs).unwrap();
+    // A UDP stream idle since boot (both halves; its timeout is 120 s),
+    // crafted in a zone of its own.
+    let idle_flow = |client: u8| {
+        let orig = Tuple {
+            saddr: [10, 200, 0, client],
+            daddr: [10, 201, 0, 1],
+            sport: 40000,
+            dport: 53,
+            proto: PROTO_UDP,
+            _pad0: 0,
+            zone: 4000,
+        };
+        let half =
+            CtEntry { xlate: orig, created_ns: 1, state: CT_ESTABLISHED, flags: CT_F_DNAT, ..Default::default() };
+        let mut ct = tables.hash(MAP_CT).unwrap();
+        ct.insert(&orig, &half, 0).unwrap();
+        ct.insert(&orig.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..half }, 0)
+            .unwrap();
+        orig
+    };
+    let held = |k: &Tuple| tables.conntrack().unwrap().iter().any(|(key, _)| key == k);
+    for (pass, client) in [(1, 1u8), (2, 2)] {
+        let k = idle_flow(client);
+        wait(|| !held(&k) && !held(&k.reversed()), "the GC pass freed the idle flow");
+        wait(|| d.log().matches("1 idle flows collected").count() == pass, "the pass's log line");
+    }
+    assert_eq!(d.log().matches("garbage collector loaded").count(), 1, "{}", d.log());
+}

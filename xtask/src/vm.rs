@@ -113,14 +113,30 @@ struct FileResult {
     tail: String,
 }
 
+/// One entry per test file (the guest reports by file): the filters of a
+/// file listed twice are joined, and a file listed once without filters
+/// runs whole.
+fn merged<'a>(plan: Vec<(&'a str, &'a [&'a str])>) -> Vec<(&'a str, Vec<&'a str>)> {
+    let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (file, filters) in plan {
+        match out.iter_mut().find(|(f, _)| *f == file) {
+            // Either entry runs the whole file: so does the merged one.
+            Some((_, have)) if have.is_empty() || filters.is_empty() => have.clear(),
+            Some((_, have)) => have.extend(filters.iter().filter(|f| !have.contains(f)).collect::<Vec<_>>()),
+            None => out.push((file, filters.to_vec())),
+        }
+    }
+    out
+}
+
 /// Runs the tier on each series; prints a summary per kernel and fails
 /// when any guest test failed (or a guest did not report).
 pub fn test(channel: &str, kernels: &[&Series], tier: Tier, files: &[String]) -> Result<()> {
     let bins = test_binaries(channel)?;
-    let mut plan: Vec<(&str, &[&str])> = match tier {
+    let mut plan = merged(match tier {
         Tier::Smoke => SMOKE.to_vec(),
         Tier::Full => SMOKE.iter().chain(FULL_EXTRA).copied().collect(),
-    };
+    });
     if !files.is_empty() {
         if let Some(f) = files.iter().find(|f| !plan.iter().any(|(p, _)| p == f)) {
             bail!("--file {f:?} is not in the {tier:?} tier");
@@ -190,7 +206,7 @@ fn test_binaries(channel: &str) -> Result<BTreeMap<String, PathBuf>> {
 /// between markers with its exit code and duration.
 fn guest_script(
     s: &Series,
-    plan: &[(&str, &[&str])],
+    plan: &[(&str, Vec<&str>)],
     bins: &BTreeMap<String, PathBuf>,
     accel: &str,
 ) -> Result<PathBuf> {
@@ -433,5 +449,19 @@ mod tests {
         assert_eq!(uname.as_deref(), Some("5.10.0-32-amd64"));
         let p = &r["pins"];
         assert_eq!((p.passed, p.failed, p.skipped, p.rc, p.secs), (1, 1, 1, 101, 7));
+    }
+
+    #[test]
+    fn a_file_listed_twice_runs_once_with_both_filters_or_whole() {
+        use super::{FULL_EXTRA, SMOKE, merged};
+        let plan = merged(vec![("a", &["x"][..]), ("b", &["y"][..]), ("a", &["z", "x"][..]), ("b", &[][..])]);
+        assert_eq!(plan, vec![("a", vec!["x", "z"]), ("b", vec![])]);
+        let full = merged(SMOKE.iter().chain(FULL_EXTRA).copied().collect());
+        let files: Vec<&str> = full.iter().map(|(f, _)| *f).collect();
+        let mut unique = files.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(files.len(), unique.len(), "{files:?}");
+        assert!(full.iter().any(|(f, filters)| *f == "conntrack" && filters.is_empty()), "conntrack runs whole");
     }
 }

@@ -85,7 +85,7 @@ pub fn run(action: Action) -> Result<()> {
             }
         }
         Action::Gc { .. } => {
-            println!("collected {} idle flows", crate::dataplane::ct_gc::collect(&bpffs, fmt::monotonic_ns())?)
+            println!("collected {} idle flows", crate::dataplane::ct_gc::collect(&bpffs)?)
         }
         Action::Flush { filter, .. } => {
             let n = tables.flush_conntrack(|k, e| filter.matches(k, e))?;

@@ -26,6 +26,7 @@ use tracing::{debug, error, info, warn};
 use crate::{
     dataplane::{
         attach::AttachMode,
+        ct_gc::Collector,
         loader::{CtSizes, ZoneProgram},
         migrate::Migration,
     },
@@ -72,8 +73,9 @@ struct Daemon {
     health_seen: BTreeSet<health::Key>,
     /// Notified after every status change (the source may report it).
     changed: Arc<tokio::sync::Notify>,
-    /// The last conntrack garbage collection pass's thread.
-    gc: Option<std::thread::JoinHandle<()>>,
+    /// The last conntrack garbage collection pass's thread; it hands back
+    /// the collector it loaded, for the next pass.
+    gc: Option<std::thread::JoinHandle<Option<Collector>>>,
 }
 
 impl Daemon {
@@ -159,7 +161,8 @@ impl Daemon {
             return;
         }
         let bpffs = self.opts.bpffs.clone();
-        match std::thread::Builder::new().name("lbagent-gc".into()).spawn(move || collect_garbage(&bpffs)) {
+        let collector = self.gc.take().and_then(|h| h.join().ok().flatten());
+        match std::thread::Builder::new().name("lbagent-gc".into()).spawn(move || collect_garbage(&bpffs, collector)) {
             Ok(h) => self.gc = Some(h),
             Err(e) => warn!("conntrack garbage collection: cannot start its thread: {e}"),
         }
@@ -349,16 +352,33 @@ fn release_freed_memory() {
 /// remove a rule or a zone meanwhile; the recounts then write only counts
 /// that still exist (a removed rule's or zone's is not brought back), and
 /// flows both delete are deleted once.
-fn collect_garbage(bpffs: &Path) {
+fn collect_garbage(bpffs: &Path, collector: Option<Collector>) -> Option<Collector> {
     crate::crash::pause("gc-pass");
     let tables = match crate::dataplane::tables::Tables::open(bpffs) {
         Ok(t) => t,
-        Err(e) => return warn!("conntrack garbage collection: {e:#}"),
+        Err(e) => {
+            warn!("conntrack garbage collection: {e:#}");
+            return collector;
+        }
     };
-    match crate::dataplane::ct_gc::collect(bpffs, crate::dataplane::tables::monotonic_ns()) {
-        Ok(0) => {}
-        Ok(n) => info!("conntrack: {n} idle flows collected"),
-        Err(e) => warn!("conntrack garbage collection: {e:#}"),
+    // The collector of the last pass, unless the tables were replaced.
+    let mut collector = match collector.filter(|c| c.current(bpffs)) {
+        Some(c) => Some(c),
+        None => match Collector::load(bpffs) {
+            Ok(c) => {
+                info!("conntrack garbage collector loaded (kept for the next passes)");
+                Some(c)
+            }
+            Err(e) => {
+                warn!("conntrack garbage collection: {e:#}");
+                None
+            }
+        },
+    };
+    match collector.as_mut().map(|c| c.collect(bpffs)) {
+        None | Some(Ok(0)) => {}
+        Some(Ok(n)) => info!("conntrack: {n} idle flows collected"),
+        Some(Err(e)) => warn!("conntrack garbage collection: {e:#}"),
     }
     // Least-connection counts drift by the flows that ended without a
     // close (timeouts, evictions, the collection above): recount.
@@ -371,6 +391,7 @@ fn collect_garbage(bpffs: &Path) {
     if let Err(e) = tables.recount_zone_flows() {
         warn!("per-zone conntrack recount: {e:#}");
     }
+    collector
 }
 
 /// Runs the daemon on desired state from `source` (the state file, or etcd

@@ -317,12 +317,22 @@ fn prepare(root: &Path, sizes: CtSizes) -> Result<()> {
 
 /// Loads the object with `ZONE = zone` (creating or reusing the pinned
 /// maps under `root`) and its programs `names` (the others stay unloaded),
-/// after [`prepare`].
+/// after [`prepare`]. With eBPF logs on, the programs log (the object owns
+/// their log ring).
 fn load_object(root: &Path, zone: u16, sizes: CtSizes, names: &[&'static str]) -> Result<Ebpf> {
     let dir = pins::ensure_versioned_dir(root)?;
-    let log_level = super::logs::level();
+    let mut ebpf = load_from(&dir, zone, sizes, super::logs::level()).map_err(|e| explain(e, &dir))?;
+    super::logs::attach(&mut ebpf);
+    pins::write_meta(root)?;
+    verify(&mut ebpf, names)?;
+    Ok(ebpf)
+}
+
+/// The object with its maps from (or pinned into) `dir`, its programs not
+/// loaded yet.
+fn load_from(dir: &Path, zone: u16, sizes: CtSizes, log_level: u8) -> Result<Ebpf, EbpfError> {
     let mut loader = EbpfLoader::new();
-    loader.default_map_pin_directory(&dir).override_global("ZONE", &zone, true).override_global(
+    loader.default_map_pin_directory(dir).override_global("ZONE", &zone, true).override_global(
         aya_log::LEVEL,
         &log_level,
         false,
@@ -330,29 +340,60 @@ fn load_object(root: &Path, zone: u16, sizes: CtSizes, names: &[&'static str]) -
     for (name, size, _) in sizes.tables() {
         loader.map_max_entries(name, size);
     }
-    let mut ebpf = loader.load(OBJECT).map_err(|e| explain(e, &dir))?;
-    super::logs::attach(&mut ebpf);
-    pins::write_meta(root)?;
+    loader.load(OBJECT)
+}
+
+/// Loads (the verifier checks) the object's programs `names`.
+fn verify(ebpf: &mut Ebpf, names: &[&'static str]) -> Result<()> {
     for &name in names {
         let prog: &mut SchedClassifier = ebpf.program_mut(name).context("program missing from object")?.try_into()?;
         prog.load().with_context(|| format!("loading {name} (verifier)"))?;
     }
-    Ok(ebpf)
+    Ok(())
 }
 
-/// The conntrack garbage collector (`lbagent_ct_gc`), loaded on the pinned
-/// maps of a running dataplane (their sizes as pinned) and held by its
-/// object: never pinned or attached, it is run by `ct_gc` and goes with
-/// its holder.
+/// The conntrack garbage collector (`lbagent_ct_gc`), loaded on the maps
+/// of a running dataplane (their sizes as pinned) and held by its object:
+/// never pinned or attached, it is run by `ct_gc` and goes with its
+/// holder. A load changes nothing under the pins: every map of this build
+/// must be pinned already (a load would otherwise create and pin the
+/// missing ones), `meta` is not written, and the program never logs.
 pub struct GcProgram {
     ebpf: Ebpf,
+    /// The ids of the conntrack tables it was loaded on (`ct`, `ct_new`).
+    tables: [u32; 2],
 }
 
 impl GcProgram {
     pub fn load(root: &Path) -> Result<Self> {
         let (sizes, _) = CtSizes::resolve(root, None, None)?;
         prepare(root, sizes)?;
-        Ok(Self { ebpf: load_object(root, 0, sizes, &[super::PROGRAM_CT_GC])? })
+        let tables = Self::pinned_tables(root)?;
+        let dir = pins::versioned_dir(root);
+        let mut ebpf = load_from(&dir, 0, sizes, 0)
+            .with_context(|| format!("loading the garbage collector on the maps pinned in {}", dir.display()))?;
+        verify(&mut ebpf, &[super::PROGRAM_CT_GC])?;
+        Ok(Self { ebpf, tables })
+    }
+
+    /// The pinned conntrack tables' ids, when every map of this build is
+    /// pinned under `root`.
+    fn pinned_tables(root: &Path) -> Result<[u32; 2]> {
+        let ids = pins::pinned_map_ids(root).with_context(|| {
+            format!(
+                "the dataplane under {} lacks maps of this build (a dataplane of another build of layout {}):                  garbage collection needs the agent of this build to have started on it",
+                root.display(),
+                lbagent_common::LAYOUT_VERSION
+            )
+        })?;
+        Ok([ids[lbagent_common::MAP_CT.name], ids[lbagent_common::MAP_CT_NEW.name]])
+    }
+
+    /// Whether the program still works on the tables pinned under `root`
+    /// (they were not replaced since it was loaded: a teardown and a new
+    /// dataplane).
+    pub fn current(&self, root: &Path) -> bool {
+        Self::pinned_tables(root).is_ok_and(|t| t == self.tables)
     }
 
     pub fn program(&mut self) -> &mut SchedClassifier {

@@ -127,7 +127,7 @@ impl Tables {
     /// (either direction's entry may match; both go), reading the tables a
     /// batch at a time. Returns the number of flows deleted.
     pub fn flush_conntrack(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
-        self.sweep(|k, e| select(k, e), |_, _, _| true)
+        self.sweep(|k, e| select(k, e))
     }
 
     /// `flush_conntrack` over entries already dumped (`entries`, a caller's
@@ -140,22 +140,17 @@ impl Tables {
         let (keys, entries): (Vec<_>, Vec<_>) = entries.iter().copied().unzip();
         let mut sweeper = Sweeper::new(self)?;
         // Read from either table: looked for in both (`ct_new` first).
-        Ok(sweeper.sweep(Table::New, &keys, &entries, |k, e| select(k, e), |_, _, _| true))
+        Ok(sweeper.sweep(Table::New, &keys, &entries, |k, e| select(k, e)))
     }
 
     /// One pass over both tables (`ct_new` first), a batch at a time: each
-    /// half that `pick` selects, and whose pair (looked up, or `None`)
-    /// `with_pair` accepts, is deleted with its pair. Returns the flows
+    /// half that `pick` selects is deleted with its pair. Returns the flows
     /// deleted.
-    fn sweep(
-        &self,
-        pick: impl Fn(&Tuple, &CtEntry) -> bool,
-        with_pair: impl Fn(&Tuple, &CtEntry, Option<&CtEntry>) -> bool,
-    ) -> Result<usize> {
+    fn sweep(&self, pick: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
         let mut sweeper = Sweeper::new(self)?;
         let mut flows = 0;
         for (def, from) in [(MAP_CT_NEW, Table::New), (MAP_CT, Table::Established)] {
-            self.each_conntrack(def, |keys, entries| flows += sweeper.sweep(from, keys, entries, &pick, &with_pair))?;
+            self.each_conntrack(def, |keys, entries| flows += sweeper.sweep(from, keys, entries, &pick))?;
         }
         Ok(flows)
     }
@@ -244,17 +239,16 @@ impl Sweeper {
         at.is_some_and(|t| self.remove_checked(key, read, t))
     }
 
-    /// One batch: each half `pick` selects goes with its pair when
-    /// `with_pair` accepts that pair. A flow is counted by the deletion that
-    /// removes its first half, so a flow both of whose halves are selected
-    /// (in this batch or across batches) counts once.
+    /// One batch: each half `pick` selects goes with its pair. A flow is
+    /// counted by the deletion that removes its first half, so a flow both
+    /// of whose halves are selected (in this batch or across batches)
+    /// counts once.
     fn sweep(
         &mut self,
         from: Table,
         keys: &[Tuple],
         entries: &[CtEntry],
         pick: impl Fn(&Tuple, &CtEntry) -> bool,
-        with_pair: impl Fn(&Tuple, &CtEntry, Option<&CtEntry>) -> bool,
     ) -> usize {
         let mut flows = 0;
         for (k, e) in keys.iter().zip(entries) {
@@ -262,9 +256,6 @@ impl Sweeper {
                 continue;
             }
             let pair = self.pair(k, e, from);
-            if !with_pair(k, e, pair.as_ref().map(|(_, _, p)| p)) {
-                continue;
-            }
             let mut removed = self.remove_if_same(k, e, from);
             // The pair was looked up just now: deleted where it was found.
             if let Some((pk, at, p)) = pair {

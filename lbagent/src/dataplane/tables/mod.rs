@@ -1,7 +1,7 @@
 //! Typed access to the pinned maps: what the agent writes (rules, config) and
 //! what operators read (conntrack, counters). Works without a loaded program.
 //! One file per concern, named as the program's modules: `rules` (DNAT, SNAT,
-//! ACL entries), `conntrack` (flows, fragments, flush, garbage collection),
+//! ACL entries), `conntrack` (flows, fragments, flush; garbage collection is the program's, `dataplane/ct_gc.rs`),
 //! `counters`, `sched` (scheduler tables), `proxy_guard`, `egress_mtu` (the
 //! fast path's MTUs), `zone_ct` (each zone's conntrack share); QoS maps are
 //! in `dataplane/qos.rs`.

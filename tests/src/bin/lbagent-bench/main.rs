@@ -880,12 +880,12 @@ fn scale(out: &mut String) -> Result<()> {
     // A full established table: CT_MAX entries, both halves of CT_MAX / 2 flows.
     fill_dnat_flows(&e.tables, CT_MAX / 2, monotonic_ns())?;
     let t = Instant::now();
-    let kept = lbagent::dataplane::ct_gc::collect(&e.pins.root, monotonic_ns())?;
+    let kept = lbagent::dataplane::ct_gc::collect(&e.pins.root)?;
     let gc_idle = t.elapsed().as_secs_f64() * 1e3;
     e.tables.set_config(NatConfig { tcp_established_s: 1, ..Default::default() })?;
     std::thread::sleep(Duration::from_millis(2100));
     let t = Instant::now();
-    let freed = lbagent::dataplane::ct_gc::collect(&e.pins.root, monotonic_ns())?;
+    let freed = lbagent::dataplane::ct_gc::collect(&e.pins.root)?;
     let gc_full = t.elapsed().as_secs_f64() * 1e3;
     eprint!(".");
     writeln!(out, "\n## 7. Scale: {ZONES} zones × {RULES} rules, a full conntrack table ({CT_MAX} entries)\n")?;

@@ -16,11 +16,13 @@ pub const KERNEL_NAME_LEN: usize = 15;
 pub const CT_MAX: u32 = 262_144;
 /// In-flight first fragments (datagrams being fragmented at once).
 pub const FRAGS_MAX: u32 = 8_192;
-/// Rule tables: a million DNAT and a million SNAT rules per host. The DNAT
-/// tables are hashes the kernel does not preallocate (`BPF_F_NO_PREALLOC`:
-/// only the agent writes them, so an element is allocated by its update,
-/// and a host pays for the rules it has, not for the limit); the SNAT
-/// table is an LPM trie, never preallocated.
+/// Rule tables: a million DNAT and a million SNAT rules per host (one
+/// document's share is smaller: `state::limits`). The DNAT tables are
+/// hashes the kernel does not preallocate (`BPF_F_NO_PREALLOC`: only the
+/// agent writes them, so an element is allocated by its update): a host
+/// pays for their bucket arrays (16 B a slot: 48 MiB for both) and for the
+/// rules it has, not for every element; the SNAT table is an LPM trie,
+/// never preallocated.
 pub const DNAT_RULES_MAX: u32 = 1_048_576;
 /// Two backends per DNAT rule on average (a NAT gateway's DNAT rule has one).
 pub const DNAT_BACKENDS_MAX: u32 = 2_097_152;

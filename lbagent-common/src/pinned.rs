@@ -47,6 +47,9 @@ pub struct MapDef<K, V> {
     /// The size the object declares (the conntrack tables are resized at
     /// load: `--conntrack-max`, `--conntrack-new-max`).
     pub max_entries: u32,
+    /// `map_flags` the object declares (an LPM trie's `BPF_F_NO_PREALLOC`,
+    /// which the kernel requires, is implied).
+    pub flags: u32,
     types: PhantomData<fn() -> (K, V)>,
 }
 
@@ -60,8 +63,9 @@ impl<K, V> Clone for MapDef<K, V> {
 impl<K, V> Copy for MapDef<K, V> {}
 
 impl<K, V> MapDef<K, V> {
-    const fn new(name: &'static str, kind: MapKind, max_entries: u32) -> Self {
-        MapDef { name, kind, max_entries, types: PhantomData }
+    const fn new(name: &'static str, kind: MapKind, max_entries: u32, flags: u32) -> Self {
+        let flags = if matches!(kind, MapKind::LpmTrie) { flags | MAP_F_NO_PREALLOC as u32 } else { flags };
+        MapDef { name, kind, max_entries, flags, types: PhantomData }
     }
 
     /// The untyped description of the map.
@@ -73,6 +77,7 @@ impl<K, V> MapDef<K, V> {
             key_size: if matches!(self.kind, MapKind::LpmTrie) { key + 4 } else { key },
             value_size: core::mem::size_of::<V>() as u32,
             max_entries: self.max_entries,
+            flags: self.flags,
         }
     }
 }
@@ -85,11 +90,13 @@ pub struct MapInfo {
     pub key_size: u32,
     pub value_size: u32,
     pub max_entries: u32,
+    pub flags: u32,
 }
 
 macro_rules! pinned_maps {
-    ($($(#[$doc:meta])* $id:ident: $kind:ident<$k:ty, $v:ty>[$max:expr] = $name:literal;)*) => {
-        $($(#[$doc])* pub const $id: MapDef<$k, $v> = MapDef::new($name, MapKind::$kind, $max as u32);)*
+    ($($(#[$doc:meta])* $id:ident: $kind:ident<$k:ty, $v:ty>[$max:expr $(; $flags:expr)?] = $name:literal;)*) => {
+        $($(#[$doc])* pub const $id: MapDef<$k, $v> =
+            MapDef::new($name, MapKind::$kind, $max as u32, 0 $(| $flags as u32)?);)*
 
         /// Every pinned map, in the order `lbagent maps` shows them.
         pub const ALL_MAPS: [MapInfo; [$($name),*].len()] = [$($id.info()),*];
@@ -103,8 +110,10 @@ pinned_maps! {
     MAP_CT_NEW: LruHash<Tuple, CtEntry>[ct_new_max(CT_MAX)] = "ct_new";
     /// First fragments' ports, for the fragments that follow.
     MAP_FRAGS: LruHash<FragKey, FragEntry>[FRAGS_MAX] = "frags";
-    MAP_DNAT_RULES: Hash<DnatKey, DnatRule>[DNAT_RULES_MAX] = "dnat_rules";
-    MAP_DNAT_BACKENDS: Hash<BackendKey, Backend>[DNAT_BACKENDS_MAX] = "dnat_backends";
+    /// Not preallocated (the agent's updates allocate).
+    MAP_DNAT_RULES: Hash<DnatKey, DnatRule>[DNAT_RULES_MAX; MAP_F_NO_PREALLOC] = "dnat_rules";
+    /// Not preallocated.
+    MAP_DNAT_BACKENDS: Hash<BackendKey, Backend>[DNAT_BACKENDS_MAX; MAP_F_NO_PREALLOC] = "dnat_backends";
     MAP_SNAT_RULES: LpmTrie<SnatKey, SnatRule>[SNAT_RULES_MAX] = "snat_rules";
     /// Listener ACL prefixes → the rule they belong to.
     MAP_ACL_RULES: LpmTrie<AclKey, u32>[ACL_RULES_MAX] = "acl_rules";

@@ -7,6 +7,10 @@ use aya_ebpf::{
 };
 use lbagent_common::*;
 
+// The flag the map definitions (and `lbagent_common::MapDef`) use is the
+// kernel's.
+const _: () = assert!(MAP_F_NO_PREALLOC == aya_ebpf::bindings::BPF_F_NO_PREALLOC as usize);
+
 /// Conntrack of established flows (both halves). A plain hash: the kernel
 /// never evicts from it, so a flood of new flows cannot push an established
 /// flow out; entries leave by timeout (program on lookup, agent GC) or flush.

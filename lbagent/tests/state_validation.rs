@@ -640,13 +640,14 @@ fn the_host_budget_of_qos_buckets_is_refused_at_the_gateway_that_goes_over() {
 fn one_load_balancer_alone_can_go_over_the_budget_of_backend_slots() {
     // Without a scheduler a backend takes a slot per unit of weight (at
     // most 16): 1 024 backends of weight 16 are 16 384 slots a listener,
-    // plus two mapped-port entries per backend; the budget is 1 048 576
-    // (half of `dnat_backends`): 63 listeners fit, 64 do not.
+    // plus two mapped-port entries per backend; the budget is 131 072 (the
+    // table holds 2 097 152, but the agent's memory is sized for this many).
     let make =
         |n: usize| doc(&lb(0, &listeners(n, ""), &format!("{{id: g, backends: [{}]}}", backends(1024, 16))), "", "");
-    assert_eq!(lbagent_common::MAP_DNAT_BACKENDS.max_entries / 2, 1_048_576);
-    load_str(&make(63), Format::Yaml).unwrap_or_else(|e| panic!("63 listeners: {e}"));
-    over_budget(&make(64), "load_balancers[0]", "dnat_backends").unwrap();
+    load_str(&make(7), Format::Yaml).unwrap_or_else(|e| panic!("7 listeners: {e}"));
+    over_budget(&make(8), "load_balancers[0]", "dnat_backends").unwrap();
+    let e = load_str(&make(8), Format::Yaml).unwrap_err().to_string();
+    assert!(e.contains("131072 one host's document may use") && e.contains("agent's memory"), "{e}");
 }
 
 #[test]

@@ -71,6 +71,44 @@ fn incompatible_pins_are_refused_with_a_clear_message() {
     assert!(path.exists(), "the foreign pin is left alone");
 }
 
+/// A rule table pinned with other flags (preallocated, as a layout before
+/// 4 made it, under this layout's directory) is refused, not reused: the
+/// flags are part of what a pin must match.
+#[test]
+fn a_pinned_rule_table_with_other_flags_is_refused() {
+    if !require_root() {
+        return;
+    }
+    let p = TestPins::new();
+    pins::ensure_bpffs(&p.root).unwrap();
+    let info = MAP_DNAT_RULES.info();
+    assert_eq!(info.flags, lbagent_common::MAP_F_NO_PREALLOC as u32, "the table is declared unpreallocated");
+    let path = pins::ensure_versioned_dir(&p.root).unwrap().join(info.name);
+    let (key, value, entries) = (info.key_size.to_string(), info.value_size.to_string(), info.max_entries.to_string());
+    sh(&[
+        "bpftool",
+        "map",
+        "create",
+        path.to_str().unwrap(),
+        "type",
+        "hash",
+        "key",
+        &key,
+        "value",
+        &value,
+        "entries",
+        &entries,
+        "name",
+        info.name,
+        "flags",
+        "0",
+    ])
+    .unwrap();
+    let err = ZoneProgram::load(&p.root, 1).err().expect("must refuse").to_string();
+    assert!(err.contains("incompatible") && err.contains("--bpffs"), "{err}");
+    assert!(path.exists(), "the foreign pin is left alone");
+}
+
 /// Each conntrack table gets the size asked for, and pins of other sizes
 /// are refused with an error naming the table, both sizes and the flag:
 /// nothing is loaded, nothing pinned changes.

@@ -41,8 +41,9 @@ mod tests {
 
     /// The static check of the map definitions: every map the compiled
     /// object pins by name is one of `ALL_MAPS`, with the same kind, key
-    /// and value sizes and declared size; and every definition is in the
-    /// object.
+    /// and value sizes, declared size and flags (`BPF_F_NO_PREALLOC`: a
+    /// table that lost it would preallocate millions of elements); and
+    /// every definition is in the object.
     #[test]
     fn the_object_declares_exactly_these_maps() {
         let obj = Object::parse(super::OBJECT).expect("the embedded object parses");
@@ -59,6 +60,7 @@ mod tests {
                     key_size: m.key_size(),
                     value_size: m.value_size(),
                     max_entries: m.max_entries(),
+                    flags: m.map_flags(),
                 };
                 assert_eq!(m.map_type(), def.kind.map_type(), "{name}: kind {:?}", def.kind);
                 assert_eq!(seen, *def, "{name}: the object's sizes differ from its definition");

@@ -123,6 +123,7 @@ impl Migration {
             if shared { Carried { ct_shared: true, ..Default::default() } } else { copy_conntrack(&old, &tables)? };
         carried.rule_stats = copy_rule_stats(&old, &tables)?;
         copy_counters(&old, &tables)?;
+        copy_zone_counts(&old, &tables)?;
         carried.qos_buckets = copy_qos(&old, &tables)?;
         carried.links = move_links(&old, &pins::links_dir(root))?;
         if carried.ct_shared {
@@ -313,6 +314,37 @@ fn copy_counters(old: &Path, t: &Tables) -> Result<()> {
     for i in 0..shared {
         counters.set(i, per_cpu(vec![0u64; cpus])?, 0)?;
     }
+    Ok(())
+}
+
+/// Each zone's flow counts (its conntrack share: the tables are shared, so
+/// the counts are the flows' own until the next recount corrects any
+/// drift) where the new table has none, and its refusals and the proxy
+/// guard's drops added to the new ones (zeroed in the old maps, so a
+/// repeated `begin` adds nothing twice), as counters continue.
+fn copy_zone_counts(old: &Path, t: &Tables) -> Result<()> {
+    let flows: HashMap<_, u32, ZoneCtFlows> =
+        HashMap::try_from(map_of(MAP_ZONE_CT_FLOWS, old_map(old, MAP_ZONE_CT_FLOWS)?))?;
+    let mut new_flows = t.hash(MAP_ZONE_CT_FLOWS)?;
+    for (zone, f) in flows.iter().flatten() {
+        let _ = new_flows.insert(&zone, &f, NOEXIST);
+    }
+    let mut refused: HashMap<_, u32, ZoneCtRefused> =
+        HashMap::try_from(map_of(MAP_ZONE_CT_REFUSED, old_map(old, MAP_ZONE_CT_REFUSED)?))?;
+    let mut new_refused = t.hash(MAP_ZONE_CT_REFUSED)?;
+    let zones: Vec<(u32, ZoneCtRefused)> = refused.iter().flatten().collect();
+    for (zone, r) in zones {
+        let now = new_refused.get(&zone, 0).unwrap_or(ZoneCtRefused { established: 0, new: 0 });
+        let sum = ZoneCtRefused { established: now.established + r.established, new: now.new + r.new };
+        new_refused.insert(&zone, &sum, 0)?;
+        refused.insert(&zone, &ZoneCtRefused { established: 0, new: 0 }, 0)?;
+    }
+    let mut drops: PerCpuArray<_, u64> =
+        PerCpuArray::try_from(map_of(MAP_PROXY_GUARD_DROPS, old_map(old, MAP_PROXY_GUARD_DROPS)?))?;
+    let mut new_drops = t.per_cpu_array(MAP_PROXY_GUARD_DROPS)?;
+    let (was, now) = (drops.get(&0, 0)?, new_drops.get(&0, 0)?);
+    new_drops.set(0, per_cpu(now.iter().zip(was.iter()).map(|(a, b)| a + b).collect())?, 0)?;
+    drops.set(0, per_cpu(vec![0u64; possible_cpus()?])?, 0)?;
     Ok(())
 }
 

@@ -548,7 +548,7 @@ fn garbage_collection_frees_idle_flows_only() {
     let absent = Tuple { sport: 1, ..orig_key() };
     assert_eq!(gc.free_if_idle(&[orig_key(), absent]).unwrap(), 0);
     assert_eq!(e.tables.conntrack().unwrap().len(), 4);
-    assert_eq!(gc.collect(&e.pins.root).unwrap(), 1, "the idle UDP flow goes; the TCP flow (60 s) stays");
+    assert_eq!(gc.collect(&e.tables).unwrap(), 1, "the idle UDP flow goes; the TCP flow (60 s) stays");
     let left = e.tables.conntrack().unwrap();
     assert_eq!(left.len(), 2);
     assert!(left.iter().all(|(k, _)| k.proto == PROTO_TCP));
@@ -557,7 +557,7 @@ fn garbage_collection_frees_idle_flows_only() {
     // after (the agent deletes them first, then flushes).
     e.tables.clear_zone_ct(ZONE).unwrap();
     e.tables.set_config(NatConfig { tcp_new_s: 1, ..Default::default() }).unwrap();
-    assert_eq!(gc.collect(&e.pins.root).unwrap(), 1, "the TCP flow, idle past 1 s");
+    assert_eq!(gc.collect(&e.tables).unwrap(), 1, "the TCP flow, idle past 1 s");
     assert_eq!(new_flows(&e), None);
 }
 

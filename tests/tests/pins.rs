@@ -39,6 +39,22 @@ fn bpftool_dumps_named_fields() {
     assert!(rules.contains("\"backend_count\": 1") && rules.contains("\"addr\": [198,51,100,10"), "{rules}");
 }
 
+/// Pins a map `name` that bpftool creates with `spec` (`type … key …
+/// value … entries …`, optionally `flags …`) where this build's would go:
+/// loading the programs must refuse it, naming `--bpffs`, and leave it.
+fn foreign_pin_is_refused(name: &str, spec: &[&str]) {
+    let p = TestPins::new();
+    pins::ensure_bpffs(&p.root).unwrap();
+    let path = pins::ensure_versioned_dir(&p.root).unwrap().join(name);
+    let mut args = vec!["bpftool", "map", "create", path.to_str().unwrap()];
+    args.extend_from_slice(spec);
+    args.extend_from_slice(&["name", name]);
+    sh(&args).unwrap();
+    let err = ZoneProgram::load(&p.root, 1).err().expect("must refuse").to_string();
+    assert!(err.contains("incompatible") && err.contains("--bpffs"), "{err}");
+    assert!(path.exists(), "the foreign pin is left alone");
+}
+
 #[test]
 fn incompatible_pins_are_refused_with_a_clear_message() {
     if !require_root() {
@@ -46,29 +62,8 @@ fn incompatible_pins_are_refused_with_a_clear_message() {
     }
     // A map named `ct` of the right size, but another type and value size,
     // sits where ours would go.
-    let p = TestPins::new();
-    pins::ensure_bpffs(&p.root).unwrap();
-    let path = pins::ensure_versioned_dir(&p.root).unwrap().join(MAP_CT.name);
-    sh(&[
-        "bpftool",
-        "map",
-        "create",
-        path.to_str().unwrap(),
-        "type",
-        "lru_hash",
-        "key",
-        "16",
-        "value",
-        "8",
-        "entries",
-        &CT_MAX.to_string(),
-        "name",
-        "ct",
-    ])
-    .unwrap();
-    let err = ZoneProgram::load(&p.root, 1).err().expect("must refuse").to_string();
-    assert!(err.contains("incompatible") && err.contains("--bpffs"), "{err}");
-    assert!(path.exists(), "the foreign pin is left alone");
+    let entries = CT_MAX.to_string();
+    foreign_pin_is_refused(MAP_CT.name, &["type", "lru_hash", "key", "16", "value", "8", "entries", &entries]);
 }
 
 /// A rule table pinned with other flags (preallocated, as a layout before
@@ -79,34 +74,11 @@ fn a_pinned_rule_table_with_other_flags_is_refused() {
     if !require_root() {
         return;
     }
-    let p = TestPins::new();
-    pins::ensure_bpffs(&p.root).unwrap();
     let info = MAP_DNAT_RULES.info();
     assert_eq!(info.flags, lbagent_common::MAP_F_NO_PREALLOC as u32, "the table is declared unpreallocated");
-    let path = pins::ensure_versioned_dir(&p.root).unwrap().join(info.name);
     let (key, value, entries) = (info.key_size.to_string(), info.value_size.to_string(), info.max_entries.to_string());
-    sh(&[
-        "bpftool",
-        "map",
-        "create",
-        path.to_str().unwrap(),
-        "type",
-        "hash",
-        "key",
-        &key,
-        "value",
-        &value,
-        "entries",
-        &entries,
-        "name",
-        info.name,
-        "flags",
-        "0",
-    ])
-    .unwrap();
-    let err = ZoneProgram::load(&p.root, 1).err().expect("must refuse").to_string();
-    assert!(err.contains("incompatible") && err.contains("--bpffs"), "{err}");
-    assert!(path.exists(), "the foreign pin is left alone");
+    let spec = ["type", "hash", "key", &key, "value", &value, "entries", &entries, "flags", "0"];
+    foreign_pin_is_refused(info.name, &spec);
 }
 
 /// Each conntrack table gets the size asked for, and pins of other sizes

@@ -375,7 +375,7 @@ fn collect_garbage(bpffs: &Path, collector: Option<Collector>) -> Option<Collect
             }
         },
     };
-    match collector.as_mut().map(|c| c.collect(bpffs)) {
+    match collector.as_mut().map(|c| c.collect(&tables)) {
         None | Some(Ok(0)) => {}
         Some(Ok(n)) => info!("conntrack: {n} idle flows collected"),
         Some(Err(e)) => warn!("conntrack garbage collection: {e:#}"),

@@ -47,10 +47,9 @@ impl Collector {
         self.program.current(root)
     }
 
-    /// One pass over the tables pinned under `root`: frees every flow
-    /// whose halves are both idle. Returns the flows freed.
-    pub fn collect(&mut self, root: &Path) -> Result<usize> {
-        let tables = Tables::open(root)?;
+    /// One pass over `tables` (the ones it was loaded on): frees every
+    /// flow whose halves are both idle. Returns the flows freed.
+    pub fn collect(&mut self, tables: &Tables) -> Result<usize> {
         let cfg = tables.config()?;
         // The read's clock: what the program decides with is its own.
         let now_ns = monotonic_ns();
@@ -94,7 +93,7 @@ impl Collector {
 
 /// One pass with a collector loaded for it (`lbagent conntrack gc`).
 pub fn collect(root: &Path) -> Result<usize> {
-    Collector::load(root)?.collect(root)
+    Collector::load(root)?.collect(&Tables::open(root)?)
 }
 
 /// The program's run on `keys`, its input (the keys as they are in the

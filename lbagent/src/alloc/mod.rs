@@ -26,6 +26,11 @@ pub const LINKLOCAL_FIRST: u16 = 100;
 pub const MAPPED_PORT_FIRST: u16 = 1025;
 pub const METADATA_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 
+/// What the agent allocated. Read its fields anywhere; change it only
+/// through its methods: they count the changes in `generation`, which tells
+/// the reconciler whether there is anything to write (a copy kept to
+/// compare with was ~8 MB at 100 000 rules, and comparing it cost ~10 ms
+/// per step of a pass).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocations {
     /// Zone id per object key (`lb/<id>`, `natgw/<name>`); ids start at 1.
@@ -51,6 +56,28 @@ pub struct Allocations {
     /// would otherwise do 100 000 times.
     #[serde(skip)]
     ids_below_next: IdsBelowNext,
+    /// Bumped by every method call that changes the allocations.
+    #[serde(skip)]
+    pub generation: Generation,
+}
+
+/// A count of changes, not part of what it counts the changes of: equal
+/// whatever its value (two records of the same facts are equal).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Generation(pub u64);
+
+impl PartialEq for Generation {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Generation {}
+
+impl Generation {
+    pub fn bump(&mut self) {
+        self.0 += 1;
+    }
 }
 
 /// A fact derived from the allocations, not part of them: equal whatever
@@ -155,11 +182,16 @@ impl Allocations {
         let used: BTreeSet<u16> = self.zones.values().copied().collect();
         let z = (1..=u16::MAX).find(|z| !used.contains(z)).ok_or(AllocError::ZonesExhausted)?;
         self.zones.insert(key.to_string(), z);
+        self.generation.bump();
         Ok(z)
     }
 
     pub fn release_zone(&mut self, key: &str) -> Option<u16> {
-        self.zones.remove(key)
+        let z = self.zones.remove(key);
+        if z.is_some() {
+            self.generation.bump();
+        }
+        z
     }
 
     /// Inner/outer addresses of load balancer `id`, allocating two free
@@ -179,6 +211,7 @@ impl Allocations {
         let inner = free.next().ok_or(AllocError::AddressesExhausted)?;
         let outer = free.next().ok_or(AllocError::AddressesExhausted)?;
         self.lbs.insert(id.to_string(), LbAlloc { inner, outer, ports: BTreeMap::new() });
+        self.generation.bump();
         Ok((inner, outer))
     }
 
@@ -192,6 +225,9 @@ impl Allocations {
         for b in &released {
             a.ports.remove(b);
         }
+        if !released.is_empty() {
+            self.generation.bump();
+        }
         let mut added = Vec::new();
         let mut used: BTreeSet<u16> = a.ports.values().copied().collect();
         for b in want {
@@ -204,6 +240,7 @@ impl Allocations {
             used.insert(p);
             a.ports.insert(b.to_string(), p);
             added.push(b.to_string());
+            self.generation.bump();
         }
         Ok((added, released))
     }
@@ -230,6 +267,7 @@ impl Allocations {
         // Past the top of the space, ids below `next_rule_id` are in use.
         self.ids_below_next.0 = Some(below && self.next_rule_id != 0);
         self.rule_ids.insert(key.to_string(), id);
+        self.generation.bump();
         id
     }
 
@@ -242,6 +280,7 @@ impl Allocations {
         let b =
             (1..lbagent_common::QOS_BUCKETS_MAX).find(|b| !used.contains(b)).ok_or(AllocError::QosBucketsExhausted)?;
         self.qos_buckets.insert(key.to_string(), b);
+        self.generation.bump();
         Ok(b)
     }
 
@@ -256,6 +295,9 @@ impl Allocations {
             }
             stays
         });
+        if !released.is_empty() {
+            self.generation.bump();
+        }
         released
     }
 
@@ -270,17 +312,77 @@ impl Allocations {
             }
             stays
         });
+        if !released.is_empty() {
+            self.generation.bump();
+        }
         released
     }
 
     pub fn release_lb(&mut self, id: &str) -> Option<LbAlloc> {
-        self.lbs.remove(id)
+        let a = self.lbs.remove(id);
+        if a.is_some() {
+            self.generation.bump();
+        }
+        a
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each call that changes the allocations bumps the generation once;
+    /// one that finds what it asks for changes nothing and bumps nothing.
+    #[test]
+    fn the_generation_counts_changes_and_only_changes() {
+        let mut a = Allocations::default();
+        let mut seen = 0;
+        let mut changed = |a: &Allocations, yes: bool, what: &str| {
+            assert_eq!(a.generation.0 > seen, yes, "{what}");
+            seen = a.generation.0;
+        };
+        a.zone("lb/x").unwrap();
+        changed(&a, true, "a new zone");
+        a.zone("lb/x").unwrap();
+        changed(&a, false, "the same zone");
+        a.lb_addresses("x", &HashSet::new()).unwrap();
+        changed(&a, true, "new addresses");
+        a.lb_addresses("x", &HashSet::new()).unwrap();
+        changed(&a, false, "the same addresses");
+        a.lb_ports("x", &["b1", "b2"]).unwrap();
+        changed(&a, true, "new ports");
+        a.lb_ports("x", &["b1", "b2"]).unwrap();
+        changed(&a, false, "the same ports");
+        a.lb_ports("x", &["b1"]).unwrap();
+        changed(&a, true, "a port released");
+        a.rule_id("lb/x/r");
+        changed(&a, true, "a new rule id");
+        a.rule_id("lb/x/r");
+        changed(&a, false, "the same rule id");
+        a.qos_bucket("natgw/g/qos/q").unwrap();
+        changed(&a, true, "a new bucket");
+        a.qos_bucket("natgw/g/qos/q").unwrap();
+        changed(&a, false, "the same bucket");
+        assert!(a.release_qos("natgw/h/", &BTreeSet::new()).is_empty());
+        changed(&a, false, "no bucket released");
+        assert_eq!(a.release_qos("natgw/g/", &BTreeSet::new()).len(), 1);
+        changed(&a, true, "a bucket released");
+        assert!(a.release_rules("lb/x/", &BTreeSet::from(["lb/x/r".to_string()])).is_empty());
+        changed(&a, false, "no rule released");
+        assert_eq!(a.release_rules("lb/x/", &BTreeSet::new()).len(), 1);
+        changed(&a, true, "a rule released");
+        assert!(a.release_lb("x").is_some());
+        changed(&a, true, "a load balancer released");
+        assert!(a.release_lb("x").is_none());
+        changed(&a, false, "nothing to release");
+        assert!(a.release_zone("lb/x").is_some());
+        changed(&a, true, "a zone released");
+        assert!(a.release_zone("lb/x").is_none());
+        changed(&a, false, "no zone to release");
+        // Rule ids are never reused: the next one stays.
+        let fresh = Allocations { next_rule_id: a.next_rule_id, ..Default::default() };
+        assert_eq!(a, fresh, "the generation is not part of what was allocated");
+    }
 
     #[test]
     fn linklocal_pairs_skip_host_and_metadata() {

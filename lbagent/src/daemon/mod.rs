@@ -134,7 +134,6 @@ impl Daemon {
                 }
                 self.last_good = Some(s.desired);
                 self.apply(Some(update.revision));
-                release_freed_memory();
             }
             Err(problems) => {
                 error!(
@@ -330,20 +329,6 @@ fn newest(
         update = next;
     }
     update
-}
-
-/// Gives the allocator's free pages back to the kernel (glibc keeps them
-/// for reuse): parsing and checking a document of 100 000 rules peaks at
-/// many times the file's size, and an agent that keeps that peak as its RSS
-/// between documents holds memory it does not use.
-fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: `malloc_trim` only returns free memory of the allocator's
-    // arenas to the kernel; it takes the arenas' locks and may be called
-    // from any thread at any time.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
 
 /// Frees conntrack entries idle past their timeout, then recounts the

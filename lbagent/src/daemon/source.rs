@@ -15,7 +15,10 @@ use std::{
 
 use tokio::sync::{Notify, mpsc::UnboundedSender};
 
-use crate::state::{self, Accepted, Problems};
+use crate::{
+    files::{Digest, digest, digest_file},
+    state::{self, Accepted, Problems},
+};
 
 /// One document from a source.
 pub struct Update {
@@ -73,7 +76,7 @@ impl FileSource {
     fn read(&self, why: &'static str) -> Update {
         Update {
             why,
-            revision: revision(fingerprint(&self.path).as_deref()),
+            revision: revision(fingerprint(&self.path).as_ref()),
             state: state::accept_file(&self.path),
             on_accept: None,
         }
@@ -98,7 +101,7 @@ impl Source for FileSource {
             if updates.send(self.read("start")).is_err() {
                 return;
             }
-            let mut pending: Option<Option<Vec<u8>>> = None;
+            let mut pending: Option<Option<Digest>> = None;
             let mut poll = tokio::time::interval(self.poll);
             // Ticks stay a full interval apart even after a slow read (no
             // burst of missed ticks): the stability window depends on it.
@@ -150,25 +153,24 @@ impl Source for FileSource {
     }
 }
 
-/// Content fingerprint of the state file (`None` when unreadable). Only a
-/// regular file within the size cap is read (a FIFO would block the loop);
-/// anything else changes the fingerprint, and loading refuses it.
-fn fingerprint(path: &Path) -> Option<Vec<u8>> {
+/// Content fingerprint of the state file (`None` when unreadable): its
+/// digest, read in pieces (the file is looked at every poll interval, and
+/// may be tens of MB). Only a regular file within the size cap is read (a
+/// FIFO would block the loop); anything else changes the fingerprint, and
+/// loading refuses it.
+fn fingerprint(path: &Path) -> Option<Digest> {
     let meta = std::fs::metadata(path).ok()?;
     if !meta.is_file() || meta.len() > crate::state::load::MAX_STATE_FILE_BYTES {
-        return Some(format!("not loadable: {:?} {}", meta.file_type(), meta.len()).into_bytes());
+        return Some(digest(format!("not loadable: {:?} {}", meta.file_type(), meta.len()).as_bytes()));
     }
-    std::fs::read(path).ok()
+    digest_file(path).ok()
 }
 
-/// A file revision: 16 hex digits of FNV-1a (64-bit) of its content, or
+/// A file revision: the first 16 hex digits of its content's SHA-256, or
 /// `unreadable`.
-fn revision(content: Option<&[u8]>) -> String {
+fn revision(content: Option<&Digest>) -> String {
     match content {
-        Some(c) => {
-            let h = c.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x0000_0100_0000_01b3));
-            format!("{h:016x}")
-        }
+        Some(d) => d[..8].iter().map(|b| format!("{b:02x}")).collect(),
         None => "unreadable".into(),
     }
 }
@@ -179,10 +181,11 @@ mod tests {
 
     #[test]
     fn revisions_follow_the_content() {
-        assert_eq!(revision(Some(b"version: 1\n")), revision(Some(b"version: 1\n")));
-        assert_ne!(revision(Some(b"version: 1\n")), revision(Some(b"version: 1\n\n")));
+        let rev = |s: &[u8]| revision(Some(&digest(s)));
+        assert_eq!(rev(b"version: 1\n"), rev(b"version: 1\n"));
+        assert_ne!(rev(b"version: 1\n"), rev(b"version: 1\n\n"));
         assert_eq!(revision(None), "unreadable");
-        assert_eq!(revision(Some(b"")).len(), 16);
+        assert_eq!(rev(b""), "e3b0c44298fc1c14", "SHA-256 of nothing");
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize, de::IgnoredAny};
 
 use super::plan::{Kind, Spec};
 use crate::{
-    alloc::store::JsonFile,
+    alloc::{Generation, store::JsonFile},
     state::{
         model,
         spec::{Gw, Lb},
@@ -44,17 +44,6 @@ pub struct Applied {
     /// anything to write is known without keeping a copy to compare with.
     #[serde(skip)]
     pub generation: Generation,
-}
-
-/// A count of changes, not part of what was applied: equal whatever its
-/// value (two records of the same objects are equal).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Generation(pub u64);
-
-impl PartialEq for Generation {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
 }
 
 impl Default for Applied {
@@ -179,7 +168,7 @@ impl Applied {
 
     fn changed(&mut self, changed: bool) {
         if changed {
-            self.generation.0 += 1;
+            self.generation.bump();
         }
     }
 }

@@ -94,8 +94,9 @@ pub struct Reconciler<R> {
     alloc_file: JsonFile,
     applied_file: JsonFile,
     /// What the files hold as this reconciler last wrote them (`None`
-    /// before its first write).
-    saved: Option<(Allocations, u64)>,
+    /// before its first write): the generations of the allocations and of
+    /// the applied record.
+    saved: Option<(u64, u64)>,
 }
 
 pub const ALLOC_FILE: &str = "allocations.json";
@@ -263,14 +264,14 @@ impl<R: Realizer> Reconciler<R> {
     /// was last written (compared in memory: serializing hundreds of
     /// objects after every step of a repair pass was most of its cost).
     fn persist(&mut self) -> Result<()> {
-        let generation = self.applied.generation.0;
-        if self.saved.as_ref().is_some_and(|(a, g)| *a == self.alloc && *g == generation) {
+        let generations = (self.alloc.generation.0, self.applied.generation.0);
+        if self.saved == Some(generations) {
             return Ok(());
         }
         self.saved = None;
         self.alloc_file.save(&self.alloc)?;
         self.applied_file.save(&self.applied)?;
-        self.saved = Some((self.alloc.clone(), generation));
+        self.saved = Some(generations);
         Ok(())
     }
 

@@ -394,16 +394,20 @@ pub fn flows(quick: bool, out: &mut String) -> Result<()> {
 /// hosts of its LAN, port 80; the first gateway's first one to port `port`)
 /// and `rules` SNAT rules (a host each): 2 × gws × rules rules in all.
 fn gateways_document(lan: &str, ext: &str, gws: usize, rules: usize, port: u16, conntrack: &str) -> String {
+    assert!(gws <= 1000 && rules <= 250, "each gateway has a /24 of its own, one host per rule");
     let mut s =
         format!("version: 1\nagent: {{integration_bridge: {lan}, conntrack: {{{conntrack}}}}}\nnat_gateways:\n");
     for g in 0..gws {
+        // Gateway g: LAN 10.<1 + g / 250>.<g % 250>.0/24, EIP
+        // 100.64.<1 + g / 250>.<2 + g % 250>.
+        let (hi, lo) = (1 + g / 250, g % 250);
         let _ = write!(
             s,
-            "  - name: g{g}\n    lan: {{ip: 10.{g}.255.254, prefix_len: 16, mac: \"02:00:0a:{g:02x}:ff:fe\", gateway: 10.{g}.0.1}}\n    \
-             external: {{bridge: {ext}, prefix_len: 16, gateway: 100.64.0.1}}\n    eips: [{{name: e, ip: 100.64.{}.2}}]\n    dnats:\n",
-            g + 1
+            "  - name: g{g}\n    lan: {{ip: 10.{hi}.{lo}.254, prefix_len: 24, mac: \"02:00:0a:{hi:02x}:{lo:02x}:fe\", gateway: 10.{hi}.{lo}.1}}\n    \
+             external: {{bridge: {ext}, prefix_len: 16, gateway: 100.64.0.1}}\n    eips: [{{name: e, ip: 100.64.{hi}.{}}}]\n    dnats:\n",
+            2 + lo
         );
-        let host = |j: usize| format!("10.{g}.{}.{}", j / 250, j % 250 + 1);
+        let host = |j: usize| format!("10.{hi}.{lo}.{}", j + 2);
         for j in 0..rules {
             let p = if g == 0 && j == 0 { port } else { 80 };
             let _ = writeln!(
@@ -481,7 +485,7 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
         ovs::{LinuxBridge, OvsBridge},
         unique,
     };
-    let (gws, rules) = if quick { (5, 1_000) } else { (50, 1_000) };
+    let (gws, rules) = if quick { (50, 100) } else { (500, 100) };
     let flows: u32 = if quick { 262_144 } else { 1_000_000 };
     eprintln!("bench: the agent with {gws} gateways, {} rules, {flows} flows", 2 * gws * rules);
     let lan = OvsBridge::new(&unique("brf"))?;
@@ -508,7 +512,7 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     let t = Instant::now();
     let mut agent = dirs.spawn(&lbagent_release_bin(), &args, "agent.log");
     let pid = agent.pid().as_raw();
-    let first = super::restart::wait_apply(&dirs, &agent, None, Duration::from_secs(600))?;
+    let first = super::restart::wait_apply(&dirs, &agent, None, Duration::from_secs(1800))?;
     let create = t.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(6));
     let (applied_rss, applied_hwm) = rss(pid);

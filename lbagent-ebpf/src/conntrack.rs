@@ -255,6 +255,13 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
             pair.last_seen_ns = now;
         }
         if table == Table::New && state == CT_ESTABLISHED {
+            // The pair moves with the state this CPU found: another CPU
+            // that took the same packet first may have written its own
+            // half's state but not yet the pair's, and this CPU, finding
+            // nothing changed, would write neither; the pair would enter
+            // `ct` short of established, and stay so. (Set in place: a
+            // copy on the stack is more than the verifier allows.)
+            pair.state = state;
             promote(&p.tuple, &hit, &pair_key, pair);
         }
     }

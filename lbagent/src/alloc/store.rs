@@ -47,12 +47,14 @@ impl JsonFile {
     }
 
     /// Writes `value` unless the file holds it already (as this handle
-    /// last read or wrote it).
+    /// last read or wrote it, and as the file still is).
     pub fn save<T: Serialize>(&self, value: &T) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(value)?;
         let sum = digest(&bytes);
         let mut last = self.last.lock().unwrap();
-        if *last == Some(sum) && self.path.exists() {
+        // The same content as last time, and the file still holds it (not
+        // deleted or replaced by someone else): nothing to write.
+        if *last == Some(sum) && crate::files::digest_file(&self.path).ok() == Some(sum) {
             return Ok(());
         }
         let dir = self.path.parent().unwrap_or(Path::new("."));
@@ -118,6 +120,10 @@ mod tests {
         assert_ne!(inode(), first, "a change is written (atomically: a new file)");
         // A deleted file is written again even when the content is the same.
         std::fs::remove_file(g.path()).unwrap();
+        g.save(&a).unwrap();
+        assert_eq!(g.load::<Allocations>().unwrap(), a);
+        // So is one that someone replaced with other content.
+        std::fs::write(g.path(), b"{}").unwrap();
         g.save(&a).unwrap();
         assert_eq!(g.load::<Allocations>().unwrap(), a);
         std::fs::remove_dir_all(dir).unwrap();

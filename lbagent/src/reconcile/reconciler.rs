@@ -93,10 +93,16 @@ pub struct Reconciler<R> {
     pub applied: Applied,
     alloc_file: JsonFile,
     applied_file: JsonFile,
-    /// What the files hold as this reconciler last wrote them (`None`
-    /// before its first write): the generations of the allocations and of
-    /// the applied record.
-    saved: Option<(u64, u64)>,
+    /// What the files hold as this reconciler last wrote them.
+    saved: Saved,
+}
+
+/// The generations of the allocations and of the applied record as last
+/// written to their files (`None`: not written yet, or to be checked).
+#[derive(Default)]
+struct Saved {
+    alloc: Option<u64>,
+    applied: Option<u64>,
 }
 
 pub const ALLOC_FILE: &str = "allocations.json";
@@ -108,7 +114,14 @@ impl<R: Realizer> Reconciler<R> {
         let alloc_file = JsonFile::new(state_dir, ALLOC_FILE);
         let applied_file = JsonFile::new(state_dir, APPLIED_FILE);
         let applied = Applied::load(&applied_file)?;
-        Ok(Reconciler { realizer, alloc: alloc_file.load()?, applied, alloc_file, applied_file, saved: None })
+        Ok(Reconciler {
+            realizer,
+            alloc: alloc_file.load()?,
+            applied,
+            alloc_file,
+            applied_file,
+            saved: Saved::default(),
+        })
     }
 
     /// Brings the host to `desired`. Failed steps are reported and retried
@@ -139,7 +152,7 @@ impl<R: Realizer> Reconciler<R> {
         if pass.done.is_empty() {
             // Each pass checks the state files once (deleted or replaced
             // under the running agent: written again).
-            self.saved = None;
+            self.saved = Saved::default();
         }
         self.execute(desired, steps, Some((pass, yield_now)))
     }
@@ -260,18 +273,24 @@ impl<R: Realizer> Reconciler<R> {
         }
     }
 
-    /// Writes allocations and applied specs when they differ from what
-    /// was last written (compared in memory: serializing hundreds of
-    /// objects after every step of a repair pass was most of its cost).
+    /// Writes the allocations, then the applied specs, each when it
+    /// changed since it was last written (known by its generation:
+    /// serializing hundreds of objects after every step of a repair pass
+    /// was most of its cost, and the applied record is ~23 MB of JSON at
+    /// 100 000 rules).
     fn persist(&mut self) -> Result<()> {
-        let generations = (self.alloc.generation.0, self.applied.generation.0);
-        if self.saved == Some(generations) {
-            return Ok(());
+        let g = self.alloc.generation.0;
+        if self.saved.alloc != Some(g) {
+            self.saved.alloc = None;
+            self.alloc_file.save(&self.alloc)?;
+            self.saved.alloc = Some(g);
         }
-        self.saved = None;
-        self.alloc_file.save(&self.alloc)?;
-        self.applied_file.save(&self.applied)?;
-        self.saved = Some(generations);
+        let g = self.applied.generation.0;
+        if self.saved.applied != Some(g) {
+            self.saved.applied = None;
+            self.applied_file.save(&self.applied)?;
+            self.saved.applied = Some(g);
+        }
         Ok(())
     }
 
@@ -279,7 +298,7 @@ impl<R: Realizer> Reconciler<R> {
     pub fn teardown(&mut self) -> ApplyReport {
         let report = self.apply(&Desired::default(), false);
         if report.ok() {
-            self.saved = None;
+            self.saved = Saved::default();
             let _ = self.alloc_file.remove();
             let _ = self.applied_file.remove();
         }

@@ -45,20 +45,28 @@ pub fn ensure_private_dir(dir: &Path) -> Result<()> {
 /// Writes `bytes` to a new file `path` with mode 0600, not following a
 /// symlink planted there (a leftover file of that name is replaced).
 pub fn write_private(path: &Path, bytes: &[u8], sync: bool) -> Result<()> {
+    write_private_with(path, sync, |w| Ok(w.write_all(bytes)?))
+}
+
+/// [`write_private`] of what `write` writes, through a buffer (a large
+/// record is never held whole).
+pub fn write_private_with(path: &Path, sync: bool, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<()> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             return Err(e).with_context(|| format!("removing {}", path.display()));
         }
         _ => {}
     }
-    let mut f = fs::OpenOptions::new()
+    let f = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .with_context(|| format!("writing {}", path.display()))?;
-    f.write_all(bytes)?;
+    let mut w = std::io::BufWriter::with_capacity(64 * 1024, f);
+    write(&mut w)?;
+    let f = w.into_inner().map_err(|e| e.into_error()).with_context(|| format!("writing {}", path.display()))?;
     if sync {
         f.sync_all()?;
     }
@@ -102,25 +110,76 @@ pub type Digest = [u8; 32];
 
 /// The digest of `bytes`.
 pub fn digest(bytes: &[u8]) -> Digest {
-    let d = ring::digest::digest(&ring::digest::SHA256, bytes);
-    d.as_ref().try_into().expect("SHA-256 is 32 bytes")
+    let mut h = Hasher::new();
+    h.update(bytes);
+    h.finish()
 }
 
-/// The digest of the file at `path`, read in 64 KiB pieces (never whole).
-pub fn digest_file(path: &Path) -> std::io::Result<Digest> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => ctx.update(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
+/// A SHA-256 digest of what is written into it (a serializer's output,
+/// never held whole) or fed to it.
+pub struct Hasher(ring::digest::Context);
+
+impl Hasher {
+    pub fn new() -> Self {
+        Hasher(ring::digest::Context::new(&ring::digest::SHA256))
     }
-    Ok(ctx.finish().as_ref().try_into().expect("SHA-256 is 32 bytes"))
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(self) -> Digest {
+        self.0.finish().as_ref().try_into().expect("SHA-256 is 32 bytes")
+    }
+}
+
+impl Default for Hasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Write for Hasher {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads from `inner` and digests what it read.
+pub struct HashingReader<R> {
+    inner: R,
+    hasher: Hasher,
+}
+
+impl<R> HashingReader<R> {
+    pub fn new(inner: R) -> Self {
+        HashingReader { inner, hasher: Hasher::new() }
+    }
+
+    /// The digest of everything read so far.
+    pub fn finish(self) -> Digest {
+        self.hasher.finish()
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// The digest of the file at `path`, read in pieces (never whole).
+pub fn digest_file(path: &Path) -> std::io::Result<Digest> {
+    let mut r = HashingReader::new(fs::File::open(path)?);
+    std::io::copy(&mut r, &mut std::io::sink())?;
+    Ok(r.finish())
 }
 
 #[cfg(test)]

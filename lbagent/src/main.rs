@@ -8,6 +8,18 @@
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options, read before `main`: one arena (the agent allocates
+/// from one thread at a time, mostly; an arena per thread kept each one's
+/// freed pages), and freed pages returned to the kernel after a second
+/// instead of ten. The restart at 100 000 rules (50 zones, 2026-12-07): 84
+/// MB of RSS with the defaults, 73 MB with these. `_RJEM_MALLOC_CONF` in
+/// the environment still overrides them.
+// SAFETY: jemalloc reads this symbol as its `const char *malloc_conf`: a
+// reference to a static, NUL-terminated byte string has that layout, and
+// nothing writes it.
+#[unsafe(export_name = "_rjem_malloc_conf")]
+pub static MALLOC_CONF: &[u8; 47] = b"narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+
 fn main() {
     if let Err(e) = lbagent::cli::main() {
         eprintln!("lbagent: {e:#}");

@@ -81,7 +81,7 @@ struct Daemon {
 impl Daemon {
     /// Refreshes the status document and the prober's check list.
     fn publish(&mut self) {
-        let targets = health::targets(self.reconciler.applied.lbs.values());
+        let targets = health::targets(self.reconciler.applied.lbs.values().map(|l| &**l));
         let health = self.reconciler.realizer.health.clone();
         let checked: std::collections::HashSet<health::Key> = targets.iter().map(|t| t.key.clone()).collect();
         // A backend no longer checked is forgotten on both sides: checked
@@ -103,13 +103,13 @@ impl Daemon {
     fn reload(&mut self, mut update: source::Update) {
         let why = update.why;
         self.status.lock().unwrap().document.revision_seen = Some(update.revision.clone());
-        let guarded = match &update.state {
-            Ok(next) => guard::refuse(
-                &self.reconciler.applied,
-                &next.desired,
-                next.state.allow_mass_removal,
-                self.opts.max_removal_percent,
-            ),
+        // The document as written goes first: at 100 000 rules it is tens
+        // of MB that nothing reads again.
+        let state = update.state.map(|a| (a.desired, a.warnings, a.state.allow_mass_removal));
+        let guarded = match &state {
+            Ok((desired, _, allowed)) => {
+                guard::refuse(&self.reconciler.applied, desired, *allowed, self.opts.max_removal_percent)
+            }
             Err(_) => None,
         };
         if let Some(why) = guarded {
@@ -122,17 +122,17 @@ impl Daemon {
             self.publish();
             return;
         }
-        match update.state {
-            Ok(s) => {
+        match state {
+            Ok((desired, warnings, _)) => {
                 info!(revision = %update.revision, "{why}: desired state valid, applying");
-                for w in &s.warnings {
+                for w in &warnings {
                     warn!("  {w}");
                 }
                 self.status.lock().unwrap().set_rejected(None);
                 if let Some(accepted) = update.on_accept.take() {
                     accepted();
                 }
-                self.last_good = Some(s.desired);
+                self.last_good = Some(desired);
                 self.apply(Some(update.revision));
             }
             Err(problems) => {

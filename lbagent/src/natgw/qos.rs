@@ -190,7 +190,7 @@ mod side_tests {
     #[test]
     fn full_hooks_on_both_sides_allocate() {
         let s = load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap();
-        let mut gw = crate::state::Desired::from_state(&s).unwrap().gws["gw1"].clone();
+        let mut gw = (*crate::state::Desired::from_state(&s).unwrap().gws["gw1"]).clone();
         let template = gw.policy.as_ref().and_then(|p| p.rules.first().cloned()).expect("the example's gateway policy");
         let rules = (0..2 * QOS_HOOK_RULES)
             .map(|i| QosRule {

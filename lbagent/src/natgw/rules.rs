@@ -178,7 +178,7 @@ mod tests {
 
     fn gw() -> Gw {
         let s = load_str(include_str!("../../../examples/state.yaml"), Format::Yaml).unwrap();
-        crate::state::Desired::from_state(&s).unwrap().gws["gw1"].clone()
+        (*crate::state::Desired::from_state(&s).unwrap().gws["gw1"]).clone()
     }
 
     const IFS: Ifaces = Ifaces { lan: 2, ext: 3 };

@@ -58,7 +58,7 @@ impl Realizer for Host {
 
     /// haproxy serves the proxy-mode listeners of every applied load balancer.
     fn finish(&mut self, applied: &Applied, alloc: &Allocations) -> Result<Finish> {
-        let lbs: Vec<_> = applied.lbs.values().filter_map(|l| Some((l, alloc.lbs.get(&l.id)?))).collect();
+        let lbs: Vec<_> = applied.lbs.values().filter_map(|l| Some((&**l, alloc.lbs.get(&l.id)?))).collect();
         let any_proxy = lbs.iter().any(|(l, _)| l.listeners.iter().any(|x| x.mode == ListenerMode::Proxy));
         if !any_proxy {
             let stopped = self.haproxy.stop()?;

@@ -1,6 +1,9 @@
 //! The plan: which objects to remove, create, update or re-ensure.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use serde::Serialize;
 
@@ -28,9 +31,9 @@ impl Kind {
 /// One object's whole spec, whatever its kind (what an ensure step applies).
 #[derive(Clone, Copy, Debug)]
 pub enum Spec<'a> {
-    Lb(&'a Lb),
+    Lb(&'a Arc<Lb>),
     /// A gateway, with the QoS policies it uses.
-    Gw(&'a Gw),
+    Gw(&'a Arc<Gw>),
 }
 
 /// The spec of object `key` of `kind` (planned ensures name desired objects).

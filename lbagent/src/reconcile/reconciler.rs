@@ -253,7 +253,7 @@ impl<R: Realizer> Reconciler<R> {
                 let mut changes = allocated.kind(ErrorKind::Allocation)?;
                 changes.extend(match spec {
                     Spec::Lb(lb) => self.realizer.ensure_lb(lb, &mut self.alloc)?,
-                    Spec::Gw(gw) => self.realizer.ensure_gw(gw, prev.as_ref(), &mut self.alloc)?,
+                    Spec::Gw(gw) => self.realizer.ensure_gw(gw, prev.as_deref(), &mut self.alloc)?,
                 });
                 if *reason != Reason::Repair {
                     changes.prepend(format!("{} {}", verb(*reason), kind.noun()));

@@ -6,10 +6,11 @@ pub use super::problem::{Problem, Problems};
 use super::{
     decimal,
     model::StateFile,
-    nodes,
     spec::Desired,
     validate::{desired, warnings},
+    yaml,
 };
+use serde::Deserialize;
 
 fn one(path: impl Into<String>, message: impl Into<String>) -> Problems {
     Problems(vec![Problem { path: path.into(), message: message.into() }])
@@ -32,16 +33,15 @@ impl Format {
 }
 
 /// Parses (no validation). Errors carry the field path where serde stopped.
-/// A YAML document is first counted with its aliases expanded
-/// (`nodes::max_nodes`), then read with its numbers checked as written
+/// A YAML document is read in one streaming pass (`yaml.rs`: its aliases
+/// may expand to `nodes::max_nodes`), with its numbers checked as written
 /// (`decimal::reading_yaml`).
 pub fn parse(text: &str, format: Format) -> Result<StateFile, Problems> {
     let res = match format {
-        Format::Yaml => count_nodes(text).and_then(|()| {
-            decimal::reading_yaml(|| {
-                let de = serde_yaml::Deserializer::from_str(text);
-                serde_path_to_error::deserialize(de).map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
-            })
+        Format::Yaml => decimal::reading_yaml(|| {
+            let mut track = serde_path_to_error::Track::new();
+            yaml::read(text, |de| StateFile::deserialize(serde_path_to_error::Deserializer::new(de, &mut track)))
+                .map_err(|e| (track.path().to_string(), yaml::message(text, &e)))
         }),
         Format::Json => {
             let mut de = serde_json::Deserializer::from_str(text);
@@ -54,16 +54,6 @@ pub fn parse(text: &str, format: Format) -> Result<StateFile, Problems> {
         let msg = msg.strip_prefix(&format!("{path}: ")).map(str::to_string).unwrap_or(msg);
         one(path, msg)
     })
-}
-
-/// Counts the nodes of a YAML document, aliases expanded, up to its budget.
-fn count_nodes(text: &str) -> Result<(), (String, String)> {
-    let budget = nodes::max_nodes(text.len());
-    let left = std::cell::Cell::new(budget);
-    let mut track = serde_path_to_error::Track::new();
-    let de = serde_path_to_error::Deserializer::new(serde_yaml::Deserializer::from_str(text), &mut track);
-    serde::de::DeserializeSeed::deserialize(nodes::Count { left: &left, budget }, de)
-        .map_err(|e| (track.path().to_string(), e.to_string()))
 }
 
 /// Parses and validates text: the document as written.

@@ -9,6 +9,7 @@ pub mod nodes;
 pub mod problem;
 pub mod spec;
 pub mod validate;
+mod yaml;
 
 pub use load::{Accepted, Format, Problem, Problems, accept_file, accept_str, load_file, load_str};
 pub use model::StateFile;

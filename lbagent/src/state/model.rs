@@ -8,6 +8,12 @@ use serde::{Deserialize, Serialize};
 
 use super::decimal::{Decimal, integer, optional_integer};
 
+/// A list written as an empty value (`listeners:` and nothing after it, or
+/// `null`) is an empty list, as a missing one is.
+fn null_is_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Option::<Vec<T>>::deserialize(d).map(Option::unwrap_or_default)
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StateFile {
@@ -15,11 +21,11 @@ pub struct StateFile {
     pub version: u32,
     #[serde(default)]
     pub agent: AgentConfig,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub load_balancers: Vec<LoadBalancer>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub nat_gateways: Vec<NatGateway>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub qos_policies: Vec<QosPolicy>,
     /// This document may remove more than the daemon's `--max-removal`
     /// share of the running objects at once (a drain, a deliberate
@@ -180,9 +186,9 @@ pub struct LoadBalancer {
     #[serde(default = "yes")]
     pub enabled: bool,
     pub network: LbNetwork,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub listeners: Vec<Listener>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub backend_groups: Vec<BackendGroup>,
     /// This load balancer's share of the conntrack tables.
     #[serde(default)]
@@ -335,7 +341,7 @@ impl HealthCheck {
 #[serde(deny_unknown_fields)]
 pub struct BackendGroup {
     pub id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub backends: Vec<Backend>,
 }
 
@@ -360,17 +366,17 @@ pub struct NatGateway {
     pub name: String,
     pub lan: GwLan,
     pub external: GwExternal,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub routes: Vec<Route>,
     #[serde(default)]
     pub qos_policy: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub eips: Vec<Eip>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub fips: Vec<Fip>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub dnats: Vec<Dnat>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub snats: Vec<Snat>,
     /// This gateway's share of the conntrack tables.
     #[serde(default)]
@@ -464,7 +470,7 @@ pub struct QosPolicy {
     pub binding: QosBinding,
     #[serde(default)]
     pub shared: bool,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub rules: Vec<QosRule>,
 }
 

@@ -10,7 +10,7 @@
 //! paths; `validate.rs` checks each object and builds its spec in one pass.
 //! Specs are persisted as the applied state (`reconcile::applied`).
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::Ipv4Addr, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
@@ -36,12 +36,14 @@ pub fn cidr_text((addr, len): &Cidr) -> String {
 }
 
 /// Everything the agent should run (disabled load balancers are absent:
-/// they are torn down like removed ones).
+/// they are torn down like removed ones). Each object's spec is shared, not
+/// copied, with the applied record once it runs (`reconcile::Applied`): at
+/// 100 000 rules one copy of the specs is ~10 MB.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Desired {
     pub agent: AgentConfig,
-    pub lbs: BTreeMap<String, Lb>,
-    pub gws: BTreeMap<String, Gw>,
+    pub lbs: BTreeMap<String, Arc<Lb>>,
+    pub gws: BTreeMap<String, Arc<Gw>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

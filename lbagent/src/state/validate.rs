@@ -131,7 +131,7 @@ pub fn check(s: &StateFile) -> (Desired, Vec<Problem>) {
         if let Some(spec) = load_balancer(&mut c, &p, lb)
             && lb.enabled
         {
-            lbs.insert(lb.id.clone(), spec);
+            lbs.insert(lb.id.clone(), std::sync::Arc::new(spec));
         }
     }
     derived_names(&mut c, s);
@@ -161,7 +161,7 @@ pub fn check(s: &StateFile) -> (Desired, Vec<Problem>) {
         let around =
             GwAround { integration_bridge: &s.agent.integration_bridge, policies: &policies, all_eips: &all_eips };
         if let Some(spec) = nat_gateway(&mut c, &p, gw, &around, &mut unshared_uses) {
-            gws.insert(gw.name.clone(), spec);
+            gws.insert(gw.name.clone(), std::sync::Arc::new(spec));
         }
     }
     for (name, n) in unshared_uses {
@@ -846,7 +846,7 @@ fn nat_gateway<'a>(
     };
     let mut fip_eips = HashSet::new();
     let mut fip_targets: HashMap<Ipv4Addr, usize> = HashMap::new();
-    let mut fips = Vec::new();
+    let mut fips = Vec::with_capacity(gw.fips.len());
     for (i, f) in gw.fips.iter().enumerate() {
         let fp = format!("{p}.fips[{i}]");
         let e = eip(c, format!("{fp}.eip"), &f.eip);
@@ -873,7 +873,7 @@ fn nat_gateway<'a>(
         }
     }
     let mut identities: HashMap<(&str, Protocol, u32), Vec<DnatMode>> = HashMap::new();
-    let mut dnats = Vec::new();
+    let mut dnats = Vec::with_capacity(gw.dnats.len());
     for (i, d) in gw.dnats.iter().enumerate() {
         let dp = format!("{p}.dnats[{i}]");
         let e = eip(c, format!("{dp}.eip"), &d.eip);
@@ -914,7 +914,7 @@ fn nat_gateway<'a>(
         }
     }
     let mut cidrs = HashSet::new();
-    let mut snats = Vec::new();
+    let mut snats = Vec::with_capacity(gw.snats.len());
     for (i, s) in gw.snats.iter().enumerate() {
         let sp = format!("{p}.snats[{i}]");
         let e = eip(c, format!("{sp}.eip"), &s.eip);

@@ -266,7 +266,7 @@ fn listener_acls_admit_and_refuse_two_clients() {
     let stats: std::collections::HashMap<u32, lbagent_common::RuleStats> =
         t.rule_stats().unwrap().into_iter().collect();
     for listener in ["raw", "web", "dns"] {
-        let id = b.bed.reconciler.alloc.rule_ids[&format!("lb/{}/listener/{listener}", b.ids[0])];
+        let id = b.bed.reconciler.alloc.rule_ids[format!("lb/{}/listener/{listener}", b.ids[0]).as_str()];
         assert!(stats.get(&id).is_some_and(|s| s.acl_drops >= 1), "{listener}: {:?}", stats.get(&id));
     }
 }

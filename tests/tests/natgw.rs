@@ -112,7 +112,7 @@ fn fip_dnat_snat_hairpin_and_icmp() {
         "echo went to the FIP's internal host"
     );
     // Per-rule statistics: the FIP's DNAT rule counted its traffic.
-    let fip_id = b.bed.reconciler.alloc.rule_ids[&format!("natgw/{}/fip/198.51.100.10", b.gw)];
+    let fip_id = b.bed.reconciler.alloc.rule_ids[format!("natgw/{}/fip/198.51.100.10", b.gw).as_str()];
     let stats = t.rule_stats().unwrap();
     assert!(stats.iter().any(|(id, s)| *id == fip_id && s.packets >= 4 && s.bytes > 0), "{stats:?}");
     udp_expect_refused(inet, at("198.51.100.10", 9999)).unwrap();

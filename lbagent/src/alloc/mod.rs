@@ -15,8 +15,10 @@
 pub mod store;
 
 use std::{
+    borrow::Borrow,
     collections::{BTreeMap, BTreeSet, HashSet},
     net::Ipv4Addr,
+    sync::Arc,
 };
 
 use serde::{Deserialize, Serialize};
@@ -40,8 +42,10 @@ pub struct Allocations {
     pub lbs: BTreeMap<String, LbAlloc>,
     /// Dataplane rule id per rule key (`natgw/<name>/dnat/...`); ids start at 1
     /// and are unique across zones (they key backends and conntrack entries).
+    /// The keys are shared with the status' names of the rules (100 000
+    /// rules: ~4 MB a copy).
     #[serde(default)]
-    pub rule_ids: BTreeMap<String, u32>,
+    pub rule_ids: BTreeMap<Arc<str>, u32>,
     /// Rule ids are never reused: flows of a deleted rule may still drain
     /// under its id, and its statistics must not be mistaken for a new rule's.
     #[serde(default)]
@@ -135,13 +139,13 @@ impl std::error::Error for AllocError {}
 /// id function (rules, QoS). A key without an id yields 0 and is kept:
 /// [`Allocated::check`] turns it into an error before anything uses the
 /// result.
-pub struct Allocated<'a, T> {
-    ids: &'a BTreeMap<String, T>,
+pub struct Allocated<'a, K, T> {
+    ids: &'a BTreeMap<K, T>,
     missing: Option<String>,
 }
 
-impl<'a, T: Copy + Default> Allocated<'a, T> {
-    pub fn new(ids: &'a BTreeMap<String, T>) -> Self {
+impl<'a, K: Borrow<str> + Ord, T: Copy + Default> Allocated<'a, K, T> {
+    pub fn new(ids: &'a BTreeMap<K, T>) -> Self {
         Allocated { ids, missing: None }
     }
 
@@ -266,7 +270,7 @@ impl Allocations {
         self.next_rule_id = id.wrapping_add(1);
         // Past the top of the space, ids below `next_rule_id` are in use.
         self.ids_below_next.0 = Some(below && self.next_rule_id != 0);
-        self.rule_ids.insert(key.to_string(), id);
+        self.rule_ids.insert(Arc::from(key), id);
         self.generation.bump();
         id
     }
@@ -306,7 +310,7 @@ impl Allocations {
     pub fn release_rules(&mut self, prefix: &str, keep: &BTreeSet<String>) -> Vec<u32> {
         let mut released = Vec::new();
         self.rule_ids.retain(|k, id| {
-            let stays = !k.starts_with(prefix) || keep.contains(k);
+            let stays = !k.starts_with(prefix) || keep.contains(&**k);
             if !stays {
                 released.push(*id);
             }

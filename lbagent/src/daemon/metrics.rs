@@ -125,7 +125,7 @@ fn dataplane(r: &mut Registry, bpffs: &Path, status: &Status) -> Result<()> {
     }
     r.register("dataplane_packets", "Packets by engine outcome (counters map, summed over CPUs).", packets);
 
-    let name = |id: u32| status.rule_names.get(&id).cloned().unwrap_or_else(|| format!("id/{id}"));
+    let name = |id: u32| status.rule_names.get(&id).map_or_else(|| format!("id/{id}"), |n| n.to_string());
     let stats = t.rule_stats().context("reading rule_stats")?;
     let (rule_packets, rule_bytes, acl_drops) = (
         Family::<ByRule, Counter>::default(),

@@ -4,6 +4,7 @@
 use std::{
     collections::BTreeMap,
     net::Ipv4Addr,
+    sync::Arc,
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -53,8 +54,8 @@ pub struct StatusDoc {
     pub alive_problem: Option<String>,
     pub load_balancers: Vec<LbStatus>,
     pub nat_gateways: Vec<GwStatus>,
-    /// Rule key → rule id.
-    pub rules: BTreeMap<String, u32>,
+    /// Rule key → rule id (the keys shared with the allocations).
+    pub rules: BTreeMap<Arc<str>, u32>,
     /// Backends failing their health checks: `<lb>/<listener>/<backend>`.
     #[serde(default)]
     pub backends_down: Vec<String>,
@@ -164,7 +165,7 @@ pub struct QosRuleStatus {
 pub struct Status {
     pub document: StatusDoc,
     /// Rule id → rule key (`natgw/<gw>/fip/<eip>`, `lb/<id>/listener/<l>` …), for metrics.
-    pub rule_names: BTreeMap<u32, String>,
+    pub rule_names: BTreeMap<u32, Arc<str>>,
     /// QoS bucket → rule-instance key (`natgw/<gw>/qos/...`), for metrics.
     pub qos_names: BTreeMap<u32, String>,
     /// Zone → object key (`lb/<id>`, `natgw/<name>`), for metrics.
@@ -196,7 +197,7 @@ impl Status {
     /// Recomputes what derives from the applied objects and the allocations
     /// (after an apply or a refused reload).
     pub fn refresh(&mut self, applied: &Applied, alloc: &Allocations) {
-        self.rule_names = alloc.rule_ids.iter().map(|(k, id)| (*id, k.clone())).collect();
+        self.rule_names = alloc.rule_ids.iter().map(|(k, id)| (*id, Arc::clone(k))).collect();
         self.qos_names = alloc.qos_buckets.iter().map(|(k, b)| (*b, k.clone())).collect();
         self.zone_names = alloc.zones.iter().map(|(k, z)| (*z, k.clone())).collect();
         let lbs = applied

@@ -142,7 +142,7 @@ pub fn rules(gw: &Gw, zone: u16, ifs: Ifaces, ids: &mut dyn FnMut(&str) -> u32) 
 
 /// Rule ids whose flows must be flushed when `prev` becomes `next`.
 pub fn flushes(prev: &Gw, next: Option<&Gw>, alloc: &Allocations) -> BTreeSet<u32> {
-    let id = |k: String| alloc.rule_ids.get(&k).copied();
+    let id = |k: String| alloc.rule_ids.get(k.as_str()).copied();
     let mut out = BTreeSet::new();
     let next_fips = next.map(fips).unwrap_or_default();
     for (eip, internal) in fips(prev) {
@@ -206,9 +206,9 @@ mod tests {
         let mut a = Allocations::default();
         let prev = gw();
         rules(&prev, 5, IFS, &mut |k| a.rule_id(k));
-        let fip_id = a.rule_ids[&naming::gw_fip_key("gw1", Ipv4Addr::new(198, 51, 100, 10))];
-        let ssh_id = a.rule_ids[&naming::gw_dnat_key("gw1", Ipv4Addr::new(198, 51, 100, 11), Protocol::Tcp, 2222)];
-        let snat_id = a.rule_ids[&naming::gw_snat_key("gw1", (Ipv4Addr::new(10, 10, 0, 0), 24))];
+        let fip_id = a.rule_ids[&*naming::gw_fip_key("gw1", Ipv4Addr::new(198, 51, 100, 10))];
+        let ssh_id = a.rule_ids[&*naming::gw_dnat_key("gw1", Ipv4Addr::new(198, 51, 100, 11), Protocol::Tcp, 2222)];
+        let snat_id = a.rule_ids[&*naming::gw_snat_key("gw1", (Ipv4Addr::new(10, 10, 0, 0), 24))];
         // Deleting a FIP flushes it; deleting a SNAT flushes it (its flows
         // would keep sending from the EIP); a share backend flushes nothing here.
         let mut next = prev.clone();

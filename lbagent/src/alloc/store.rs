@@ -37,12 +37,14 @@ impl JsonFile {
     pub fn load<T: DeserializeOwned + Default>(&self) -> Result<T> {
         match fs::File::open(&self.path) {
             Ok(f) => {
-                let mut r = HashingReader::new(std::io::BufReader::with_capacity(64 * 1024, f));
+                // Digested as the buffer fills (serde_json reads a byte at
+                // a time from it).
+                let mut r = std::io::BufReader::with_capacity(64 * 1024, HashingReader::new(f));
                 let value =
                     serde_json::from_reader(&mut r).with_context(|| format!("reading {}", self.path.display()))?;
                 // serde_json read up to the end, checking that only
                 // whitespace follows: the digest is the whole file's.
-                *self.last.lock().unwrap() = Some(r.finish());
+                *self.last.lock().unwrap() = Some(r.into_inner().finish());
                 Ok(value)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(T::default()),
@@ -56,9 +58,9 @@ impl JsonFile {
     /// file: never into memory whole (the applied record is ~23 MB of JSON
     /// at 100 000 rules).
     pub fn save<T: Serialize>(&self, value: &T) -> Result<()> {
-        let mut hasher = Hasher::new();
+        let mut hasher = std::io::BufWriter::with_capacity(64 * 1024, Hasher::new());
         serde_json::to_writer_pretty(&mut hasher, value)?;
-        let sum = hasher.finish();
+        let sum = hasher.into_inner().map_err(|e| e.into_error())?.finish();
         let mut last = self.last.lock().unwrap();
         // The same content as last time, and the file still holds it (not
         // deleted or replaced by someone else): nothing to write.

@@ -13,7 +13,7 @@ use std::{
     sync::Arc,
 };
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize, de::IgnoredAny};
 
 use super::plan::{Kind, Spec};
@@ -87,7 +87,9 @@ impl Applied {
         struct Format {
             format: Option<u64>,
         }
-        if !file.path().exists() {
+        // Absent: nothing applied yet. Any other error (a record that
+        // cannot be read) stops the agent rather than forget what runs.
+        if !file.path().try_exists().with_context(|| format!("reading {}", file.path().display()))? {
             return Ok(Applied::default());
         }
         match file.load::<Format>()?.format {

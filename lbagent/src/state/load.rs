@@ -132,27 +132,27 @@ fn read_capped(path: &Path) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    /// "Billion laughs": 9 levels of 9 aliases, 387 million nodes if expanded.
+    /// "Billion laughs" on typed fields: 1 000 load balancers that are one
+    /// aliased load balancer of 100 aliased listeners with 100 prefixes
+    /// each, ten million prefixes if expanded.
     fn bomb() -> String {
-        let mut doc =
-            String::from("version: 1\nqos_policies:\n  - name: x\n    binding: eip\n    rules: []\n    shared: [");
-        doc += "&a [x, x, x, x, x, x, x, x, x]";
-        for (prev, name) in
-            ["a", "b", "c", "d", "e", "f", "g", "h"].iter().zip(["b", "c", "d", "e", "f", "g", "h", "i"])
-        {
-            doc +=
-                &format!(", &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]");
-        }
-        doc += "]\n";
-        doc
+        let cidrs = ["10.0.0.0/8"; 100].join(", ");
+        let listeners = ["*l"; 99].join(", ");
+        let lbs = ["*lb"; 999].join(", ");
+        format!(
+            "version: 1\nload_balancers: [&lb {{id: abcdefghijklmn, network: {{ip: 10.0.0.5, mac: \"02:00:00:00:00:05\", \
+             prefix_len: 24, gateway: 10.0.0.1}}, listeners: [&l {{id: l, type: tcp, port: 80, backend_group: g, acl: \
+             {{action: allow, cidrs: [{cidrs}]}}}}, {listeners}], backend_groups: [{{id: g, backends: [{{id: b, \
+             address: 10.0.0.9, port: 80}}]}}]}}, {lbs}]\n"
+        )
     }
 
     #[test]
-    fn an_alias_bomb_is_refused_quickly() {
+    fn an_alias_bomb_is_refused_quickly_where_its_budget_runs_out() {
         let started = std::time::Instant::now();
         let err = load_str(&bomb(), Format::Yaml).unwrap_err().to_string();
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "took {:?}", started.elapsed());
-        assert!(err.contains("qos_policies[0].shared"), "{err}");
+        assert!(err.contains("load_balancers[") && err.contains("through YAML aliases"), "{err}");
     }
 
     #[test]

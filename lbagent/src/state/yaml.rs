@@ -10,19 +10,34 @@
 //!
 //! Aliases: the parser counts the events its aliases replay (a scalar is
 //! one, a list or a mapping two) and stops at `nodes::max_nodes`, with the
-//! path where it ran out; what was built up to there is bounded by that
-//! budget. Its other limits are set above what such a document can reach,
-//! so the alias budget, with its message, is the one a document meets.
-//! Merge keys (`<<`) are refused, as before: a document spells its mappings
-//! out or shares them whole through an alias. A key written twice reaches
-//! the typed model, which refuses it (`duplicate field`).
+//! path where it ran out. An anchored node's events are kept for its
+//! aliases (copied once per anchor it is inside): at most
+//! `ANCHOR_EVENTS` copies and `ANCHOR_BYTES` of text in all, so anchors
+//! share small parts (a health check, an ACL), and a document that anchors
+//! a large one is refused rather than copied whole. The events of a
+//! document without aliases are bounded by its size.
+//!
+//! What is read as serde_yaml read it: booleans are `true` and `false` only
+//! (not YAML 1.1's `yes`, `no`, `on`, `off`); a `!!binary` tag is ignored
+//! (the text is read as written, never decoded); merge keys (`<<`) are
+//! refused: a document spells its mappings out or shares them whole
+//! through an alias. A key written twice reaches the typed model, which
+//! refuses it (`duplicate field`). Unlike serde_yaml, a quoted `"true"` is
+//! accepted for a boolean and an explicit `!!int` tag is refused.
 
 use serde_saphyr::{
     Budget, Deserializer, Error, Options,
+    budget::BudgetBreach,
     options::{DuplicateKeyPolicy, MergeKeyPolicy},
 };
 
 use super::nodes;
+
+/// Event copies kept for anchors, in all (each ~100 bytes: ~10 MB).
+const ANCHOR_EVENTS: usize = 100_000;
+
+/// Text kept for anchors, in all.
+const ANCHOR_BYTES: usize = 4 << 20;
 
 /// The parser's options for a document of `len` bytes.
 fn options(len: usize) -> Options {
@@ -34,12 +49,15 @@ fn options(len: usize) -> Options {
     opts.with_snippet = false;
     opts.merge_keys = MergeKeyPolicy::Error;
     opts.duplicate_keys = DuplicateKeyPolicy::PassThrough;
+    opts.strict_booleans = true;
+    opts.ignore_binary_tag_for_string = true;
     let mut limits = Budget::default();
     limits.max_events = events;
     limits.max_nodes = events;
     limits.max_aliases = events;
     limits.max_anchors = events;
-    limits.max_recorded_anchor_events = events;
+    limits.max_recorded_anchor_events = ANCHOR_EVENTS;
+    limits.max_recorded_anchor_bytes = ANCHOR_BYTES;
     limits.enforce_alias_anchor_ratio = false;
     opts.budget = Some(limits);
     opts.alias_limits.max_total_replayed_events = replayed;
@@ -64,8 +82,15 @@ pub(super) fn message(text: &str, e: &Error) -> String {
     if text.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
         return "missing field `version`: the document is empty".into();
     }
-    if matches!(original(e), Error::AliasReplayLimitExceeded { .. } | Error::AliasReplayCounterOverflow { .. }) {
-        return nodes::too_many(nodes::max_nodes(text.len()));
+    match original(e) {
+        Error::AliasReplayLimitExceeded { .. } | Error::AliasReplayCounterOverflow { .. } => {
+            return nodes::too_many(nodes::max_nodes(text.len()));
+        }
+        Error::Budget {
+            breach: BudgetBreach::RecordedAnchorEvents { .. } | BudgetBreach::RecordedAnchorBytes { .. },
+            ..
+        } => return anchored_too_much(),
+        _ => {}
     }
     let msg = e.to_string();
     let line = e.location().and_then(|l| usize::try_from(l.line()).ok()).filter(|&l| l > 0);
@@ -83,6 +108,16 @@ fn original(mut e: &Error) -> &Error {
         e = error;
     }
     e
+}
+
+/// The message when the parts a document's anchors name are too large.
+fn anchored_too_much() -> String {
+    format!(
+        "the document's anchors (`&name`) name more than {ANCHOR_EVENTS} YAML events or {} MiB of text for \
+         their aliases (an anchor inside another counts for each, one around aliases counts them expanded): share \
+         small parts through YAML aliases, or write them out",
+        ANCHOR_BYTES >> 20
+    )
 }
 
 /// How much of the line an error points at is quoted.
@@ -124,5 +159,39 @@ mod tests {
     #[test]
     fn merge_keys_are_refused() {
         assert!(value("a: &m {x: 1}\nb: {<<: *m, y: 2}\n").is_err());
+    }
+
+    #[test]
+    fn a_large_anchored_part_is_refused_in_bounded_memory() {
+        // Anchors nested six deep around 200 000 scalars: every event would
+        // be kept six times.
+        let items = ["a"; 200_000].join(",");
+        let doc = format!("x: &a [&b [&c [&d [&e [&f [{items}]]]]]]\n");
+        let started = std::time::Instant::now();
+        let err = value(&doc).unwrap_err();
+        assert!(err.contains("anchors (`&name`) name more than"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "took {:?}", started.elapsed());
+        // A small shared part is fine.
+        assert!(value("a: &h {path: /healthz, interval_s: 2}\nb: [*h, *h]\n").is_ok());
+    }
+
+    #[test]
+    fn booleans_are_true_and_false_and_binary_tags_are_not_decoded() {
+        #[derive(serde::Deserialize)]
+        struct Doc {
+            on: bool,
+        }
+        let bool_of = |t: &str| read(t, |de| <Doc as serde::Deserialize>::deserialize(de)).map(|d| d.on);
+        assert!(bool_of("on: true").unwrap());
+        assert!(!bool_of("on: false").unwrap());
+        for t in ["on: yes", "on: no", "on: off", "on: on", "on: y", "on: Y"] {
+            assert!(bool_of(t).is_err(), "{t}");
+        }
+        #[derive(serde::Deserialize)]
+        struct Text {
+            s: String,
+        }
+        let s = read("s: !!binary ODA=", |de| <Text as serde::Deserialize>::deserialize(de)).unwrap().s;
+        assert_eq!(s, "ODA=");
     }
 }

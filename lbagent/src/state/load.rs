@@ -50,7 +50,7 @@ pub fn parse(text: &str, format: Format) -> Result<StateFile, Problems> {
     };
     res.map_err(|(path, msg)| {
         let path = if path == "." { String::new() } else { path };
-        // serde_yaml names the path in its message too: say it once.
+        // A message that names the path too (as serde_yaml's did) says it once.
         let msg = msg.strip_prefix(&format!("{path}: ")).map(str::to_string).unwrap_or(msg);
         one(path, msg)
     })

@@ -18,6 +18,7 @@ use std::{
     borrow::Borrow,
     collections::{BTreeMap, BTreeSet, HashSet},
     net::Ipv4Addr,
+    ops::Bound,
     sync::Arc,
 };
 
@@ -42,10 +43,11 @@ pub struct Allocations {
     pub lbs: BTreeMap<String, LbAlloc>,
     /// Dataplane rule id per rule key (`natgw/<name>/dnat/...`); ids start at 1
     /// and are unique across zones (they key backends and conntrack entries).
-    /// The keys are shared with the status' names of the rules (100 000
-    /// rules: ~4 MB a copy).
+    /// The map is shared with the status document (100 000 rules: ~9 MB
+    /// with its keys), and copied on write: the first change after the
+    /// status took it makes this one's own copy.
     #[serde(default)]
-    pub rule_ids: BTreeMap<Arc<str>, u32>,
+    pub rule_ids: Arc<BTreeMap<Arc<str>, u32>>,
     /// Rule ids are never reused: flows of a deleted rule may still drain
     /// under its id, and its statistics must not be mistaken for a new rule's.
     #[serde(default)]
@@ -270,7 +272,7 @@ impl Allocations {
         self.next_rule_id = id.wrapping_add(1);
         // Past the top of the space, ids below `next_rule_id` are in use.
         self.ids_below_next.0 = Some(below && self.next_rule_id != 0);
-        self.rule_ids.insert(Arc::from(key), id);
+        Arc::make_mut(&mut self.rule_ids).insert(Arc::from(key), id);
         self.generation.bump();
         id
     }
@@ -308,18 +310,24 @@ impl Allocations {
     /// Releases rule ids whose key starts with `prefix` and is not in `keep`;
     /// returns the released ids.
     pub fn release_rules(&mut self, prefix: &str, keep: &BTreeSet<String>) -> Vec<u32> {
-        let mut released = Vec::new();
-        self.rule_ids.retain(|k, id| {
-            let stays = !k.starts_with(prefix) || keep.contains(&**k);
-            if !stays {
-                released.push(*id);
-            }
-            stays
-        });
-        if !released.is_empty() {
-            self.generation.bump();
+        // The keys with `prefix` are one run of the sorted map: only they
+        // are looked at, and the shared map is copied only when one goes.
+        let gone: Vec<(Arc<str>, u32)> = self
+            .rule_ids
+            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(k, _)| !keep.contains(&***k))
+            .map(|(k, id)| (Arc::clone(k), *id))
+            .collect();
+        if gone.is_empty() {
+            return Vec::new();
         }
-        released
+        let ids = Arc::make_mut(&mut self.rule_ids);
+        for (k, _) in &gone {
+            ids.remove(k);
+        }
+        self.generation.bump();
+        gone.into_iter().map(|(_, id)| id).collect()
     }
 
     pub fn release_lb(&mut self, id: &str) -> Option<LbAlloc> {
@@ -442,6 +450,29 @@ mod tests {
     }
 
     #[test]
+    fn released_rules_are_those_under_the_prefix_and_a_shared_map_is_copied_only_on_a_change() {
+        let mut a = Allocations::default();
+        for k in ["natgw/g/dnat/1", "natgw/g/snat/1", "natgw/g2/dnat/1", "natgw/h/fip/1", "lb/x/listener/l"] {
+            a.rule_id(k);
+        }
+        let shared = Arc::clone(&a.rule_ids);
+        // Nothing under the prefix goes: the map stays shared.
+        let keep = BTreeSet::from(["natgw/g/dnat/1".to_string(), "natgw/g/snat/1".to_string()]);
+        assert!(a.release_rules("natgw/g/", &keep).is_empty());
+        assert!(Arc::ptr_eq(&shared, &a.rule_ids));
+        // `natgw/g2/` sorts among `natgw/g/`'s neighbours but is not under it.
+        assert_eq!(a.release_rules("natgw/g/", &BTreeSet::new()), vec![1, 2]);
+        assert_eq!(
+            a.rule_ids.keys().map(|k| &**k).collect::<Vec<_>>(),
+            ["lb/x/listener/l", "natgw/g2/dnat/1", "natgw/h/fip/1"]
+        );
+        // The holder of the shared map (the status) still sees it whole.
+        assert_eq!(shared.len(), 5);
+        a.rule_id("natgw/g/dnat/9");
+        assert_eq!(shared.len(), 5);
+    }
+
+    #[test]
     fn rule_ids_skip_ids_in_use_after_an_old_file_and_after_the_space_wraps() {
         // A file from before `next_rule_id` was kept: ids 1–3 in use.
         let mut a: Allocations =
@@ -452,8 +483,8 @@ mod tests {
         // The top of the space: u32::MAX, then 0 is skipped and so are the
         // ids still in use from the first round.
         let mut a = Allocations { next_rule_id: u32::MAX - 1, ..Default::default() };
-        a.rule_ids.insert("natgw/g/old/1".into(), 1);
-        a.rule_ids.insert("natgw/g/old/2".into(), 2);
+        Arc::make_mut(&mut a.rule_ids).insert("natgw/g/old/1".into(), 1);
+        Arc::make_mut(&mut a.rule_ids).insert("natgw/g/old/2".into(), 2);
         assert_eq!(a.rule_id("natgw/g/fip/a"), u32::MAX - 1);
         assert_eq!(a.rule_id("natgw/g/fip/b"), u32::MAX);
         assert_eq!(a.rule_id("natgw/g/fip/c"), 3, "0, 1 and 2 are not handed out");

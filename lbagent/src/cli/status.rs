@@ -183,12 +183,10 @@ pub fn render(doc: &StatusDoc) -> String {
     for gw in &doc.nat_gateways {
         out += &format!("NAT gateway {} zone {} netns {}\n", gw.name, or_dash(&gw.zone), gw.netns);
         for e in &gw.eips {
-            out += &format!(
-                "  eip {:<8} {:<15} {}\n",
-                e.name,
-                e.ip,
-                if e.used_by.is_empty() { "unused".into() } else { e.used_by.join("; ") }
-            );
+            out += &format!("  eip {:<8} {:<15} {}\n", e.name, e.ip, {
+                let lines: Vec<String> = e.used_by.lines().collect();
+                if lines.is_empty() { "unused".into() } else { lines.join("; ") }
+            });
         }
         for q in &gw.qos {
             let st = q.stats.unwrap_or_default();

@@ -125,8 +125,19 @@ fn dataplane(r: &mut Registry, bpffs: &Path, status: &Status) -> Result<()> {
     }
     r.register("dataplane_packets", "Packets by engine outcome (counters map, summed over CPUs).", packets);
 
-    let name = |id: u32| status.rule_names.get(&id).map_or_else(|| format!("id/{id}"), |n| n.to_string());
     let stats = t.rule_stats().context("reading rule_stats")?;
+    // Names of the rules with statistics, from one walk of the rule keys
+    // (no reverse map is kept between scrapes).
+    let mut names: std::collections::HashMap<u32, &str> = stats.iter().map(|(id, _)| (*id, "")).collect();
+    for (key, id) in status.document.rules.iter() {
+        if let Some(n) = names.get_mut(id) {
+            *n = key;
+        }
+    }
+    let name = |id: u32| match names.get(&id) {
+        Some(n) if !n.is_empty() => n.to_string(),
+        _ => format!("id/{id}"),
+    };
     let (rule_packets, rule_bytes, acl_drops) = (
         Family::<ByRule, Counter>::default(),
         Family::<ByRule, Counter>::default(),

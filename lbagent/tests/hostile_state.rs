@@ -8,7 +8,7 @@
 //! Each case edits the valid example (`examples/state.yaml`) with one or
 //! more (find, replace) pairs, or replaces the whole text.
 
-use lbagent::state::{Format, accept_str, load_str};
+use lbagent::state::{Format, accept_str, load_file, load_str};
 
 const BASE: &str = include_str!("../../examples/state.yaml");
 
@@ -784,7 +784,21 @@ fn run(cases: Vec<Case>) -> Vec<String> {
                 t.replacen(find.as_str(), replace, 1)
             }),
         };
-        match load_str(&text, Format::Yaml) {
+        let from_text = load_str(&text, Format::Yaml);
+        // The agent streams a file through the parser instead: the same
+        // document gets the same answer.
+        static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let file = std::env::temp_dir().join(format!("lbagent-hostile-{}-{n}.yaml", std::process::id()));
+        std::fs::write(&file, &text).unwrap();
+        let from_file = load_file(&file);
+        let _ = std::fs::remove_file(&file);
+        match (&from_text, &from_file) {
+            (Ok(_), Ok(_)) => {}
+            (Err(a), Err(b)) if a.to_string() == b.to_string() => {}
+            _ => failures.push(format!("{}: as text {from_text:?}, as a file {from_file:?}", c.name)),
+        }
+        match from_text {
             Ok(_) if c.expect.is_empty() => {}
             Ok(_) => failures.push(format!("{}: accepted, expected {:?}", c.name, c.expect)),
             Err(e) if c.expect.is_empty() => failures.push(format!("{}: rejected: {e}", c.name)),

@@ -22,6 +22,9 @@ pub struct AgentDirs {
     /// Environment of every command run on these directories (the agent,
     /// the CLI, the teardown).
     pub envs: Vec<(String, String)>,
+    /// The release build ran the agent here: it tears down too (a debug
+    /// build took ~20 min to tear 500 zones down).
+    release_ran: std::sync::atomic::AtomicBool,
 }
 
 impl AgentDirs {
@@ -31,7 +34,12 @@ impl AgentDirs {
         let dir = std::env::temp_dir().join(&tag);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a temporary directory");
-        AgentDirs { dir, bpffs: PathBuf::from("/sys/fs/bpf").join(tag), envs: Vec::new() }
+        AgentDirs {
+            dir,
+            bpffs: PathBuf::from("/sys/fs/bpf").join(tag),
+            envs: Vec::new(),
+            release_ran: Default::default(),
+        }
     }
 
     /// `--state-dir`, `--bpffs` and `--api-socket`: every command of this
@@ -87,6 +95,9 @@ impl AgentDirs {
 
     /// [`AgentDirs::spawn`] with extra environment variables.
     pub fn spawn_env(&self, bin: &Path, args: &[String], log: &str, env: &[(&str, &str)]) -> AgentProcess {
+        if bin == crate::lbagent_release_bin() {
+            self.release_ran.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let log = self.path(log);
         let file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("the agent's log");
         let child = Command::new(bin)
@@ -104,7 +115,9 @@ impl AgentDirs {
 
 impl Drop for AgentDirs {
     fn drop(&mut self) {
-        let _ = Command::new(lbagent_bin()).arg("teardown").args(self.flags()).envs(self.envs.clone()).output();
+        let release = crate::lbagent_release_bin();
+        let bin = if *self.release_ran.get_mut() { release } else { lbagent_bin() };
+        let _ = Command::new(bin).arg("teardown").args(self.flags()).envs(self.envs.clone()).output();
         let _ = std::fs::remove_dir_all(&self.bpffs);
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -4,7 +4,10 @@
 //! once per pass for every zone), so a pass costs O(all rules), not
 //! zones × all rules.
 
-use std::{collections::HashSet, net::Ipv4Addr};
+use std::{
+    collections::{HashMap, HashSet},
+    net::Ipv4Addr,
+};
 
 use anyhow::Result;
 use lbagent_common::{Backend, CT_F_REPLY, DnatKey, DnatRule, PROTO_UDP, SNAT_KEY_FIXED_BITS, SnatKey, SnatRule};
@@ -35,8 +38,12 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Changes
     let mut changes = Changes::new();
     let wanted: HashSet<DnatKey> = want.iter().map(|d| d.key()).collect();
     let in_use: HashSet<u32> = want.iter().map(|d| d.rule_id).collect();
+    // Looked up by key and by rule id, not searched: a gateway of 60 000
+    // rules would otherwise compare every wanted rule with every one it has.
+    let by_key: HashMap<DnatKey, &DnatEntry> = have.iter().rev().map(|e| (e.0, e)).collect();
+    let by_rule: HashMap<u32, &DnatRule> = have.iter().rev().map(|(_, r, _)| (r.rule_id, r)).collect();
     for d in want {
-        let same = have.iter().find(|(k, _, _)| *k == d.key()).is_some_and(|(_, r, bs)| {
+        let same = by_key.get(&d.key()).is_some_and(|(_, r, bs)| {
             *r == d.rule() && bs.iter().map(|b| (Ipv4Addr::from(b.addr), b.port)).collect::<Vec<_>>() == d.backends
         });
         // A scheduler table can change while the rule and its backends do
@@ -71,8 +78,8 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Changes
     // programs, with the old ACL, still open flows into the shared tables).
     // A new listener among existing ones has a fresh rule id: no flow can
     // carry it.
-    let acl_changed = rule_acls(want.iter().filter(|d| match have.iter().find(|(_, r, _)| r.rule_id == d.rule_id) {
-        Some((_, r, _)) => r.acl_digest != d.rule().acl_digest,
+    let acl_changed = rule_acls(want.iter().filter(|d| match by_rule.get(&d.rule_id) {
+        Some(r) => r.acl_digest != d.rule().acl_digest,
         None => have.is_empty() && d.acl.is_some(),
     }));
     if !acl_changed.is_empty() {
@@ -132,19 +139,18 @@ fn udp_backends_gone(have: &[DnatEntry], want: &[DnatSpec]) -> HashSet<(u32, [u8
 /// ones not wanted.
 pub fn snat(t: &Tables, have: &[SnatEntry], want: &[SnatSpec], out: &mut Changes) -> Result<()> {
     let mut changes = Changes::new();
+    let by_key: HashMap<(u32, SnatKey), &SnatRule> = have.iter().rev().map(|(len, k, r)| ((*len, *k), r)).collect();
+    let wanted: HashSet<(u32, SnatKey)> = want.iter().map(|s| (s.key().prefix_len(), s.key().data())).collect();
     for s in want {
         let key = s.key();
-        let same = have
-            .iter()
-            .find(|(len, k, _)| *len == key.prefix_len() && *k == key.data())
-            .is_some_and(|(_, _, r)| *r == s.rule());
+        let same = by_key.get(&(key.prefix_len(), key.data())).is_some_and(|r| **r == s.rule());
         if !same {
             t.set_snat(s)?;
             changes.push(format!("snat {}/{} -> {}", s.cidr.0, s.cidr.1, s.to));
         }
     }
     for (len, k, _) in have {
-        if !want.iter().any(|s| s.key().prefix_len() == *len && s.key().data() == *k) {
+        if !wanted.contains(&(*len, *k)) {
             t.remove_snat_key(*len, *k)?;
             changes.push(format!("removed snat {}/{}", Ipv4Addr::from(k.addr), len - SNAT_KEY_FIXED_BITS));
         }

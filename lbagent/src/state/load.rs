@@ -48,12 +48,16 @@ pub fn parse(text: &str, format: Format) -> Result<StateFile, Problems> {
             serde_path_to_error::deserialize(&mut de).map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
         }
     };
-    res.map_err(|(path, msg)| {
-        let path = if path == "." { String::new() } else { path };
-        // A message that names the path too (as serde_yaml's did) says it once.
-        let msg = msg.strip_prefix(&format!("{path}: ")).map(str::to_string).unwrap_or(msg);
-        one(path, msg)
-    })
+    res.map_err(problem)
+}
+
+/// A parse error as a problem: the field path where serde stopped, and
+/// the message.
+fn problem((path, msg): (String, String)) -> Problems {
+    let path = if path == "." { String::new() } else { path };
+    // A message that names the path too (as serde_yaml's did) says it once.
+    let msg = msg.strip_prefix(&format!("{path}: ")).map(str::to_string).unwrap_or(msg);
+    one(path, msg)
 }
 
 /// Parses and validates text: the document as written.
@@ -100,16 +104,60 @@ pub fn load_file(path: &Path) -> Result<StateFile, Problems> {
 
 /// Reads and parses a state file. Only a regular file (a symlink to one is
 /// fine) of at most `MAX_STATE_FILE_BYTES` is read: a FIFO would block the
-/// agent, a device or a huge file would exhaust it.
+/// agent, a device or a huge file would exhaust it. The file is parsed as
+/// it is read, never held whole (at 100 000 rules it is 7.3 MB, read while
+/// the running document's specs are held); its text is read again only to
+/// quote the line a YAML error points at.
 fn read_file(path: &Path) -> Result<StateFile, Problems> {
+    use std::io::Read;
     let format = Format::of(path)
         .ok_or_else(|| one("", format!("{}: unknown extension (use .yaml, .yml or .json)", path.display())))?;
-    let text = read_capped(path).map_err(|e| one("", format!("{}: {e}", path.display())))?;
-    parse(&text, format)
+    let at = |e: String| one("", format!("{}: {e}", path.display()));
+    let len = check_file(path).map_err(at)?;
+    let file = std::fs::File::open(path).map_err(|e| at(e.to_string()))?;
+    // The cap holds even if the file grows between the check and the read.
+    let mut reader = Counted { inner: std::io::BufReader::new(file.take(MAX_STATE_FILE_BYTES + 1)), read: 0 };
+    let res = match format {
+        Format::Yaml => decimal::reading_yaml(|| {
+            let mut track = serde_path_to_error::Track::new();
+            yaml::read_from(&mut reader, len, |de| {
+                StateFile::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
+            })
+            .map_err(|e| {
+                let msg = match read_capped(path) {
+                    Ok(text) => yaml::message(&text, &e),
+                    Err(_) => e.to_string(),
+                };
+                (track.path().to_string(), msg)
+            })
+        }),
+        Format::Json => {
+            let mut de = serde_json::Deserializer::from_reader(&mut reader);
+            serde_path_to_error::deserialize(&mut de).map_err(|e| (e.path().to_string(), e.into_inner().to_string()))
+        }
+    };
+    if reader.read > MAX_STATE_FILE_BYTES {
+        return Err(at(format!("more than the {MAX_STATE_FILE_BYTES} bytes a state file may have")));
+    }
+    res.map_err(problem)
 }
 
-fn read_capped(path: &Path) -> Result<String, String> {
-    use std::io::Read;
+/// Counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    read: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n as u64;
+        Ok(n)
+    }
+}
+
+/// The size of the regular file at `path`, within the cap.
+fn check_file(path: &Path) -> Result<u64, String> {
     let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
     if !meta.is_file() {
         return Err("not a regular file".into());
@@ -117,8 +165,13 @@ fn read_capped(path: &Path) -> Result<String, String> {
     if meta.len() > MAX_STATE_FILE_BYTES {
         return Err(format!("{} bytes, more than the {MAX_STATE_FILE_BYTES} a state file may have", meta.len()));
     }
+    Ok(meta.len())
+}
+
+fn read_capped(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    check_file(path)?;
     let mut text = String::new();
-    // The cap holds even if the file grows between the check and the read.
     std::fs::File::open(path)
         .and_then(|f| f.take(MAX_STATE_FILE_BYTES + 1).read_to_string(&mut text))
         .map_err(|e| e.to_string())?;
@@ -180,6 +233,15 @@ mod tests {
         std::fs::write(&big, vec![b'#'; (MAX_STATE_FILE_BYTES + 1) as usize]).unwrap();
         let err = load_file(&big).unwrap_err().to_string();
         assert!(err.contains("more than the"), "{err}");
+        // Streamed, a file is still UTF-8 only, and a torn one quotes its line.
+        let bad = dir.join("bad.yaml");
+        std::fs::write(&bad, b"version: 1\nload_balancers:\n  - id: \xff\xfe\n").unwrap();
+        assert!(load_file(&bad).is_err());
+        std::fs::write(&bad, "version: 1\nload_balancers:\n  - id: [lb\n").unwrap();
+        let from_file = load_file(&bad).unwrap_err().to_string();
+        let from_text = load_str("version: 1\nload_balancers:\n  - id: [lb\n", Format::Yaml).unwrap_err().to_string();
+        assert_eq!(from_file, from_text);
+        assert!(from_file.contains("near `- id: [lb`"), "{from_file}");
         let err = load_file(Path::new("/dev/null.yaml")).unwrap_err().to_string();
         assert!(err.contains("/dev/null.yaml"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -73,6 +73,16 @@ pub(super) fn read<'de, R>(
     serde_saphyr::with_deserializer_from_str_with_options(text, options(text.len()), f)
 }
 
+/// [`read`] of a reader (a file of `len` bytes), parsed as it is read.
+pub(super) fn read_from<R: std::io::Read, T>(
+    reader: R,
+    len: u64,
+    f: impl for<'de, 'e> FnOnce(Deserializer<'de, 'e>) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    serde_saphyr::with_deserializer_from_reader_with_options(reader, options(len), f)
+}
+
 /// How an error reads: the parser's message, and the start of the line it
 /// points at when that says more (a torn document's last word, a stray
 /// key), escaped and cut short. An empty document is missing its

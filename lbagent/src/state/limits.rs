@@ -66,7 +66,7 @@ pub const MAX_ZONES: u64 = 16_000;
 const ZONES: &str = "zones";
 
 /// The rule tables hold a million rules, but the agent's own memory grows
-/// with the rules of its document (~0.6 KB of RSS a rule, ~0.8 KB at the
+/// with the rules of its document (~0.45 KB of RSS a rule, ~0.7 KB at the
 /// peak of a document replacing the running one, measured at 100 000 rules:
 /// `docs/benchmarks.md`, section 18), and the unit's
 /// `MemoryMax` is sized for that: one document keeps at most these many
@@ -306,7 +306,7 @@ pub fn host_budget(s: &StateFile) -> Vec<Problem> {
                         format!("{map} entries"),
                         format!(
                             "the map holds {size}, but the agent's memory grows with each rule of its document \
-                             (about 0.6 KB a rule, 0.8 KB while a document replaces the running one), and its unit is sized for this many"
+                             (about 0.45 KB a rule, 0.7 KB while a document replaces the running one), and its unit is sized for this many"
                         ),
                     ),
                     Some(size) => (

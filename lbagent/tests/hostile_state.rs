@@ -794,7 +794,7 @@ fn run(cases: Vec<Case>) -> Vec<String> {
         let from_file = load_file(&file);
         let _ = std::fs::remove_file(&file);
         match (&from_text, &from_file) {
-            (Ok(_), Ok(_)) => {}
+            (Ok(a), Ok(b)) if a == b => {}
             (Err(a), Err(b)) if a.to_string() == b.to_string() => {}
             _ => failures.push(format!("{}: as text {from_text:?}, as a file {from_file:?}", c.name)),
         }

@@ -95,7 +95,16 @@ async fn answer(stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>) {
         serde_json::json!({"error": format!("a request is one line of at most {MAX_REQUEST} bytes")}).to_string()
     } else {
         match line.trim() {
-            "status" => serde_json::to_string(&status.lock().unwrap().document).unwrap_or_default(),
+            // Copied under the lock (its large parts are shared), written
+            // out after it: an EIP's `used_by` lines are made as the
+            // document is serialized, which the daemon's loop must not wait
+            // for.
+            "status" => {
+                let doc = status.lock().unwrap().document.clone();
+                tokio::task::spawn_blocking(move || serde_json::to_string(&doc).unwrap_or_default())
+                    .await
+                    .unwrap_or_default()
+            }
             other => serde_json::json!({"error": format!("unknown request {other:?}")}).to_string(),
         }
     };

@@ -120,13 +120,16 @@ fn read_file(path: &Path) -> Result<StateFile, Problems> {
     let res = match format {
         Format::Yaml => decimal::reading_yaml(|| {
             let mut track = serde_path_to_error::Track::new();
+            skip_utf8_bom(&mut reader.inner).map_err(|e| (String::new(), format!("{}: {e}", path.display())))?;
             yaml::read_from(&mut reader, len, |de| {
                 StateFile::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
             })
             .map_err(|e| {
+                // The text again, to quote the line; not when the file
+                // changed since (its lines would not be the ones parsed).
                 let msg = match read_capped(path) {
-                    Ok(text) => yaml::message(&text, &e),
-                    Err(_) => e.to_string(),
+                    Ok(text) if text.len() as u64 == len => yaml::message(&text, &e),
+                    _ => e.to_string(),
                 };
                 (track.path().to_string(), msg)
             })
@@ -140,6 +143,21 @@ fn read_file(path: &Path) -> Result<StateFile, Problems> {
         return Err(at(format!("more than the {MAX_STATE_FILE_BYTES} bytes a state file may have")));
     }
     res.map_err(problem)
+}
+
+/// A YAML file's byte-order mark: UTF-8's is skipped (as the parser skips
+/// it in text), UTF-16's refused. Without one, the parser reads the bytes
+/// as UTF-8 and refuses any that are not; with one, it would decode (and
+/// mend) them instead.
+fn skip_utf8_bom(r: &mut impl std::io::BufRead) -> Result<(), String> {
+    let head = r.fill_buf().map_err(|e| e.to_string())?;
+    if head.starts_with(&[0xFF, 0xFE]) || head.starts_with(&[0xFE, 0xFF]) {
+        return Err("UTF-16 (a state file is UTF-8)".into());
+    }
+    if head.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        r.consume(3);
+    }
+    Ok(())
 }
 
 /// Counts the bytes read through it.
@@ -242,6 +260,18 @@ mod tests {
         let from_text = load_str("version: 1\nload_balancers:\n  - id: [lb\n", Format::Yaml).unwrap_err().to_string();
         assert_eq!(from_file, from_text);
         assert!(from_file.contains("near `- id: [lb`"), "{from_file}");
+        // Byte-order marks: UTF-8's read as in text, UTF-16's refused, and
+        // invalid bytes after a mark refused as without one.
+        let doc = "version: 1\n";
+        std::fs::write(&bad, [&[0xEF, 0xBB, 0xBF][..], doc.as_bytes()].concat()).unwrap();
+        let from_text = load_str(&format!("\u{feff}{doc}"), Format::Yaml).map_err(|e| e.to_string());
+        assert_eq!(load_file(&bad).map_err(|e| e.to_string()), from_text);
+        std::fs::write(&bad, [&[0xEF, 0xBB, 0xBF][..], b"version: 1\nx: \xff\n"].concat()).unwrap();
+        assert!(load_file(&bad).is_err());
+        let utf16: Vec<u8> = [0xFF, 0xFE].into_iter().chain(doc.encode_utf16().flat_map(u16::to_le_bytes)).collect();
+        std::fs::write(&bad, utf16).unwrap();
+        let err = load_file(&bad).unwrap_err().to_string();
+        assert!(err.contains("UTF-16"), "{err}");
         let err = load_file(Path::new("/dev/null.yaml")).unwrap_err().to_string();
         assert!(err.contains("/dev/null.yaml"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -98,12 +98,11 @@ async fn answer(stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>) {
             // Copied under the lock (its large parts are shared), written
             // out after it: an EIP's `used_by` lines are made as the
             // document is serialized, which the daemon's loop must not wait
-            // for.
+            // for. (On this task's thread: a thread of its own per request
+            // would count against the unit's task limit.)
             "status" => {
                 let doc = status.lock().unwrap().document.clone();
-                tokio::task::spawn_blocking(move || serde_json::to_string(&doc).unwrap_or_default())
-                    .await
-                    .unwrap_or_default()
+                serde_json::to_string(&doc).unwrap_or_default()
             }
             other => serde_json::json!({"error": format!("unknown request {other:?}")}).to_string(),
         }

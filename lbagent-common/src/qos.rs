@@ -124,12 +124,13 @@ pub struct QosConfig {
     /// The burst as time at the rate: how far the virtual clock may run
     /// ahead of real time before packets are dropped.
     pub burst_ns: u64,
-    /// Past this backlog, ECN-capable packets are CE-marked and other TCP
-    /// sees isolated early drops (half the burst).
+    /// Past this backlog (half the burst) the bucket signals congestion: a
+    /// CE mark on an ECN-capable packet, an early drop of other TCP.
     pub mark_ns: u64,
     /// Extra room for small packets (ACKs, SYNs) beyond `burst_ns`.
     pub headroom_ns: u64,
-    /// At most one early drop per this interval (a quarter of the burst).
+    /// At most one signal (mark or early drop) per this interval (a quarter
+    /// of the burst).
     pub early_gap_ns: u64,
 }
 

@@ -23,10 +23,10 @@
 //! `act_police` turned around): a packet of `len` layer-2 bytes costs
 //! `len × 8e9 / rate` ns; the clock runs ahead of real time by the backlog;
 //! a packet that would push the backlog past the burst is dropped and not
-//! charged. Past half the burst, ECN-capable packets are CE-marked and
-//! other TCP sees isolated early drops (at most one per quarter burst), so
-//! TCP backs off before a tail-drop burst; small packets (ACKs, SYNs) get
-//! extra headroom and are never dropped early.
+//! charged. Past half the burst the bucket gives one congestion signal per
+//! quarter burst, a CE mark for an ECN-capable packet and an early drop for
+//! other TCP, so TCP backs off before a tail-drop burst; small packets
+//! (ACKs, SYNs) get extra headroom and are never dropped early.
 //!
 //! Counters are per CPU (`qos_stats`): plain adds. Concurrency of the
 //! bucket itself (both CPUs on one bucket): kernel 5.10 has atomic add but no
@@ -37,7 +37,7 @@
 //! clock still counts both. Restarting an idle bucket (clock behind real
 //! time) is a plain store: a charge racing with it can be lost, at most one
 //! packet per CPU per idle-to-busy transition. The early-drop timestamp is a
-//! plain store too (a lost update only spaces early drops differently).
+//! plain store too (a lost update only spaces signals differently).
 
 use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
 use lbagent_common::*;
@@ -192,21 +192,7 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     let mut outcome = if backlog > room {
         Outcome::Dropped
     } else if backlog > c.mark_ns && !small {
-        if mark_ce(ctx, p) {
-            Outcome::Marked
-        } else if p.proto == PROTO_TCP {
-            // SAFETY: as above.
-            let last = unsafe { core::ptr::read_volatile(&(*st).last_early_ns) };
-            if now.saturating_sub(last) >= c.early_gap_ns {
-                // SAFETY: as above.
-                unsafe { core::ptr::write_volatile(&mut (*st).last_early_ns, now) };
-                Outcome::Dropped
-            } else {
-                Outcome::Passed
-            }
-        } else {
-            Outcome::Passed
-        }
+        signal(ctx, p, st, now, c.early_gap_ns)
     } else {
         Outcome::Passed
     };
@@ -236,6 +222,36 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
     }
     count(bucket, outcome, len);
     outcome == Outcome::Dropped
+}
+
+/// Past half the burst: one congestion signal per `gap` (a quarter burst)
+/// for the bucket, a CE mark if the packet is ECN-capable, else an early
+/// drop if it is TCP; other packets pass without taking the turn. TCP
+/// answers one signal per round trip however many packets carry it, and a
+/// mark on every packet past half the burst cut a flow whose round trip is
+/// shorter than the gap once per round: on a loaded machine (longer round
+/// trips, larger windows) one CUBIC flow with ECN fell to 65–72 % of the
+/// rate while the same flow without ECN, signalled at this spacing, held
+/// 95 %.
+#[inline(always)]
+fn signal(ctx: &TcContext, p: &Head, st: *mut QosBucket, now: u64, gap: u64) -> Outcome {
+    let ect = ecn_word(ctx);
+    if ect.is_none() && p.proto != PROTO_TCP {
+        return Outcome::Passed;
+    }
+    // SAFETY: `st` points at this bucket's map value for the program run;
+    // other CPUs update it concurrently (see the module notes).
+    let last = unsafe { core::ptr::read_volatile(&(*st).last_early_ns) };
+    if now.saturating_sub(last) < gap {
+        return Outcome::Passed;
+    }
+    // SAFETY: as above.
+    unsafe { core::ptr::write_volatile(&mut (*st).last_early_ns, now) };
+    match ect {
+        Some(word) if mark_ce(ctx, word) => Outcome::Marked,
+        Some(_) => Outcome::Passed,
+        None => Outcome::Dropped,
+    }
 }
 
 /// TCP header bytes `spared` reads: ports, sequence number, acknowledgment
@@ -323,16 +339,20 @@ fn wire_len(ctx: &TcContext, p: &Head) -> u64 {
     len + segs.saturating_sub(1) * headers
 }
 
-/// CE-marks an ECN-capable packet (fixing the IP checksum); false if the
-/// packet is not ECN-capable. A packet already marked counts as marked.
+/// The 16-bit word of the IPv4 header holding the TOS (the unit the
+/// checksum covers) if the packet is ECN-capable (ECT(0), ECT(1) or
+/// already CE).
 #[inline(always)]
-fn mark_ce(ctx: &TcContext, _p: &Head) -> bool {
-    // The version/IHL byte and the TOS: the 16-bit word the checksum covers.
-    let Ok(word) = ctx.load::<[u8; 2]>(eth::LEN + ipv4::VER_IHL) else { return false };
+fn ecn_word(ctx: &TcContext) -> Option<[u8; 2]> {
+    let word = ctx.load::<[u8; 2]>(eth::LEN + ipv4::VER_IHL).ok()?;
+    (word[ipv4::TOS] & ipv4::ECN_MASK != 0).then_some(word)
+}
+
+/// CE-marks an ECN-capable packet whose TOS word is `word` (fixing the IP
+/// checksum); a packet already marked counts as marked.
+#[inline(always)]
+fn mark_ce(ctx: &TcContext, word: [u8; 2]) -> bool {
     let tos = word[ipv4::TOS];
-    if tos & ipv4::ECN_MASK == 0 {
-        return false;
-    }
     if tos & ipv4::ECN_MASK == ipv4::ECN_CE {
         return true;
     }

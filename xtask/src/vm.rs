@@ -72,7 +72,7 @@ const FULL_EXTRA: &[(&str, &[&str])] = &[
         "qos",
         &[
             "a_rate_change_keeps_the_bucket_and_applies_at_once",
-            "ecn_tcp_is_marked_past_half_the_burst_other_tcp_dropped_early_and_acks_pass",
+            "past_half_the_burst_tcp_gets_one_signal_a_quarter_burst_and_acks_pass",
             "the_priority_ladder_picks_the_first_matching_rule",
             "zones_without_rules_pay_one_lookup_and_are_never_limited",
             "traffic::the_priority_ladder_holds_with_real_traffic",

@@ -154,6 +154,10 @@ impl Topology {
     /// The state: the traffic's load balancer `lb` and gateway `gw`, and
     /// one more load balancer per id in `extra`, each on its own address of
     /// the LAN with one listener on `extra_port` (the upgrade changes it).
+    /// The proxied listener's idle timeouts are longer than the upgrade:
+    /// its connections wait through it without a byte, and on a loaded
+    /// machine the new agent took over 60 s (haproxy's client timeout here)
+    /// to finish, so haproxy closed them as idle, as configured.
     fn state(&self, lb: &str, gw: &str, extra: &[String], extra_port: u16) -> String {
         let extra: String = extra
             .iter()
@@ -177,7 +181,7 @@ load_balancers:
     network: {{ip: 10.10.0.5, mac: \"02:00:0a:0a:00:05\", prefix_len: 24, gateway: 10.10.0.1}}
     listeners:
       - {{id: direct, type: tcp, port: 9000, backend_group: g}}
-      - {{id: proxied, type: tcp, port: 7000, backend_group: g, mode: proxy}}
+      - {{id: proxied, type: tcp, port: 7000, backend_group: g, mode: proxy, timeouts: {{client: 600, server: 600}}}}
       - {{id: dgram, type: udp, port: 9001, backend_group: u}}
       - {{id: turns, type: udp, port: 9002, backend_group: r, scheduler: rr}}
     backend_groups:
@@ -501,7 +505,7 @@ fn upgrade(attach: &'static str, extra: usize) {
 
     // Nothing lost, nothing moved.
     let lost: Vec<&str> = conns.iter().filter(|(_, c)| c.ping("after").is_err()).map(|(p, _)| paths[*p].name).collect();
-    assert!(lost.is_empty(), "connections lost across the upgrade: {lost:?}");
+    assert!(lost.is_empty(), "connections lost across the upgrade: {lost:?}; the new agent's log:\n{}", new.0.log());
     for (p, c) in &conns {
         check(&paths[*p], &c.ping("after").unwrap());
     }

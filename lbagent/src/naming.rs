@@ -100,6 +100,16 @@ pub fn gw_zone_key(name: &str) -> String {
     format!("natgw/{name}")
 }
 
+/// The object prefix of a rule key (or of a prefix within one object):
+/// up to and including its second `/` (`lb/<id>/`, `natgw/<name>/`); the
+/// whole key if it has fewer.
+pub fn rule_object(key: &str) -> &str {
+    match key.match_indices('/').nth(1) {
+        Some((i, _)) => &key[..=i],
+        None => key,
+    }
+}
+
 /// Prefix of every rule key of a load balancer.
 pub fn lb_rule_prefix(id: &str) -> String {
     format!("{}/", lb_zone_key(id))

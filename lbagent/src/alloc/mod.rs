@@ -12,16 +12,17 @@
 //! addresses are only treated as taken when they are in 169.254.0.0/16, and
 //! 169.254.169.254 (the metadata address) is never handed out.
 
+pub mod rule_ids;
 pub mod store;
 
 use std::{
     borrow::Borrow,
     collections::{BTreeMap, BTreeSet, HashSet},
     net::Ipv4Addr,
-    ops::Bound,
     sync::Arc,
 };
 
+pub use rule_ids::RuleIds;
 use serde::{Deserialize, Serialize};
 
 /// First link-local index (169.254.0.100), as in the original.
@@ -43,11 +44,10 @@ pub struct Allocations {
     pub lbs: BTreeMap<String, LbAlloc>,
     /// Dataplane rule id per rule key (`natgw/<name>/dnat/...`); ids start at 1
     /// and are unique across zones (they key backends and conntrack entries).
-    /// The map is shared with the status document (100 000 rules: ~9 MB
-    /// with its keys), and copied on write: the first change after the
-    /// status took it makes this one's own copy.
+    /// Shared with the status document (100 000 rules: ~9 MB with its
+    /// keys); a change copies only its object's map ([`RuleIds`]).
     #[serde(default)]
-    pub rule_ids: Arc<BTreeMap<Arc<str>, u32>>,
+    pub rule_ids: RuleIds,
     /// Rule ids are never reused: flows of a deleted rule may still drain
     /// under its id, and its statistics must not be mistaken for a new rule's.
     #[serde(default)]
@@ -141,19 +141,36 @@ impl std::error::Error for AllocError {}
 /// id function (rules, QoS). A key without an id yields 0 and is kept:
 /// [`Allocated::check`] turns it into an error before anything uses the
 /// result.
-pub struct Allocated<'a, K, T> {
-    ids: &'a BTreeMap<K, T>,
+pub struct Allocated<'a, T> {
+    ids: &'a dyn Ids<T>,
     missing: Option<String>,
 }
 
-impl<'a, K: Borrow<str> + Ord, T: Copy + Default> Allocated<'a, K, T> {
-    pub fn new(ids: &'a BTreeMap<K, T>) -> Self {
+/// A map of allocated ids by key.
+pub trait Ids<T> {
+    fn id(&self, key: &str) -> Option<T>;
+}
+
+impl<K: Borrow<str> + Ord, T: Copy> Ids<T> for BTreeMap<K, T> {
+    fn id(&self, key: &str) -> Option<T> {
+        self.get(key).copied()
+    }
+}
+
+impl Ids<u32> for RuleIds {
+    fn id(&self, key: &str) -> Option<u32> {
+        self.get(key)
+    }
+}
+
+impl<'a, T: Copy + Default> Allocated<'a, T> {
+    pub fn new(ids: &'a dyn Ids<T>) -> Self {
         Allocated { ids, missing: None }
     }
 
     pub fn get(&mut self, key: &str) -> T {
-        match self.ids.get(key) {
-            Some(id) => *id,
+        match self.ids.id(key) {
+            Some(id) => id,
             None => {
                 self.missing.get_or_insert_with(|| key.to_string());
                 T::default()
@@ -255,16 +272,16 @@ impl Allocations {
     /// until the 32-bit space wraps).
     pub fn rule_id(&mut self, key: &str) -> u32 {
         if let Some(id) = self.rule_ids.get(key) {
-            return *id;
+            return id;
         }
         let next = self.next_rule_id;
         // Ids are handed out upward and never reused, so until the 32-bit
         // space wraps every id in use is below `next_rule_id` (a file from
         // before it was kept may say otherwise: checked once).
-        let below = *self.ids_below_next.0.get_or_insert_with(|| self.rule_ids.values().all(|&v| v < next));
+        let below = *self.ids_below_next.0.get_or_insert_with(|| self.rule_ids.values().all(|v| v < next));
         let mut id = next.max(1);
         if !below {
-            let used: BTreeSet<u32> = self.rule_ids.values().copied().collect();
+            let used: BTreeSet<u32> = self.rule_ids.values().collect();
             while used.contains(&id) || id == 0 {
                 id = id.wrapping_add(1);
             }
@@ -272,7 +289,7 @@ impl Allocations {
         self.next_rule_id = id.wrapping_add(1);
         // Past the top of the space, ids below `next_rule_id` are in use.
         self.ids_below_next.0 = Some(below && self.next_rule_id != 0);
-        Arc::make_mut(&mut self.rule_ids).insert(Arc::from(key), id);
+        self.rule_ids.insert(Arc::from(key), id);
         self.generation.bump();
         id
     }
@@ -310,21 +327,19 @@ impl Allocations {
     /// Releases rule ids whose key starts with `prefix` and is not in `keep`;
     /// returns the released ids.
     pub fn release_rules(&mut self, prefix: &str, keep: &BTreeSet<String>) -> Vec<u32> {
-        // The keys with `prefix` are one run of the sorted map: only they
-        // are looked at, and the shared map is copied only when one goes.
+        // The keys with `prefix` are one run of their object's map: only
+        // they are looked at, and that map is copied only when one goes.
         let gone: Vec<(Arc<str>, u32)> = self
             .rule_ids
-            .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
+            .under(prefix)
             .filter(|(k, _)| !keep.contains(&***k))
-            .map(|(k, id)| (Arc::clone(k), *id))
+            .map(|(k, id)| (Arc::clone(k), id))
             .collect();
         if gone.is_empty() {
             return Vec::new();
         }
-        let ids = Arc::make_mut(&mut self.rule_ids);
         for (k, _) in &gone {
-            ids.remove(k);
+            self.rule_ids.remove(k);
         }
         self.generation.bump();
         gone.into_iter().map(|(_, id)| id).collect()
@@ -455,21 +470,22 @@ mod tests {
         for k in ["natgw/g/dnat/1", "natgw/g/snat/1", "natgw/g2/dnat/1", "natgw/h/fip/1", "lb/x/listener/l"] {
             a.rule_id(k);
         }
-        let shared = Arc::clone(&a.rule_ids);
+        let shared = a.rule_ids.clone();
         // Nothing under the prefix goes: the map stays shared.
         let keep = BTreeSet::from(["natgw/g/dnat/1".to_string(), "natgw/g/snat/1".to_string()]);
         assert!(a.release_rules("natgw/g/", &keep).is_empty());
-        assert!(Arc::ptr_eq(&shared, &a.rule_ids));
+        assert!(a.rule_ids.shares_object_with(&shared, "natgw/g/"));
         // `natgw/g2/` sorts among `natgw/g/`'s neighbours but is not under it.
         assert_eq!(a.release_rules("natgw/g/", &BTreeSet::new()), vec![1, 2]);
         assert_eq!(
-            a.rule_ids.keys().map(|k| &**k).collect::<Vec<_>>(),
+            a.rule_ids.iter().map(|(k, _)| &**k).collect::<Vec<_>>(),
             ["lb/x/listener/l", "natgw/g2/dnat/1", "natgw/h/fip/1"]
         );
         // The holder of the shared map (the status) still sees it whole.
         assert_eq!(shared.len(), 5);
         a.rule_id("natgw/g/dnat/9");
         assert_eq!(shared.len(), 5);
+        assert!(a.rule_ids.shares_object_with(&shared, "natgw/h/"), "other objects' maps stay shared");
     }
 
     #[test]
@@ -483,8 +499,8 @@ mod tests {
         // The top of the space: u32::MAX, then 0 is skipped and so are the
         // ids still in use from the first round.
         let mut a = Allocations { next_rule_id: u32::MAX - 1, ..Default::default() };
-        Arc::make_mut(&mut a.rule_ids).insert("natgw/g/old/1".into(), 1);
-        Arc::make_mut(&mut a.rule_ids).insert("natgw/g/old/2".into(), 2);
+        a.rule_ids.insert("natgw/g/old/1".into(), 1);
+        a.rule_ids.insert("natgw/g/old/2".into(), 2);
         assert_eq!(a.rule_id("natgw/g/fip/a"), u32::MAX - 1);
         assert_eq!(a.rule_id("natgw/g/fip/b"), u32::MAX);
         assert_eq!(a.rule_id("natgw/g/fip/c"), 3, "0, 1 and 2 are not handed out");

@@ -83,7 +83,7 @@ fn add_counters(doc: &mut StatusDoc, bpffs: &Path) -> Result<()> {
     let tables = Tables::open(bpffs)?;
     let by_id: std::collections::HashMap<u32, _> = tables.rule_stats()?.into_iter().collect();
     let qos = tables.qos_stats()?;
-    doc.rule_stats = Some(doc.rules.iter().filter_map(|(key, id)| Some((key.to_string(), *by_id.get(id)?))).collect());
+    doc.rule_stats = Some(doc.rules.iter().filter_map(|(key, id)| Some((key.to_string(), *by_id.get(&id)?))).collect());
     for q in doc.nat_gateways.iter_mut().flat_map(|gw| gw.qos.iter_mut()) {
         q.stats = Some(qos.get(&q.rule.bucket).copied().unwrap_or_default());
     }

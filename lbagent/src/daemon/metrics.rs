@@ -130,7 +130,7 @@ fn dataplane(r: &mut Registry, bpffs: &Path, status: &Status) -> Result<()> {
     // (no reverse map is kept between scrapes).
     let mut names: std::collections::HashMap<u32, &str> = stats.iter().map(|(id, _)| (*id, "")).collect();
     for (key, id) in status.document.rules.iter() {
-        if let Some(n) = names.get_mut(id) {
+        if let Some(n) = names.get_mut(&id) {
             *n = key;
         }
     }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::outcome::ObjectError;
 use crate::{
-    alloc::Allocations,
+    alloc::{Allocations, RuleIds},
     naming,
     outcome::Changes,
     reconcile::{Applied, ApplyReport},
@@ -54,9 +54,9 @@ pub struct StatusDoc {
     pub alive_problem: Option<String>,
     pub load_balancers: Vec<LbStatus>,
     pub nat_gateways: Vec<GwStatus>,
-    /// Rule key → rule id: the allocations' own map, shared (they copy it
-    /// on their next change).
-    pub rules: Arc<BTreeMap<Arc<str>, u32>>,
+    /// Rule key → rule id: the allocations' own maps, shared (a change
+    /// copies the map of the object it changes).
+    pub rules: RuleIds,
     /// Backends failing their health checks: `<lb>/<listener>/<backend>`.
     #[serde(default)]
     pub backends_down: Vec<String>,
@@ -334,7 +334,7 @@ impl Status {
         let d = &mut self.document;
         d.load_balancers = lbs;
         d.nat_gateways = gws;
-        d.rules = Arc::clone(&alloc.rule_ids);
+        d.rules = alloc.rule_ids.clone();
     }
 }
 

@@ -142,7 +142,7 @@ pub fn rules(gw: &Gw, zone: u16, ifs: Ifaces, ids: &mut dyn FnMut(&str) -> u32) 
 
 /// Rule ids whose flows must be flushed when `prev` becomes `next`.
 pub fn flushes(prev: &Gw, next: Option<&Gw>, alloc: &Allocations) -> BTreeSet<u32> {
-    let id = |k: String| alloc.rule_ids.get(k.as_str()).copied();
+    let id = |k: String| alloc.rule_ids.get(k.as_str());
     let mut out = BTreeSet::new();
     let next_fips = next.map(fips).unwrap_or_default();
     for (eip, internal) in fips(prev) {

@@ -136,7 +136,8 @@ pub struct QosConfig {
 
 /// The bucket's running state: a virtual clock (ns, `bpf_ktime_get_ns`
 /// base). When it is behind real time the bucket is full; how far it runs
-/// ahead of real time is the backlog. `last_early_ns`: the last early drop.
+/// ahead of real time is the backlog. `last_early_ns`: the last congestion
+/// signal (a CE mark or an early drop).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QosBucket {

@@ -36,8 +36,9 @@
 //! backlog: the burst is exceeded by at most one packet per CPU, and the
 //! clock still counts both. Restarting an idle bucket (clock behind real
 //! time) is a plain store: a charge racing with it can be lost, at most one
-//! packet per CPU per idle-to-busy transition. The early-drop timestamp is a
-//! plain store too (a lost update only spaces signals differently).
+//! packet per CPU per idle-to-busy transition. The timestamp of the last
+//! signal is a plain store too: CPUs racing on it may each give a signal
+//! within one gap (one extra per CPU at most), or space them differently.
 
 use aya_ebpf::{EbpfContext, bindings::__sk_buff, programs::TcContext};
 use lbagent_common::*;
@@ -225,19 +226,30 @@ fn limit(ctx: &TcContext, p: &Head, bucket: u32, now: u64) -> bool {
 }
 
 /// Past half the burst: one congestion signal per `gap` (a quarter burst)
-/// for the bucket, a CE mark if the packet is ECN-capable, else an early
-/// drop if it is TCP; other packets pass without taking the turn. TCP
-/// answers one signal per round trip however many packets carry it, and a
-/// mark on every packet past half the burst cut a flow whose round trip is
-/// shorter than the gap once per round: on a loaded machine (longer round
-/// trips, larger windows) one CUBIC flow with ECN fell to 65–72 % of the
-/// rate while the same flow without ECN, signalled at this spacing, held
-/// 95 %.
+/// for the bucket's TCP, a CE mark if the packet is ECN-capable, else an
+/// early drop (also when the mark cannot be written). TCP answers one
+/// signal per round trip however many packets carry it, and a mark on
+/// every packet past half the burst cut a flow whose round trip is shorter
+/// than the gap once per round: on a loaded machine (longer round trips,
+/// larger windows) one CUBIC flow with ECN fell to 65–72 % of the rate
+/// while the same flow without ECN, signalled at this spacing, held 95 %.
+/// Other ECN-capable traffic (QUIC) is marked on every packet and takes no
+/// turn (it would use up TCP's), other protocols pass to the tail, and a
+/// packet already CE-marked upstream carries its signal already: it passes
+/// (counted as marked) without taking the turn.
 #[inline(always)]
 fn signal(ctx: &TcContext, p: &Head, st: *mut QosBucket, now: u64, gap: u64) -> Outcome {
     let ect = ecn_word(ctx);
-    if ect.is_none() && p.proto != PROTO_TCP {
-        return Outcome::Passed;
+    if let Some(word) = ect
+        && word[ipv4::TOS] & ipv4::ECN_MASK == ipv4::ECN_CE
+    {
+        return Outcome::Marked;
+    }
+    if p.proto != PROTO_TCP {
+        return match ect {
+            Some(word) if mark_ce(ctx, word) => Outcome::Marked,
+            _ => Outcome::Passed,
+        };
     }
     // SAFETY: `st` points at this bucket's map value for the program run;
     // other CPUs update it concurrently (see the module notes).
@@ -249,8 +261,7 @@ fn signal(ctx: &TcContext, p: &Head, st: *mut QosBucket, now: u64, gap: u64) -> 
     unsafe { core::ptr::write_volatile(&mut (*st).last_early_ns, now) };
     match ect {
         Some(word) if mark_ce(ctx, word) => Outcome::Marked,
-        Some(_) => Outcome::Passed,
-        None => Outcome::Dropped,
+        _ => Outcome::Dropped,
     }
 }
 
@@ -349,7 +360,7 @@ fn ecn_word(ctx: &TcContext) -> Option<[u8; 2]> {
 }
 
 /// CE-marks an ECN-capable packet whose TOS word is `word` (fixing the IP
-/// checksum); a packet already marked counts as marked.
+/// checksum); true for a packet already marked.
 #[inline(always)]
 fn mark_ce(ctx: &TcContext, word: [u8; 2]) -> bool {
     let tos = word[ipv4::TOS];

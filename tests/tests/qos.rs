@@ -52,12 +52,23 @@ fn with_tos(mut f: Vec<u8>, tos: u8) -> Vec<u8> {
 }
 
 fn eip_rule(priority: u32) -> QosZone {
+    eip_rule_at(priority, RATE)
+}
+
+/// The EIP rule at `rate` bit/s.
+fn eip_rule_at(priority: u32, rate: u64) -> QosZone {
     let mut z = QosZone::default();
     z.eips.insert((EIP, QOS_INGRESS), QosEip { bucket: BUCKET_EIP, priority, flags: 0, _pad0: 0 });
-    z.buckets.insert(BUCKET_EIP, qos_config(RATE, 0));
+    z.buckets.insert(BUCKET_EIP, qos_config(rate, 0));
     z.finish(LO);
     z
 }
+
+/// A rate so slow (a 1 454-byte frame costs 11.6 s) that the bucket does
+/// not drain while a test sends a burst's worth of frames, even under TCG
+/// (at `RATE`, 116 ms a frame, a VM's program runs drained it as fast as
+/// they filled it).
+const CRAWL: u64 = 1_000;
 
 fn stats(e: &TestZone, bucket: u32) -> QosStats {
     e.tables.qos_stats().unwrap().get(&bucket).copied().unwrap_or_default()
@@ -118,7 +129,7 @@ fn a_gso_packet_is_charged_per_segment_even_without_gso_segs() {
 fn past_half_the_burst_tcp_gets_one_signal_a_quarter_burst_and_acks_pass() {
     let _serial = serial();
     let Some(mut e) = engine() else { return };
-    e.tables.sync_qos(ZONE, &eip_rule(1)).unwrap();
+    e.tables.sync_qos(ZONE, &eip_rule_at(1, CRAWL)).unwrap();
     let data = frame(&Ip::new(PEER, EIP), &tcp(ACK, 4000, 80, &[1u8; 1400]));
     let ect = with_tos(data.clone(), 0x02);
     verify(&ect).unwrap();
@@ -141,22 +152,21 @@ fn past_half_the_burst_tcp_gets_one_signal_a_quarter_burst_and_acks_pass() {
     assert!((half - 1..=half + 2).contains(&marked[0]), "marked at {marked:?} of {fit}");
     assert_eq!(stats(&e, BUCKET_EIP).marked_packets, 1);
     // Full-size segments pass to the tail (within a quarter burst of the
-    // mark: no early drop; one more fits at least, more as time drains the
-    // bucket, 116 ms a segment) …
-    let tail: Vec<u32> = (0..8).map(|_| e.run_on(Direction::Ingress, &data).unwrap().0).collect();
-    let first_drop = tail.iter().position(|v| *v == TC_ACT_SHOT);
-    assert!(matches!(first_drop, Some(1..=4)), "segments past the marked one: {tail:?}");
-    // … where a small ACK still passes (headroom).
-    let ack = frame(&Ip::new(PEER, EIP), &tcp(ACK, 4000, 80, &[]));
+    // mark: no early drop): the one more that fits, then the tail …
+    let tail: Vec<u32> = (0..2).map(|_| e.run_on(Direction::Ingress, &data).unwrap().0).collect();
+    assert_eq!(tail, [TC_ACT_OK, TC_ACT_SHOT], "the last segment in the burst, then the tail");
+    // … where a small ACK of another flow (no drop of its own to be spared
+    // as a resend of) still passes: the headroom.
+    let ack = frame(&Ip::new(PEER, EIP), &tcp(ACK, 4001, 80, &[]));
     assert_eq!(e.run_on(Direction::Ingress, &ack).unwrap().0, TC_ACT_OK);
 
     // Not ECN-capable, on a fresh bucket: one isolated early drop past half
     // the burst (not a run of drops), then packets pass again to the tail.
-    let mut z = eip_rule(1);
+    let mut z = eip_rule_at(1, CRAWL);
     z.eips.clear();
     z.buckets.clear();
     e.tables.sync_qos(ZONE, &z).unwrap();
-    e.tables.sync_qos(ZONE, &eip_rule(1)).unwrap();
+    e.tables.sync_qos(ZONE, &eip_rule_at(1, CRAWL)).unwrap();
     let verdicts: Vec<u32> = (0..fit + 5).map(|_| e.run_on(Direction::Ingress, &data).unwrap().0).collect();
     let first_drop = verdicts.iter().position(|v| *v == TC_ACT_SHOT).unwrap();
     assert!((half - 1..=half + 2).contains(&first_drop), "first drop at {first_drop} of {fit}");

@@ -158,12 +158,14 @@ pub fn qos(reps: usize, out: &mut String) -> Result<()> {
     for mbps in rates {
         let offered = format!("{}M", 2.0 * mbps);
         // (row, iperf3 arguments, the sender's net.ipv4.tcp_ecn)
-        let rows: [(&str, Vec<&str>, &str); 5] = [
+        let rows: [(&str, Vec<&str>, &str); 6] = [
             ("UDP at 2× the rate", vec!["-u", "-b", offered.as_str(), "-l", "1400"], "0"),
             ("1 TCP flow, CUBIC, ECN", vec!["-C", "cubic"], "1"),
             ("1 TCP flow, CUBIC, no ECN", vec!["-C", "cubic"], "0"),
             ("1 TCP flow, BBR", vec!["-C", "bbr"], "0"),
             ("8 TCP flows, CUBIC", vec!["-P", "8", "-C", "cubic"], "0"),
+            // They share the bucket's one signal per quarter burst.
+            ("8 TCP flows, CUBIC, ECN", vec!["-P", "8", "-C", "cubic"], "1"),
         ];
         for (what, extra, ecn) in rows {
             if !row_filter.is_empty() && !what.contains(row_filter.as_str()) {

@@ -30,7 +30,6 @@ type Object = BTreeMap<Arc<str>, u32>;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RuleIds {
     objects: BTreeMap<Arc<str>, Arc<Object>>,
-    len: usize,
 }
 
 impl RuleIds {
@@ -39,11 +38,11 @@ impl RuleIds {
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.objects.values().map(|o| o.len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.objects.is_empty()
     }
 
     /// Every (key, id), in key order.
@@ -74,11 +73,7 @@ impl RuleIds {
             Some(o) => o,
             None => self.objects.entry(Arc::from(prefix)).or_default(),
         };
-        let old = Arc::make_mut(object).insert(key, id);
-        if old.is_none() {
-            self.len += 1;
-        }
-        old
+        Arc::make_mut(object).insert(key, id)
     }
 
     /// Removes `key`; copies the key's object map if it is shared, drops
@@ -94,7 +89,6 @@ impl RuleIds {
         if map.is_empty() {
             self.objects.remove(prefix);
         }
-        self.len -= 1;
         old
     }
 
@@ -134,7 +128,7 @@ impl FromIterator<(Arc<str>, u32)> for RuleIds {
 /// One flat map, `{key: id}`, as the allocation file and the status have it.
 impl Serialize for RuleIds {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.len))?;
+        let mut m = s.serialize_map(Some(self.len()))?;
         for (k, v) in self.iter() {
             m.serialize_entry(&**k, &v)?;
         }
@@ -157,14 +151,12 @@ impl<'de> Deserialize<'de> for RuleIds {
             {
                 run.extend(flat.next());
             }
-            if ids.objects.contains_key(&object) {
+            match ids.objects.entry(object) {
                 // Not one run (sorted keys make one; kept correct anyway).
-                for (k, v) in run {
-                    ids.insert(k, v);
+                std::collections::btree_map::Entry::Occupied(mut o) => Arc::make_mut(o.get_mut()).extend(run),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    v.insert(Arc::new(run.into_iter().collect()));
                 }
-            } else {
-                ids.len += run.len();
-                ids.objects.insert(object, Arc::new(run.into_iter().collect()));
             }
         }
         Ok(ids)

@@ -193,6 +193,7 @@ pub fn main() -> Result<()> {
                         cache: common.state_dir.join(crate::fleet::CACHE_FILE),
                         lease_file: common.state_dir.join(crate::fleet::LEASE_FILE),
                         cache_max_age: std::time::Duration::from_secs(etcd_cache_max_age),
+                        earlier: Default::default(),
                     })
                 }
             };

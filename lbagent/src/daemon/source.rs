@@ -66,18 +66,20 @@ pub struct FileSource {
     /// How often the file is looked at (a change is applied after it has
     /// been stable for one interval).
     pub poll: Duration,
+    /// The last document read: the next one shares its unchanged specs.
+    earlier: state::Earlier,
 }
 
 impl FileSource {
     pub fn new(path: PathBuf) -> Self {
-        FileSource { path, poll: Duration::from_secs(1) }
+        FileSource { path, poll: Duration::from_secs(1), earlier: state::Earlier::default() }
     }
 
     fn read(&self, why: &'static str) -> Update {
         Update {
             why,
             revision: revision(fingerprint(&self.path).as_ref()),
-            state: state::accept_file(&self.path),
+            state: self.earlier.accept_file(&self.path),
             on_accept: None,
         }
     }
@@ -196,7 +198,7 @@ mod tests {
         std::fs::write(&path, "version: 1\n").unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let refresh = std::sync::Arc::new(Notify::new());
-        let source = FileSource { path: path.clone(), poll: Duration::from_millis(20) };
+        let source = FileSource { poll: Duration::from_millis(20), ..FileSource::new(path.clone()) };
         let (_stop, stop) = tokio::sync::watch::channel(false);
         let feedback = Feedback { status: Default::default(), changed: Default::default(), stop };
         let task = Box::new(source).run(tx, refresh.clone(), feedback);

@@ -79,6 +79,8 @@ pub struct EtcdSource {
     pub lease_file: PathBuf,
     /// The oldest cached document applied when etcd is unreachable at start.
     pub cache_max_age: Duration,
+    /// The last document read: the next one shares its unchanged specs.
+    pub earlier: state::Earlier,
 }
 
 /// The on-disk cache of the last accepted document.
@@ -157,7 +159,7 @@ impl EtcdSource {
                         warn!("caching the accepted document in {}: {e:#}", path.display());
                     }
                 };
-                (state::accept_str(text, format_of(text)), Some(Box::new(cache) as Box<dyn FnOnce() + Send>))
+                (self.earlier.accept_str(text, format_of(text)), Some(Box::new(cache) as Box<dyn FnOnce() + Send>))
             }
             Err(_) => (
                 Err(state::Problems(vec![state::Problem {
@@ -195,7 +197,7 @@ impl EtcdSource {
         Ok(Update {
             why: "cached document (etcd unreachable)",
             revision: c.revision.to_string(),
-            state: state::accept_str(&c.document, format_of(&c.document)),
+            state: self.earlier.accept_str(&c.document, format_of(&c.document)),
             on_accept: None,
         })
     }

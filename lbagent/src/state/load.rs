@@ -7,7 +7,7 @@ use super::{
     decimal,
     model::StateFile,
     spec::Desired,
-    validate::{desired, warnings},
+    validate::{desired_after, warnings},
     yaml,
 };
 use serde::Deserialize;
@@ -76,22 +76,51 @@ pub struct Accepted {
 }
 
 impl Accepted {
-    /// Validates a parsed document by converting it.
-    fn of(state: StateFile) -> Result<Accepted, Problems> {
-        let desired = desired(&state)?;
+    /// Validates a parsed document by converting it; objects equal to
+    /// those of `earlier` share their specs.
+    fn of(state: StateFile, earlier: Option<&Desired>) -> Result<Accepted, Problems> {
+        let desired = desired_after(&state, earlier)?;
         Ok(Accepted { warnings: warnings(&state), state, desired })
+    }
+}
+
+/// The objects of the last document a source accepted: the next
+/// document's unchanged objects share their specs with it
+/// ([`super::validate::desired_after`]) instead of being held twice while it is
+/// checked. Kept by a desired-state source across its reads.
+#[derive(Default)]
+pub struct Earlier(std::sync::Mutex<Option<Desired>>);
+
+impl Earlier {
+    /// [`accept_file`], sharing the unchanged objects' specs.
+    pub fn accept_file(&self, path: &Path) -> Result<Accepted, Problems> {
+        let state = read_file(path)?;
+        self.accept(state)
+    }
+
+    /// [`accept_str`], sharing the unchanged objects' specs.
+    pub fn accept_str(&self, text: &str, format: Format) -> Result<Accepted, Problems> {
+        let state = parse(text, format)?;
+        self.accept(state)
+    }
+
+    fn accept(&self, state: StateFile) -> Result<Accepted, Problems> {
+        let mut earlier = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let accepted = Accepted::of(state, earlier.as_ref())?;
+        *earlier = Some(accepted.desired.clone());
+        Ok(accepted)
     }
 }
 
 /// Parses, validates and converts text.
 pub fn accept_str(text: &str, format: Format) -> Result<Accepted, Problems> {
-    Accepted::of(parse(text, format)?)
+    Accepted::of(parse(text, format)?, None)
 }
 
 /// Reads, parses, validates and converts a state file (what the daemon and
 /// `lbagent validate` accept).
 pub fn accept_file(path: &Path) -> Result<Accepted, Problems> {
-    Accepted::of(read_file(path)?)
+    Accepted::of(read_file(path)?, None)
 }
 
 /// Largest state file read (a document for thousands of objects is a few MB).
@@ -275,5 +304,44 @@ mod tests {
         let err = load_file(Path::new("/dev/null.yaml")).unwrap_err().to_string();
         assert!(err.contains("/dev/null.yaml"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod earlier_tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn two_gateways(port: u16) -> String {
+        let gw = |name: &str, n: u8, port: u16| {
+            format!(
+                "  - name: {name}\n    lan: {{ip: 10.0.{n}.254, prefix_len: 24, mac: \"02:00:0a:00:{n:02x}:fe\", \
+                 gateway: 10.0.{n}.1}}\n    external: {{bridge: bre, prefix_len: 16, gateway: 100.64.0.1}}\n    \
+                 eips: [{{name: e, ip: 100.64.1.{n}}}]\n    dnats: [{{eip: e, protocol: tcp, external_port: 2222, \
+                 internal_ip: 10.0.{n}.9, internal_port: {port}}}]\n"
+            )
+        };
+        format!(
+            "version: 1\nagent: {{integration_bridge: br-int}}\nnat_gateways:\n{}{}",
+            gw("a", 1, port),
+            gw("b", 2, 22)
+        )
+    }
+
+    #[test]
+    fn a_new_document_shares_the_specs_of_the_objects_it_did_not_change() {
+        let earlier = Earlier::default();
+        let first = earlier.accept_str(&two_gateways(22), Format::Yaml).unwrap().desired;
+        let next = earlier.accept_str(&two_gateways(23), Format::Yaml).unwrap().desired;
+        assert!(Arc::ptr_eq(&first.gws["b"], &next.gws["b"]), "the unchanged gateway is shared");
+        assert!(!Arc::ptr_eq(&first.gws["a"], &next.gws["a"]), "the changed one is new");
+        assert_ne!(first.gws["a"], next.gws["a"]);
+        // The same as a document read without an earlier one.
+        assert_eq!(next, accept_str(&two_gateways(23), Format::Yaml).unwrap().desired);
+        // A refused document leaves the earlier one in place.
+        assert!(earlier.accept_str("version: 2\n", Format::Yaml).is_err());
+        let again = earlier.accept_str(&two_gateways(23), Format::Yaml).unwrap().desired;
+        assert!(Arc::ptr_eq(&next.gws["a"], &again.gws["a"]));
     }
 }

@@ -11,6 +11,6 @@ pub mod spec;
 pub mod validate;
 mod yaml;
 
-pub use load::{Accepted, Format, Problem, Problems, accept_file, accept_str, load_file, load_str};
+pub use load::{Accepted, Earlier, Format, Problem, Problems, accept_file, accept_str, load_file, load_str};
 pub use model::StateFile;
 pub use spec::Desired;

@@ -455,6 +455,15 @@ fn rss(pid: i32) -> (f64, f64) {
     (kb("VmRSS:") / 1024.0, kb("VmHWM:") / 1024.0)
 }
 
+/// The peak RSS (`VmHWM`, MB) of process `pid` since the last call, which
+/// then starts its next step's peak at the current RSS (`clear_refs` "5",
+/// Linux 4.0 and later).
+fn step_peak(pid: i32) -> f64 {
+    let peak = rss(pid).1;
+    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+    peak
+}
+
 /// One metrics scrape (HTTP/1.0 GET): seconds, bytes.
 fn scrape(addr: std::net::SocketAddr) -> Result<(f64, usize)> {
     use std::io::Write as _;
@@ -516,6 +525,7 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     let create = t.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(6));
     let (applied_rss, applied_hwm) = rss(pid);
+    let mut peaks = vec![("create every zone, first apply", step_peak(pid))];
     eprint!(".");
     let status_times = |n: usize| -> Result<f64> {
         let mut v = vec![];
@@ -536,7 +546,10 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
         }
         Ok((median(v), bytes))
     };
-    let (status_empty, (metrics_empty, metrics_bytes)) = (status_times(5)?, scrape_times(5)?);
+    let status_empty = status_times(5)?;
+    peaks.push(("status ×5, empty tables", step_peak(pid)));
+    let (metrics_empty, metrics_bytes) = scrape_times(5)?;
+    peaks.push(("metrics ×5, empty tables", step_peak(pid)));
     // The flows, last seen 45 s ago: past the document's 60 s timeout 15 s
     // after the fill began, so that no pass frees part of them while they
     // are written and scraped, and the first pass after that frees them all.
@@ -544,8 +557,12 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     let filled = Instant::now();
     super::fill_dnat_flows(&tables, flows, lbagent::dataplane::tables::monotonic_ns().saturating_sub(45_000_000_000))?;
     eprint!(".");
+    peaks.push(("the fill", step_peak(pid)));
     // Scrapes with the full table, before the flows expire.
-    let (status_full, (metrics_full, _)) = (status_times(3)?, scrape_times(3)?);
+    let status_full = status_times(3)?;
+    peaks.push(("status ×3, full tables", step_peak(pid)));
+    let (metrics_full, _) = scrape_times(3)?;
+    peaks.push(("metrics ×3, full tables", step_peak(pid)));
     anyhow::ensure!(
         filled.elapsed() < Duration::from_secs(14),
         "the fill and the scrapes took {:?}: a GC pass may have run over a partial table",
@@ -583,7 +600,8 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     };
     let change_end =
         logged_at(&log, "updated NAT gateway object=natgw/g0", 0).context("the change's apply in the log")?;
-    let (after_rss, after_hwm) = rss(pid);
+    let after_rss = rss(pid).0;
+    peaks.push(("the GC pass and a change during it", step_peak(pid)));
     // The same change with no pass running: what an apply takes here.
     std::thread::sleep(Duration::from_secs(1));
     let quiet_start = wall_of_day();
@@ -592,6 +610,8 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     anyhow::ensure!(quiet["last_apply"]["ok"] == true, "the second change's apply failed: {quiet}");
     let quiet_end =
         logged_at(&log, "updated NAT gateway object=natgw/g0", 1).context("the second change's apply in the log")?;
+    peaks.push(("a change, no GC pass", step_peak(pid)));
+    let run_peak = peaks.iter().map(|p| p.1).fold(0.0, f64::max);
     let (change_s, gc_s, quiet_s) = (change_end - gc_seen, gc_end - gc_seen, quiet_end - quiet_start);
     let kept = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench/agent-scale.log");
     let _ = std::fs::create_dir_all(kept.parent().unwrap());
@@ -617,7 +637,7 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
          | change written during the GC pass → applied (the agent's log) | {change_s:.2} s |\n\
          | the same change, no GC pass running | {quiet_s:.2} s |\n\
          | GC pass freeing {flows} flows, from its start seen to its end (the agent's log) | {gc_s:.1} s |\n\
-         | RSS after the GC pass (peak over the whole run) | {after_rss:.1} MB ({after_hwm:.1} MB) |",
+         | RSS after the GC pass (peak over the whole run) | {after_rss:.1} MB ({run_peak:.1} MB) |",
         2 * gws * rules,
         gws,
         status_empty * 1e3,
@@ -625,5 +645,10 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
         status_full * 1e3,
         metrics_full * 1e3,
     )?;
+    writeln!(out, "\nPeak RSS (`VmHWM`) by step, each step's peak counted from the RSS it started at:\n")?;
+    writeln!(out, "| step | peak |\n|---|---:|")?;
+    for (step, peak) in &peaks {
+        writeln!(out, "| {step} | {peak:.1} MB |")?;
+    }
     Ok(())
 }

@@ -349,15 +349,16 @@ pub struct Meta {
 }
 
 /// Traffic translated by one rule (per CPU; summed by the agent). A flow
-/// counts under its DNAT rule and, if different, its SNAT rule. `acl_drops`:
-/// new flows the rule's ACL refused.
+/// counts under its DNAT rule and, if different, its SNAT rule. `refused`:
+/// new flows the rule refused: a DNAT rule's or listener's ACL refused the
+/// client, or a SNAT rule had no free port (or ICMP echo id) left for it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
 pub struct RuleStats {
     pub packets: u64,
     pub bytes: u64,
-    pub acl_drops: u64,
+    pub refused: u64,
 }
 
 /// Declares the per-CPU counters from one table: each line is a variant,

@@ -28,19 +28,20 @@ pub fn count_rule(id: u32, bytes: u64) {
             (*p).bytes += bytes;
         },
         None => {
-            let _ = RULE_STATS.insert(&id, &RuleStats { packets: 1, bytes, acl_drops: 0 }, BPF_NOEXIST as u64);
+            let _ = RULE_STATS.insert(&id, &RuleStats { packets: 1, bytes, refused: 0 }, BPF_NOEXIST as u64);
         }
     }
 }
 
-/// Counts a new flow the rule's ACL refused.
+/// Counts a new flow rule `id` refused: its ACL refused the client, or (a
+/// SNAT rule) no port was free for it.
 #[inline(always)]
-pub fn count_acl_drop(id: u32) {
+pub fn count_refused(id: u32) {
     match RULE_STATS.get_ptr_mut(&id) {
         // SAFETY: a per-CPU map value pointer, valid for the program run.
-        Some(p) => unsafe { (*p).acl_drops += 1 },
+        Some(p) => unsafe { (*p).refused += 1 },
         None => {
-            let _ = RULE_STATS.insert(&id, &RuleStats { packets: 0, bytes: 0, acl_drops: 1 }, BPF_NOEXIST as u64);
+            let _ = RULE_STATS.insert(&id, &RuleStats { packets: 0, bytes: 0, refused: 1 }, BPF_NOEXIST as u64);
         }
     }
 }

@@ -5,7 +5,7 @@ use lbagent_common::*;
 
 use crate::{
     conntrack::{self, Lookup, NewFlow},
-    counters::{count, count_acl_drop, count_flow},
+    counters::{count, count_flow, count_refused},
     fragment,
     hdr::ipv4,
     icmp_error::{self, Side},
@@ -83,7 +83,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         f.least = hit.rule.flags & DNAT_F_SCHED_MASK == DNAT_F_SCHED_LEAST;
         if !rules::acl_accepts(&hit.rule, t.saddr) {
             // The listener's ACL refuses this client: no flow, no NAT.
-            count_acl_drop(hit.rule.rule_id);
+            count_refused(hit.rule.rule_id);
             return verdict(Counter::DropAcl);
         }
         f.xlate.daddr = hit.backend.addr;
@@ -137,6 +137,11 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         }
         Err(c) => {
             aya_log_ebpf::warn!(ctx, "zone {} dropped a new flow: {}", t.zone, c as u32);
+            if c == Counter::DropNoFreePort && f.snat_rule != 0 {
+                // The rule's port failures (its EIP's ports toward this
+                // destination are all held).
+                count_refused(f.snat_rule);
+            }
             verdict(c)
         }
     }

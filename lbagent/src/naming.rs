@@ -155,6 +155,17 @@ pub fn gw_snat_key(gw: &str, cidr: (Ipv4Addr, u8)) -> String {
     format!("{}snat/{}/{}", gw_rule_prefix(gw), cidr.0, cidr.1)
 }
 
+/// Whether `key` names a CIDR SNAT rule ([`gw_snat_key`]): the rules that
+/// allocate source ports.
+pub fn is_gw_snat_key(key: &str) -> bool {
+    key.starts_with("natgw/") && key.split('/').nth(2) == Some("snat")
+}
+
+/// An EIP as metrics and status name it: `natgw/<gw>/eip/<name>`.
+pub fn gw_eip_key(gw: &str, eip: &str) -> String {
+    format!("{}eip/{eip}", gw_rule_prefix(gw))
+}
+
 /// Prefix of a gateway's QoS bucket keys.
 pub fn gw_qos_prefix(gw: &str) -> String {
     format!("{}qos/", gw_rule_prefix(gw))

@@ -22,7 +22,7 @@ fn refused(e: &mut TestZone, f: Vec<u8>) {
 }
 
 fn acl_drops(e: &TestZone, rule: u32) -> u64 {
-    e.tables.rule_stats().unwrap().into_iter().find(|(id, _)| *id == rule).map(|(_, s)| s.acl_drops).unwrap_or(0)
+    e.tables.rule_stats().unwrap().into_iter().find(|(id, _)| *id == rule).map(|(_, s)| s.refused).unwrap_or(0)
 }
 
 #[test]

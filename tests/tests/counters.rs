@@ -18,7 +18,7 @@ fn rule_stats_count_packets_and_bytes_per_rule() {
     e.run(&a).unwrap();
     e.run(&q).unwrap();
     let stats: std::collections::HashMap<u32, RuleStats> = e.tables.rule_stats().unwrap().into_iter().collect();
-    let want = RuleStats { packets: 3, bytes: (2 * q.len() + a.len()) as u64, acl_drops: 0 };
+    let want = RuleStats { packets: 3, bytes: (2 * q.len() + a.len()) as u64, refused: 0 };
     assert_eq!(stats[&2], want, "DNAT rule udp/53");
     assert_eq!(stats[&10], want, "SNAT rule");
     e.tables.forget_rule_stats(&[2]).unwrap();
@@ -34,6 +34,9 @@ fn port_exhaustion_drops_and_counts() {
     let (rc, _) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(2222, 53, b"b"))).unwrap();
     assert_eq!(rc, TC_ACT_SHOT);
     assert_eq!(e.tables.counter(Counter::DropNoFreePort).unwrap(), 1);
+    // Counted under the rule that had no port (status and metrics name it).
+    let stats: std::collections::HashMap<u32, RuleStats> = e.tables.rule_stats().unwrap().into_iter().collect();
+    assert_eq!(stats.get(&11).map(|s| (s.packets, s.refused)), Some((1, 1)), "{stats:?}");
 }
 
 /// The bench's per-packet cost (`TestZone::time`, section 1) must time the

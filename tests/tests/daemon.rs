@@ -1634,3 +1634,88 @@ fn gc_passes_free_idle_flows_with_one_collector() {
     }
     assert_eq!(d.log().matches("garbage collector loaded").count(), 1, "{}", d.log());
 }
+
+/// Each GC pass counts the ports SNAT'ed flows hold (from the same dump as
+/// the zones' recount): the EIP's ports and the rule's flows reach the
+/// status and the metrics.
+#[test]
+fn gc_passes_count_the_snat_ports_in_use() {
+    use lbagent_common::{CT_ESTABLISHED, CT_F_REPLY, CT_F_SNAT, CtEntry, MAP_CT, PROTO_UDP, Tuple};
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let (lan, ext) =
+        (OvsBridge::new(&unique("brs")).unwrap(), lbagent_tests::ovs::LinuxBridge::new(&unique("bes")).unwrap());
+    let env = Env::new();
+    let gw = unique("gws");
+    let doc = format!(
+        "version: 1
+agent: {{integration_bridge: {lan}}}
+nat_gateways:
+  - name: {gw}
+    lan: {{ip: 10.72.0.254, prefix_len: 24, mac: \"02:00:0a:48:00:fe\", gateway: 10.72.0.1}}
+    external: {{bridge: {ext}, prefix_len: 24, gateway: 203.0.113.1}}
+    eips: [{{name: e1, ip: 203.0.113.72}}]
+    snats: [{{eip: e1, internal_cidr: 10.72.0.0/24}}]
+",
+        lan = lan.name,
+        ext = ext.name
+    );
+    std::fs::write(env.state(), doc).unwrap();
+    let d = env.spawn_daemon();
+    wait(|| env.status().is_some_and(|s| applied(&s)), "the first apply");
+    let s = env.status().unwrap();
+    let rule = format!("natgw/{gw}/snat/10.72.0.0/24");
+    let (id, zone) =
+        (s["rules"][&rule].as_u64().unwrap() as u32, s["nat_gateways"][0]["zone"].as_u64().unwrap() as u16);
+    // Two live UDP flows from one host to one resolver, SNAT'ed to two
+    // ports of the EIP (crafted, fresh: the passes keep them).
+    let tables = lbagent::dataplane::tables::Tables::open(&env.bpffs).unwrap();
+    let now = lbagent::dataplane::tables::monotonic_ns();
+    let mut ct = tables.hash(MAP_CT).unwrap();
+    for (sport, port) in [(5000, 40001), (5001, 40002)] {
+        let orig = Tuple {
+            saddr: [10, 72, 0, 5],
+            daddr: [198, 51, 100, 9],
+            sport,
+            dport: 53,
+            proto: PROTO_UDP,
+            _pad0: 0,
+            zone,
+        };
+        let xlate = Tuple { saddr: [203, 0, 113, 72], sport: port, ..orig };
+        let half = CtEntry {
+            xlate,
+            last_seen_ns: now,
+            created_ns: now,
+            snat_rule: id,
+            state: CT_ESTABLISHED,
+            flags: CT_F_SNAT,
+            ..Default::default()
+        };
+        ct.insert(&orig, &half, 0).unwrap();
+        ct.insert(&xlate.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_SNAT | CT_F_REPLY, ..half }, 0)
+            .unwrap();
+    }
+    let eip = format!("natgw/{gw}/eip/e1");
+    wait(
+        || env.status().is_some_and(|s| s["snat_ports"]["eips"][0]["ports"]["udp"] == 2),
+        "a pass counted the EIP's two ports",
+    );
+    let s = env.status().unwrap();
+    let ports = &s["snat_ports"];
+    assert_eq!(ports["eips"][0]["eip"], eip.as_str(), "{ports}");
+    assert_eq!(ports["rules"][0]["rule"], rule.as_str(), "{ports}");
+    assert_eq!(ports["rules"][0]["flows"]["udp"], 2, "{ports}");
+    assert_eq!(ports["range"], 64512, "{ports}");
+    let m = env.metrics();
+    for series in [
+        format!("lbagent_eip_ports_in_use{{eip=\"{eip}\",protocol=\"udp\"}} 2"),
+        format!("lbagent_snat_flows{{rule=\"{rule}\",protocol=\"udp\"}} 2"),
+    ] {
+        assert!(m.contains(&series), "{series} in\n{m}\n{}", d.log());
+    }
+    let text = env.cli(&["status"]);
+    assert!(text.contains("SNAT ports in use: tcp 0, udp 2, icmp 0"), "{text}");
+}

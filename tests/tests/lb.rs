@@ -267,7 +267,7 @@ fn listener_acls_admit_and_refuse_two_clients() {
         t.rule_stats().unwrap().into_iter().collect();
     for listener in ["raw", "web", "dns"] {
         let id = b.bed.reconciler.alloc.rule_ids[format!("lb/{}/listener/{listener}", b.ids[0]).as_str()];
-        assert!(stats.get(&id).is_some_and(|s| s.acl_drops >= 1), "{listener}: {:?}", stats.get(&id));
+        assert!(stats.get(&id).is_some_and(|s| s.refused >= 1), "{listener}: {:?}", stats.get(&id));
     }
 }
 

@@ -84,6 +84,25 @@ fn fip_dnat_snat_hairpin_and_icmp() {
         }
     }
     assert_eq!(seen.len(), 200);
+    // The port census (a conntrack pass's): eip2 holds those 200 UDP ports,
+    // counted under its SNAT rule, in the status and the metrics.
+    let t = b.bed.reconciler.realizer.engine.tables().unwrap();
+    let mut st = Status::default();
+    st.refresh(&b.bed.reconciler.applied, &b.bed.reconciler.alloc);
+    st.set_snat_ports(&t.port_census().unwrap(), &Default::default(), 1);
+    let ports = st.document.snat_ports.clone().unwrap();
+    let eip2 = format!("natgw/{}/eip/eip2", b.gw);
+    let used = ports.eips.iter().find(|e| e.eip == eip2).unwrap_or_else(|| panic!("{eip2} in {ports:?}"));
+    assert_eq!((used.ports.udp, used.ports.tcp >= 1), (200, true), "{used:?}");
+    assert_eq!(used.share_pct, 0.3, "200 of 64 512 ports");
+    let rule = format!("natgw/{}/snat/10.10.0.0/25", b.gw);
+    let by_rule = ports.rules.iter().find(|r| r.rule == rule).unwrap_or_else(|| panic!("{rule} in {ports:?}"));
+    assert_eq!((by_rule.flows.udp, by_rule.no_free_port), (200, 0), "{by_rule:?}");
+    assert!(ports.eips.iter().all(|e| e.eip != format!("natgw/{}/eip/eip3", b.gw)), "eip3 holds no SNAT port");
+    let metrics = lbagent::daemon::metrics::render(&b.bed.reconciler.realizer.engine.bpffs, &st).unwrap();
+    let series = format!("lbagent_eip_ports_in_use{{eip=\"{eip2}\",protocol=\"udp\"}} 200");
+    assert!(metrics.contains(&series), "{series} in\n{metrics}");
+    assert!(metrics.contains(&format!("lbagent_snat_flows{{rule=\"{rule}\",protocol=\"udp\"}} 200")), "{metrics}");
 
     // Hairpin: a VPC host reaching an EIP of its own gateway is SNAT'ed to
     // the EIP it asked for, inside a SNAT CIDR or not (SNAT is keyed on the
@@ -102,7 +121,6 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     // ICMP: ping through the FIP reaches the internal host; errors translate both ways.
     let out = b.internet.ns.exec(&["ping", "-c", "2", "-W", "2", "198.51.100.10"]).unwrap();
     assert!(out.contains("from 198.51.100.10"), "{out}");
-    let t = b.bed.reconciler.realizer.engine.tables().unwrap();
     let zone = b.zone();
     assert!(
         t.conntrack()

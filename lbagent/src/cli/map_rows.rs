@@ -298,19 +298,19 @@ struct RuleStatsRow {
     rule_id: u32,
     packets: u64,
     bytes: u64,
-    acl_drops: u64,
+    refused: u64,
 }
 
 impl RuleStatsRow {
     fn new(rule_id: u32, s: &RuleStats) -> Self {
-        RuleStatsRow { rule_id, packets: s.packets, bytes: s.bytes, acl_drops: s.acl_drops }
+        RuleStatsRow { rule_id, packets: s.packets, bytes: s.bytes, refused: s.refused }
     }
 }
 
 impl Display for RuleStatsRow {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        let RuleStatsRow { rule_id, packets, bytes, acl_drops } = self;
-        write!(f, "rule {rule_id:<6} packets {packets:<10} bytes {bytes:<12} acl drops {acl_drops}")
+        let RuleStatsRow { rule_id, packets, bytes, refused } = self;
+        write!(f, "rule {rule_id:<6} packets {packets:<10} bytes {bytes:<12} refused {refused}")
     }
 }
 

@@ -166,7 +166,7 @@ pub fn render(doc: &StatusDoc) -> String {
                 l.backend_group,
                 st.packets,
                 st.bytes,
-                st.acl_drops
+                st.refused
             );
         }
         for b in &lb.backends {
@@ -180,6 +180,7 @@ pub fn render(doc: &StatusDoc) -> String {
             );
         }
     }
+    let ports = doc.snat_ports.as_ref();
     for gw in &doc.nat_gateways {
         out += &format!("NAT gateway {} zone {} netns {}\n", gw.name, or_dash(&gw.zone), gw.netns);
         for e in &gw.eips {
@@ -187,6 +188,24 @@ pub fn render(doc: &StatusDoc) -> String {
                 let lines: Vec<String> = e.used_by.lines().collect();
                 if lines.is_empty() { "unused".into() } else { lines.join("; ") }
             });
+            let key = naming::gw_eip_key(&gw.name, &e.name);
+            if let Some(u) = ports.and_then(|p| p.eips.iter().find(|u| u.eip == key)) {
+                out += &format!(
+                    "    SNAT ports in use: tcp {}, udp {}, icmp {} ({} % of the range)\n",
+                    u.ports.tcp, u.ports.udp, u.ports.icmp, u.share_pct
+                );
+            }
+        }
+        let prefix = naming::gw_rule_prefix(&gw.name);
+        for r in ports.iter().flat_map(|p| &p.rules).filter(|r| r.rule.starts_with(&prefix)) {
+            out += &format!(
+                "  {}: flows tcp {}, udp {}, icmp {}; no free port {}\n",
+                &r.rule[prefix.len()..],
+                r.flows.tcp,
+                r.flows.udp,
+                r.flows.icmp,
+                r.no_free_port
+            );
         }
         for q in &gw.qos {
             let st = q.stats.unwrap_or_default();

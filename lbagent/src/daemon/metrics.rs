@@ -116,6 +116,42 @@ pub fn render(bpffs: &Path, status: &Status) -> Result<String> {
     Ok(out)
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByEipProtocol {
+    eip: String,
+    protocol: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByRuleProtocol {
+    rule: String,
+    protocol: &'static str,
+}
+
+/// SNAT port usage, from the last conntrack pass's census in the status:
+/// by EIP and by rule (a series per protocol), never by client.
+fn ports(r: &mut Registry, doc: &super::status::StatusDoc) {
+    let Some(p) = &doc.snat_ports else { return };
+    let (in_use, flows) = (Family::<ByEipProtocol, Gauge>::default(), Family::<ByRuleProtocol, Gauge>::default());
+    for e in &p.eips {
+        for (protocol, n) in e.ports.by_name() {
+            in_use.get_or_create(&ByEipProtocol { eip: e.eip.clone(), protocol }).set(n as i64);
+        }
+    }
+    for rule in &p.rules {
+        for (protocol, n) in rule.flows.by_name() {
+            flows.get_or_create(&ByRuleProtocol { rule: rule.rule.clone(), protocol }).set(n as i64);
+        }
+    }
+    r.register(
+        "eip_ports_in_use",
+        "Distinct source ports (ICMP: echo ids) an EIP's SNAT'ed flows hold, at the last conntrack pass.",
+        in_use,
+    );
+    gauge(r, "snat_port_range", "Ports in a SNAT rule's range.", p.range as i64);
+    r.register("snat_flows", "Live flows of each SNAT rule, at the last conntrack pass.", flows);
+}
+
 /// The series read from the pinned maps.
 fn dataplane(r: &mut Registry, bpffs: &Path, status: &Status) -> Result<()> {
     let t = Tables::open(bpffs).context("opening the pinned maps")?;
@@ -138,7 +174,8 @@ fn dataplane(r: &mut Registry, bpffs: &Path, status: &Status) -> Result<()> {
         Some(n) if !n.is_empty() => n.to_string(),
         _ => format!("id/{id}"),
     };
-    let (rule_packets, rule_bytes, acl_drops) = (
+    let (rule_packets, rule_bytes, acl_drops, no_port) = (
+        Family::<ByRule, Counter>::default(),
         Family::<ByRule, Counter>::default(),
         Family::<ByRule, Counter>::default(),
         Family::<ByRule, Counter>::default(),
@@ -147,11 +184,20 @@ fn dataplane(r: &mut Registry, bpffs: &Path, status: &Status) -> Result<()> {
         let rule = ByRule { rule: name(*id) };
         rule_packets.get_or_create(&rule).inc_by(st.packets);
         rule_bytes.get_or_create(&rule).inc_by(st.bytes);
-        acl_drops.get_or_create(&rule).inc_by(st.acl_drops);
+        // What a rule refuses: a SNAT rule, new flows it had no port for;
+        // any other, new flows its ACL refused.
+        let refused = if crate::naming::is_gw_snat_key(&rule.rule) { &no_port } else { &acl_drops };
+        refused.get_or_create(&rule).inc_by(st.refused);
     }
     r.register("rule_packets", "Packets translated per rule (listener, backend, FIP, DNAT, SNAT).", rule_packets);
     r.register("rule_bytes", "Bytes translated per rule.", rule_bytes);
     r.register("rule_acl_drops", "New flows a listener's ACL refused.", acl_drops);
+    r.register(
+        "snat_no_free_port",
+        "New flows a SNAT rule dropped for want of a free port (or ICMP echo id) toward their destination.",
+        no_port,
+    );
+    ports(r, &status.document);
 
     let qos = t.qos_stats_of(status.qos_names.keys().copied()).context("reading qos_stats")?;
     let (qos_packets, qos_bytes) =

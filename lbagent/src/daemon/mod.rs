@@ -159,9 +159,10 @@ impl Daemon {
             debug!("conntrack garbage collection: the previous pass is still running; skipped");
             return;
         }
-        let bpffs = self.opts.bpffs.clone();
+        let (bpffs, status) = (self.opts.bpffs.clone(), self.status.clone());
         let collector = self.gc.take().and_then(|h| h.join().ok().flatten());
-        match std::thread::Builder::new().name("lbagent-gc".into()).spawn(move || collect_garbage(&bpffs, collector)) {
+        let pass = move || collect_garbage(&bpffs, collector, &status);
+        match std::thread::Builder::new().name("lbagent-gc".into()).spawn(pass) {
             Ok(h) => self.gc = Some(h),
             Err(e) => warn!("conntrack garbage collection: cannot start its thread: {e}"),
         }
@@ -332,12 +333,13 @@ fn newest(
 }
 
 /// Frees conntrack entries idle past their timeout, then recounts the
-/// least-connection backends' active flows and each zone's flows. Runs
+/// least-connection backends' active flows and each zone's flows, and
+/// counts the SNAT ports in use into the status. Runs
 /// beside the loop (`Daemon::start_garbage_collection`): an apply may
 /// remove a rule or a zone meanwhile; the recounts then write only counts
 /// that still exist (a removed rule's or zone's is not brought back), and
 /// flows both delete are deleted once.
-fn collect_garbage(bpffs: &Path, collector: Option<Collector>) -> Option<Collector> {
+fn collect_garbage(bpffs: &Path, collector: Option<Collector>, status: &Mutex<Status>) -> Option<Collector> {
     crate::crash::pause("gc-pass");
     let tables = match crate::dataplane::tables::Tables::open(bpffs) {
         Ok(t) => t,
@@ -372,9 +374,20 @@ fn collect_garbage(bpffs: &Path, collector: Option<Collector>) -> Option<Collect
         Ok(n) => info!("least-connection counts: {n} corrected from conntrack"),
         Err(e) => warn!("least-connection recount: {e:#}"),
     }
-    // Each zone's flow counts (its conntrack share) drift the same way.
-    if let Err(e) = tables.recount_zone_flows() {
-        warn!("per-zone conntrack recount: {e:#}");
+    // Each zone's flow counts (its conntrack share) drift the same way;
+    // the SNAT port census reads the same dump.
+    let as_of = status::secs(Some(std::time::SystemTime::now())).unwrap_or(0);
+    let mut ports = crate::dataplane::tables::PortCounter::default();
+    if let Err(e) = tables.recount_zone_flows_and(|k, e| ports.add(k, e)) {
+        warn!("per-zone conntrack recount and SNAT port census: {e:#}");
+        return collector;
+    }
+    match tables.rule_stats() {
+        Ok(stats) => {
+            let refused = stats.into_iter().filter(|(_, s)| s.refused > 0).map(|(id, s)| (id, s.refused)).collect();
+            status.lock().unwrap().set_snat_ports(&ports.finish(), &refused, as_of);
+        }
+        Err(e) => warn!("SNAT port census: reading rule_stats: {e:#}"),
     }
     collector
 }

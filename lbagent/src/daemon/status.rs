@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::outcome::ObjectError;
 use crate::{
     alloc::{Allocations, RuleIds},
+    dataplane::tables::{PerProto, PortCensus},
     naming,
     outcome::Changes,
     reconcile::{Applied, ApplyReport},
@@ -66,6 +67,43 @@ pub struct StatusDoc {
     /// The direct-mode health prober: running, or why not; its counters.
     #[serde(default)]
     pub health_prober: crate::lb::health::ProberReport,
+    /// SNAT port usage, as the last conntrack pass found it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snat_ports: Option<SnatPorts>,
+}
+
+/// SNAT port usage: what each EIP's SNAT'ed flows hold, what each SNAT rule
+/// carries and refused. Only EIPs and rules with flows or refusals are
+/// listed; labelled by object and rule, never by client.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnatPorts {
+    /// Unix time (s) of the conntrack pass that counted them.
+    pub as_of: u64,
+    /// Ports in a SNAT rule's range (`1024-65535`).
+    pub range: u64,
+    pub eips: Vec<EipPorts>,
+    pub rules: Vec<SnatRulePorts>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EipPorts {
+    /// `natgw/<gw>/eip/<name>`.
+    pub eip: String,
+    pub ip: Ipv4Addr,
+    /// Distinct source ports (ICMP: echo ids) its SNAT'ed flows hold.
+    pub ports: crate::dataplane::tables::PerProto,
+    /// The busiest protocol's ports, in % of the range.
+    pub share_pct: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnatRulePorts {
+    /// The rule's key (`natgw/<gw>/snat/<net>/<len>`).
+    pub rule: String,
+    /// Its live flows (each holds a port toward its destination).
+    pub flows: crate::dataplane::tables::PerProto,
+    /// New flows it dropped for want of a free port, since the rule began.
+    pub no_free_port: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -252,6 +290,43 @@ impl Status {
     /// Records a refused document's problems (`None`: the newest was accepted).
     pub fn set_rejected(&mut self, problems: Option<&Problems>) {
         self.document.rejected_state = problems.map(|p| p.0.iter().map(|x| x.to_string()).collect());
+    }
+
+    /// Records a conntrack pass's port census (`census`) and the SNAT
+    /// rules' refusals (`refused`, by rule id) at Unix time `as_of`, named
+    /// by the running rules and EIPs.
+    pub fn set_snat_ports(&mut self, census: &PortCensus, refused: &BTreeMap<u32, u64>, as_of: u64) {
+        let doc = &mut self.document;
+        let range = u64::from(crate::natgw::rules::SNAT_PORTS.1 - crate::natgw::rules::SNAT_PORTS.0) + 1;
+        let rules = doc
+            .rules
+            .iter()
+            .filter(|(key, _)| naming::is_gw_snat_key(key))
+            .filter_map(|(key, id)| {
+                let flows = census.rule_flows.get(&id).copied().unwrap_or_default();
+                let no_free_port = refused.get(&id).copied().unwrap_or(0);
+                (flows != PerProto::default() || no_free_port > 0).then(|| SnatRulePorts {
+                    rule: key.to_string(),
+                    flows,
+                    no_free_port,
+                })
+            })
+            .collect();
+        let eips = doc
+            .nat_gateways
+            .iter()
+            .flat_map(|g| g.eips.iter().map(move |e| (g, e)))
+            .filter_map(|(g, e)| {
+                let ports = *census.addr_ports.get(&e.ip)?;
+                Some(EipPorts {
+                    eip: naming::gw_eip_key(&g.name, &e.name),
+                    ip: e.ip,
+                    ports,
+                    share_pct: (ports.max() as f64 * 1000.0 / range as f64).round() / 10.0,
+                })
+            })
+            .collect();
+        doc.snat_ports = Some(SnatPorts { as_of, range, eips, rules });
     }
 
     /// Recomputes what derives from the applied objects and the allocations

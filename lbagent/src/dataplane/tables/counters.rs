@@ -26,7 +26,7 @@ impl Tables {
             let sum = per_cpu.iter().fold(RuleStats::default(), |a, v| RuleStats {
                 packets: a.packets + v.packets,
                 bytes: a.bytes + v.bytes,
-                acl_drops: a.acl_drops + v.acl_drops,
+                refused: a.refused + v.refused,
             });
             out.push((id, sum));
         }

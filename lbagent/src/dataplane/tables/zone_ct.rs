@@ -72,13 +72,17 @@ impl Tables {
     /// from `ct_new` and what the agent deleted stop counting. Returns the
     /// zones whose counts were corrected.
     pub fn recount_zone_flows(&self) -> Result<usize> {
-        if !self.has_zone_ct() {
-            return Ok(0);
-        }
+        self.recount_zone_flows_and(|_, _| {})
+    }
+
+    /// [`Tables::recount_zone_flows`], handing every entry of the dump to
+    /// `also` as well (the SNAT port census reads the same dump).
+    pub fn recount_zone_flows_and(&self, mut also: impl FnMut(&Tuple, &CtEntry)) -> Result<usize> {
         let mut want: BTreeMap<u32, ZoneCtFlows> = BTreeMap::new();
         for (established, table) in [(true, MAP_CT), (false, MAP_CT_NEW)] {
             self.each_conntrack(table, |keys, entries| {
                 for (k, e) in keys.iter().zip(entries) {
+                    also(k, e);
                     if e.flags & CT_F_REPLY != 0 {
                         continue;
                     }
@@ -90,6 +94,9 @@ impl Tables {
                     }
                 }
             })?;
+        }
+        if !self.has_zone_ct() {
+            return Ok(0);
         }
         let mut map = self.hash(MAP_ZONE_CT_FLOWS)?;
         let have: BTreeMap<u32, ZoneCtFlows> = map.iter().filter_map(|e| e.ok()).collect();

@@ -1669,15 +1669,17 @@ nat_gateways:
     let rule = format!("natgw/{gw}/snat/10.72.0.0/24");
     let (id, zone) =
         (s["rules"][&rule].as_u64().unwrap() as u32, s["nat_gateways"][0]["zone"].as_u64().unwrap() as u16);
-    // Two live UDP flows from one host to one resolver, SNAT'ed to two
-    // ports of the EIP (crafted, fresh: the passes keep them).
+    // Three live UDP flows from one host, SNAT'ed to two ports of the EIP:
+    // two to one resolver, and one to another resolver on the first's port
+    // (a translated tuple is unique per destination). Crafted, fresh: the
+    // passes keep them.
     let tables = lbagent::dataplane::tables::Tables::open(&env.bpffs).unwrap();
     let now = lbagent::dataplane::tables::monotonic_ns();
     let mut ct = tables.hash(MAP_CT).unwrap();
-    for (sport, port) in [(5000, 40001), (5001, 40002)] {
+    for (sport, port, resolver) in [(5000, 40001, 9), (5001, 40002, 9), (5002, 40001, 10)] {
         let orig = Tuple {
             saddr: [10, 72, 0, 5],
-            daddr: [198, 51, 100, 9],
+            daddr: [198, 51, 100, resolver],
             sport,
             dport: 53,
             proto: PROTO_UDP,
@@ -1707,12 +1709,14 @@ nat_gateways:
     let ports = &s["snat_ports"];
     assert_eq!(ports["eips"][0]["eip"], eip.as_str(), "{ports}");
     assert_eq!(ports["rules"][0]["rule"], rule.as_str(), "{ports}");
-    assert_eq!(ports["rules"][0]["flows"]["udp"], 2, "{ports}");
+    assert_eq!(ports["rules"][0]["flows"]["udp"], 3, "{ports}");
+    assert_eq!(ports["rules"][0]["ports"]["udp"], 2, "{ports}");
     assert_eq!(ports["range"], 64512, "{ports}");
     let m = env.metrics();
     for series in [
         format!("lbagent_eip_ports_in_use{{eip=\"{eip}\",protocol=\"udp\"}} 2"),
-        format!("lbagent_snat_flows{{rule=\"{rule}\",protocol=\"udp\"}} 2"),
+        format!("lbagent_snat_flows{{rule=\"{rule}\",protocol=\"udp\"}} 3"),
+        format!("lbagent_snat_ports_in_use{{rule=\"{rule}\",protocol=\"udp\"}} 2"),
     ] {
         assert!(m.contains(&series), "{series} in\n{m}\n{}", d.log());
     }

@@ -97,7 +97,7 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     assert_eq!(used.share_pct, 0.3, "200 of 64 512 ports");
     let rule = format!("natgw/{}/snat/10.10.0.0/25", b.gw);
     let by_rule = ports.rules.iter().find(|r| r.rule == rule).unwrap_or_else(|| panic!("{rule} in {ports:?}"));
-    assert_eq!((by_rule.flows.udp, by_rule.no_free_port), (200, 0), "{by_rule:?}");
+    assert_eq!((by_rule.flows.udp, by_rule.ports.udp, by_rule.no_free_port), (200, 200, 0), "{by_rule:?}");
     assert!(ports.eips.iter().all(|e| e.eip != format!("natgw/{}/eip/eip3", b.gw)), "eip3 holds no SNAT port");
     let metrics = lbagent::daemon::metrics::render(&b.bed.reconciler.realizer.engine.bpffs, &st).unwrap();
     let series = format!("lbagent_eip_ports_in_use{{eip=\"{eip2}\",protocol=\"udp\"}} 200");

@@ -199,11 +199,15 @@ pub fn render(doc: &StatusDoc) -> String {
         let prefix = naming::gw_rule_prefix(&gw.name);
         for r in ports.iter().flat_map(|p| &p.rules).filter(|r| r.rule.starts_with(&prefix)) {
             out += &format!(
-                "  {}: flows tcp {}, udp {}, icmp {}; no free port {}\n",
+                "  {}: flows tcp {}, udp {}, icmp {}; ports tcp {}, udp {}, icmp {} ({} % of the range); no free port {}\n",
                 &r.rule[prefix.len()..],
                 r.flows.tcp,
                 r.flows.udp,
                 r.flows.icmp,
+                r.ports.tcp,
+                r.ports.udp,
+                r.ports.icmp,
+                r.share_pct,
                 r.no_free_port
             );
         }

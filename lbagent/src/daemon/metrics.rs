@@ -132,7 +132,11 @@ struct ByRuleProtocol {
 /// by EIP and by rule (a series per protocol), never by client.
 fn ports(r: &mut Registry, doc: &super::status::StatusDoc) {
     let Some(p) = &doc.snat_ports else { return };
-    let (in_use, flows) = (Family::<ByEipProtocol, Gauge>::default(), Family::<ByRuleProtocol, Gauge>::default());
+    let (in_use, flows, rule_ports) = (
+        Family::<ByEipProtocol, Gauge>::default(),
+        Family::<ByRuleProtocol, Gauge>::default(),
+        Family::<ByRuleProtocol, Gauge>::default(),
+    );
     for e in &p.eips {
         for (protocol, n) in e.ports.by_name() {
             in_use.get_or_create(&ByEipProtocol { eip: e.eip.clone(), protocol }).set(n as i64);
@@ -142,6 +146,9 @@ fn ports(r: &mut Registry, doc: &super::status::StatusDoc) {
         for (protocol, n) in rule.flows.by_name() {
             flows.get_or_create(&ByRuleProtocol { rule: rule.rule.clone(), protocol }).set(n as i64);
         }
+        for (protocol, n) in rule.ports.by_name() {
+            rule_ports.get_or_create(&ByRuleProtocol { rule: rule.rule.clone(), protocol }).set(n as i64);
+        }
     }
     r.register(
         "eip_ports_in_use",
@@ -150,6 +157,11 @@ fn ports(r: &mut Registry, doc: &super::status::StatusDoc) {
     );
     gauge(r, "snat_port_range", "Ports in a SNAT rule's range.", p.range as i64);
     r.register("snat_flows", "Live flows of each SNAT rule, at the last conntrack pass.", flows);
+    r.register(
+        "snat_ports_in_use",
+        "Distinct source ports (ICMP: echo ids) a SNAT rule's flows hold, at the last conntrack pass.",
+        rule_ports,
+    );
 }
 
 /// The series read from the pinned maps.

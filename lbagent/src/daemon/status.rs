@@ -102,6 +102,10 @@ pub struct SnatRulePorts {
     pub rule: String,
     /// Its live flows (each holds a port toward its destination).
     pub flows: crate::dataplane::tables::PerProto,
+    /// Distinct source ports (ICMP: echo ids) its flows hold.
+    pub ports: crate::dataplane::tables::PerProto,
+    /// The busiest protocol's ports, in % of the range.
+    pub share_pct: f64,
     /// New flows it dropped for want of a free port, since the rule began.
     pub no_free_port: u64,
 }
@@ -298,6 +302,7 @@ impl Status {
     pub fn set_snat_ports(&mut self, census: &PortCensus, refused: &BTreeMap<u32, u64>, as_of: u64) {
         let doc = &mut self.document;
         let range = u64::from(crate::natgw::rules::SNAT_PORTS.1 - crate::natgw::rules::SNAT_PORTS.0) + 1;
+        let share = |p: &PerProto| (p.max() as f64 * 1000.0 / range as f64).round() / 10.0;
         let rules = doc
             .rules
             .iter()
@@ -305,9 +310,12 @@ impl Status {
             .filter_map(|(key, id)| {
                 let flows = census.rule_flows.get(&id).copied().unwrap_or_default();
                 let no_free_port = refused.get(&id).copied().unwrap_or(0);
+                let ports = census.rule_ports.get(&id).copied().unwrap_or_default();
                 (flows != PerProto::default() || no_free_port > 0).then(|| SnatRulePorts {
                     rule: key.to_string(),
                     flows,
+                    ports,
+                    share_pct: share(&ports),
                     no_free_port,
                 })
             })
@@ -318,12 +326,7 @@ impl Status {
             .flat_map(|g| g.eips.iter().map(move |e| (g, e)))
             .filter_map(|(g, e)| {
                 let ports = *census.addr_ports.get(&e.ip)?;
-                Some(EipPorts {
-                    eip: naming::gw_eip_key(&g.name, &e.name),
-                    ip: e.ip,
-                    ports,
-                    share_pct: (ports.max() as f64 * 1000.0 / range as f64).round() / 10.0,
-                })
+                Some(EipPorts { eip: naming::gw_eip_key(&g.name, &e.name), ip: e.ip, ports, share_pct: share(&ports) })
             })
             .collect();
         doc.snat_ports = Some(SnatPorts { as_of, range, eips, rules });

@@ -4,12 +4,13 @@
 //! A translated tuple is unique per destination, so one port serves many
 //! flows to different destinations; a rule runs out of ports toward one
 //! destination when every port of its range is held toward it. The census
-//! counts each rule's flows and, for each external address, the distinct
-//! ports its flows hold (a bitmap of 8 KiB per address and protocol while
-//! the pass runs).
+//! counts each rule's flows and, for each rule and each external address,
+//! the distinct ports its flows hold (while the pass runs: a set, or a
+//! bitmap of 8 KiB per rule or address and protocol once it holds more
+//! than 1 024 ports).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     net::Ipv4Addr,
 };
 
@@ -54,16 +55,54 @@ impl PerProto {
 pub struct PortCensus {
     /// SNAT rule id → its live flows.
     pub rule_flows: BTreeMap<u32, PerProto>,
+    /// SNAT rule id → the distinct ports its flows hold.
+    pub rule_ports: BTreeMap<u32, PerProto>,
     /// External address → the distinct ports its SNAT'ed flows hold.
     pub addr_ports: BTreeMap<Ipv4Addr, PerProto>,
+}
+
+/// Distinct ports: a small set while few, a 64 Ki-bit map (8 KiB) past
+/// [`PortSet::FEW`], so a rule or address costs at most 8 KiB per protocol
+/// and the census at most a few bytes per flow.
+enum PortSet {
+    Few(HashSet<u16>),
+    Many(Box<[u64; 1024]>),
+}
+
+impl PortSet {
+    const FEW: usize = 1024;
+
+    fn insert(&mut self, port: u16) {
+        match self {
+            PortSet::Few(set) => {
+                set.insert(port);
+                if set.len() > Self::FEW {
+                    let mut bits = Box::new([0u64; 1024]);
+                    for p in set.drain() {
+                        bits[p as usize / 64] |= 1 << (p % 64);
+                    }
+                    *self = PortSet::Many(bits);
+                }
+            }
+            PortSet::Many(bits) => bits[port as usize / 64] |= 1 << (port % 64),
+        }
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            PortSet::Few(set) => set.len() as u64,
+            PortSet::Many(bits) => bits.iter().map(|w| u64::from(w.count_ones())).sum(),
+        }
+    }
 }
 
 /// Counts a census entry by entry, from a dump that also serves others
 /// ([`Tables::recount_zone_flows_and`]).
 #[derive(Default)]
 pub struct PortCounter {
-    census: PortCensus,
-    held: HashMap<(Ipv4Addr, u8), Box<[u64; 1024]>>,
+    flows: BTreeMap<u32, PerProto>,
+    by_rule: HashMap<(u32, u8), PortSet>,
+    by_addr: HashMap<(Ipv4Addr, u8), PortSet>,
 }
 
 impl PortCounter {
@@ -73,21 +112,29 @@ impl PortCounter {
         if e.flags & CT_F_REPLY != 0 || e.flags & CT_F_SNAT == 0 || e.snat_rule == 0 {
             return;
         }
-        let Some(n) = self.census.rule_flows.entry(e.snat_rule).or_default().slot(k.proto) else { return };
-        *n += 1;
-        let bits = self.held.entry((Ipv4Addr::from(e.xlate.saddr), k.proto)).or_insert_with(|| Box::new([0; 1024]));
-        let port = e.xlate.sport as usize;
-        bits[port / 64] |= 1 << (port % 64);
+        if !matches!(k.proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP) {
+            return;
+        }
+        if let Some(n) = self.flows.entry(e.snat_rule).or_default().slot(k.proto) {
+            *n += 1;
+        }
+        let few = || PortSet::Few(HashSet::new());
+        let port = e.xlate.sport;
+        self.by_rule.entry((e.snat_rule, k.proto)).or_insert_with(few).insert(port);
+        self.by_addr.entry((Ipv4Addr::from(e.xlate.saddr), k.proto)).or_insert_with(few).insert(port);
     }
 
     pub fn finish(self) -> PortCensus {
-        let mut census = self.census;
-        for ((addr, proto), bits) in self.held {
-            if let Some(n) = census.addr_ports.entry(addr).or_default().slot(proto) {
-                *n = bits.iter().map(|w| u64::from(w.count_ones())).sum();
+        fn count<K: Ord + Copy>(sets: HashMap<(K, u8), PortSet>) -> BTreeMap<K, PerProto> {
+            let mut out: BTreeMap<K, PerProto> = BTreeMap::new();
+            for ((key, proto), set) in sets {
+                if let Some(n) = out.entry(key).or_default().slot(proto) {
+                    *n = set.len();
+                }
             }
+            out
         }
-        census
+        PortCensus { rule_flows: self.flows, rule_ports: count(self.by_rule), addr_ports: count(self.by_addr) }
     }
 }
 
@@ -99,5 +146,25 @@ impl Tables {
             self.each_conntrack(table, |keys, entries| keys.iter().zip(entries).for_each(|(k, e)| counter.add(k, e)))?;
         }
         Ok(counter.finish())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_set_counts_distinct_ports_small_and_large() {
+        let mut set = PortSet::Few(HashSet::new());
+        for p in [80, 80, 443] {
+            set.insert(p);
+        }
+        assert_eq!(set.len(), 2);
+        for p in 1000..=65535u16 {
+            set.insert(p);
+            set.insert(p);
+        }
+        assert!(matches!(set, PortSet::Many(_)));
+        assert_eq!(set.len(), 64536 + 2);
     }
 }

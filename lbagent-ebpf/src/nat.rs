@@ -137,9 +137,11 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         }
         Err(c) => {
             aya_log_ebpf::warn!(ctx, "zone {} dropped a new flow: {}", t.zone, c as u32);
-            if c == Counter::DropNoFreePort && f.snat_rule != 0 {
-                // The rule's port failures (its EIP's ports toward this
-                // destination are all held).
+            if c == Counter::DropNoFreePort && f.snat_rule != 0 && f.snat_rule != f.dnat_rule {
+                // A SNAT rule's port failures (its EIP's ports toward this
+                // destination are all held). A DNAT rule's own SNAT (a
+                // listener's, a hairpin's) counts none: its `refused` is
+                // its ACL's.
                 count_refused(f.snat_rule);
             }
             verdict(c)

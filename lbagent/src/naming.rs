@@ -155,10 +155,23 @@ pub fn gw_snat_key(gw: &str, cidr: (Ipv4Addr, u8)) -> String {
     format!("{}snat/{}/{}", gw_rule_prefix(gw), cidr.0, cidr.1)
 }
 
-/// Whether `key` names a CIDR SNAT rule ([`gw_snat_key`]): the rules that
-/// allocate source ports.
+/// What kind of gateway rule `key` names: `fip`, `fip-snat`, `dnat`, `snat`,
+/// `qos` (the segment after `natgw/<gw>/`); `None` for any other key.
+pub fn gw_rule_kind(key: &str) -> Option<&str> {
+    key.strip_prefix("natgw/")?.split('/').nth(1)
+}
+
+/// Whether `key` names a CIDR SNAT rule ([`gw_snat_key`]): the rules whose
+/// flows share their EIP's port range.
 pub fn is_gw_snat_key(key: &str) -> bool {
-    key.starts_with("natgw/") && key.split('/').nth(2) == Some("snat")
+    gw_rule_kind(key) == Some("snat")
+}
+
+/// Whether `key` names a rule of a gateway that translates sources only
+/// (CIDR SNAT, a FIP's SNAT): its `refused` are new flows it had no free
+/// port for, not an ACL's.
+pub fn is_gw_source_rule(key: &str) -> bool {
+    matches!(gw_rule_kind(key), Some("snat" | "fip-snat"))
 }
 
 /// An EIP as metrics and status name it: `natgw/<gw>/eip/<name>`.
@@ -214,6 +227,20 @@ pub enum QosTarget<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rule_kinds_are_read_back_from_the_keys_this_module_makes() {
+        let ip = Ipv4Addr::new(10, 0, 0, 1);
+        assert_eq!(gw_rule_kind(&gw_snat_key("g-1", (ip, 24))), Some("snat"));
+        assert_eq!(gw_rule_kind(&gw_fip_snat_key("g-1", ip)), Some("fip-snat"));
+        assert_eq!(gw_rule_kind(&gw_fip_key("g-1", ip)), Some("fip"));
+        assert!(is_gw_snat_key(&gw_snat_key("g", (ip, 32))));
+        assert!(!is_gw_snat_key(&gw_fip_snat_key("g", ip)));
+        assert!(is_gw_source_rule(&gw_fip_snat_key("g", ip)) && is_gw_source_rule(&gw_snat_key("g", (ip, 8))));
+        assert!(!is_gw_source_rule(&gw_fip_key("g", ip)));
+        assert_eq!(gw_rule_kind(&lb_rule_prefix("3f2a9c1e-7b4d-4c55-9a77-1b2c3d4e5f60")), None);
+        assert!(gw_eip_key("g", "e1").starts_with(&gw_rule_prefix("g")));
+    }
 
     #[test]
     fn names_follow_the_seed_and_fit_ifnamsiz() {

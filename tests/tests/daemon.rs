@@ -1702,8 +1702,12 @@ nat_gateways:
     }
     let eip = format!("natgw/{gw}/eip/e1");
     wait(
-        || env.status().is_some_and(|s| s["snat_ports"]["eips"][0]["ports"]["udp"] == 2),
-        "a pass counted the EIP's two ports",
+        || {
+            env.status().is_some_and(|s| {
+                s["snat_ports"]["eips"][0]["ports"]["udp"] == 2 && s["snat_ports"]["rules"][0]["flows"]["udp"] == 3
+            })
+        },
+        "a pass counted the three flows and the EIP's two ports",
     );
     let s = env.status().unwrap();
     let ports = &s["snat_ports"];

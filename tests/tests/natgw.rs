@@ -4,7 +4,7 @@
 
 use std::{collections::HashSet, net::SocketAddr};
 
-use lbagent::daemon::status::Status;
+use lbagent::daemon::status::{SnatNames, SnatPorts, Status};
 use lbagent_common::PROTO_ICMP;
 use lbagent_tests::{
     gateway::{GwBed, INTERNET_IP as INTERNET},
@@ -89,7 +89,9 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     let t = b.bed.reconciler.realizer.engine.tables().unwrap();
     let mut st = Status::default();
     st.refresh(&b.bed.reconciler.applied, &b.bed.reconciler.alloc);
-    st.set_snat_ports(&t.port_census().unwrap(), &Default::default(), 1);
+    let names = SnatNames::of(&st.document.rules, &st.document.nat_gateways);
+    let census = t.port_census(names.rules.keys().copied().collect()).unwrap();
+    st.document.snat_ports = Some(SnatPorts::of(&census, &Default::default(), &names, 1));
     let ports = st.document.snat_ports.clone().unwrap();
     let eip2 = format!("natgw/{}/eip/eip2", b.gw);
     let used = ports.eips.iter().find(|e| e.eip == eip2).unwrap_or_else(|| panic!("{eip2} in {ports:?}"));
@@ -98,7 +100,11 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     let rule = format!("natgw/{}/snat/10.10.0.0/25", b.gw);
     let by_rule = ports.rules.iter().find(|r| r.rule == rule).unwrap_or_else(|| panic!("{rule} in {ports:?}"));
     assert_eq!((by_rule.flows.udp, by_rule.ports.udp, by_rule.no_free_port), (200, 200, 0), "{by_rule:?}");
-    assert!(ports.eips.iter().all(|e| e.eip != format!("natgw/{}/eip/eip3", b.gw)), "eip3 holds no SNAT port");
+    // eip3 serves DNAT only; eip1's FIP (1:1, the client's ports kept) is no port allocation.
+    for none in ["eip1", "eip3"] {
+        assert!(ports.eips.iter().all(|e| e.eip != format!("natgw/{}/eip/{none}", b.gw)), "{none}: {ports:?}");
+    }
+    assert_eq!(ports.rules.len(), 1, "only the CIDR SNAT rule: {ports:?}");
     let metrics = lbagent::daemon::metrics::render(&b.bed.reconciler.realizer.engine.bpffs, &st).unwrap();
     let series = format!("lbagent_eip_ports_in_use{{eip=\"{eip2}\",protocol=\"udp\"}} 200");
     assert!(metrics.contains(&series), "{series} in\n{metrics}");

@@ -12,18 +12,18 @@ use std::{
     os::unix::{fs::PermissionsExt, net::UnixStream},
     path::Path,
     sync::{Arc, Mutex},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result, bail};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncReadExt, BufReader as TokioBufReader},
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader as TokioBufReader},
     net::UnixListener,
     sync::Semaphore,
 };
 use tracing::warn;
 
-use super::status::{Status, StatusDoc};
+use super::status::Status;
 
 /// Longest request line read.
 pub const MAX_REQUEST: u64 = 256;
@@ -82,77 +82,82 @@ pub async fn serve(listener: UnixListener, status: Arc<Mutex<Status>>) {
     }
 }
 
-async fn answer(mut stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>) {
-    let until = Instant::now() + IO_TIMEOUT;
-    let reply = if let Err(why) = allowed(&stream) {
+async fn answer(stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>) {
+    let refused = allowed(&stream).err();
+    let (r, mut w) = stream.into_split();
+    let mut line = String::new();
+    let mut reply = Chunks::default();
+    let written = if let Some(why) = refused {
         warn!("api: refused a client: {why}");
-        Reply::Error(why)
+        serde_json::to_writer(&mut reply, &serde_json::json!({ "error": why }))
+    } else if TokioBufReader::new(r.take(MAX_REQUEST)).read_line(&mut line).await.is_err() {
+        return;
+    } else if !line.ends_with('\n') {
+        let why = format!("a request is one line of at most {MAX_REQUEST} bytes");
+        serde_json::to_writer(&mut reply, &serde_json::json!({ "error": why }))
     } else {
-        let mut line = String::new();
-        if TokioBufReader::new((&mut stream).take(MAX_REQUEST)).read_line(&mut line).await.is_err() {
-            return;
-        }
-        if !line.ends_with('\n') {
-            Reply::Error(format!("a request is one line of at most {MAX_REQUEST} bytes"))
-        } else {
-            match line.trim() {
-                // Copied under the lock (its large parts are shared): an
-                // EIP's `used_by` lines are made as the document is
-                // serialized, which the daemon's loop must not wait for.
-                "status" => Reply::Status(Box::new(status.lock().unwrap().document.clone())),
-                other => Reply::Error(format!("unknown request {other:?}")),
+        match line.trim() {
+            // Copied under the lock (its large parts are shared), written
+            // out after it: an EIP's `used_by` lines are made as the
+            // document is serialized, which the daemon's loop must not wait
+            // for. (On this task's thread: a thread of its own per request
+            // would count against the unit's task limit, and could not be
+            // created when that limit is reached.)
+            "status" => {
+                let doc = status.lock().unwrap().document.clone();
+                serde_json::to_writer(&mut reply, &doc)
+            }
+            other => {
+                serde_json::to_writer(&mut reply, &serde_json::json!({ "error": format!("unknown request {other:?}") }))
             }
         }
     };
-    // Serialized straight onto the socket, on the blocking pool (as the
-    // metrics are rendered): at 100 000 rules the status document is ~9 MB
-    // of JSON, which a buffer would hold whole (twice, as it grew).
-    let Ok(sock) = stream.into_std() else { return };
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || reply.write(&sock, until)).await {
-        warn!("api reply: {e}");
+    if let Err(e) = written {
+        warn!("api reply: serializing: {e}");
+        return;
     }
-}
-
-/// What the API answers.
-enum Reply {
-    Status(Box<StatusDoc>),
-    Error(String),
-}
-
-impl Reply {
-    /// Writes the reply and its newline to `sock` (a blocking socket from
-    /// here on) by `until`.
-    fn write(&self, sock: &UnixStream, until: Instant) -> std::io::Result<()> {
-        sock.set_nonblocking(false)?;
-        let mut out = std::io::BufWriter::with_capacity(64 * 1024, Deadline { sock, until });
-        match self {
-            Reply::Status(doc) => serde_json::to_writer(&mut out, doc),
-            Reply::Error(why) => serde_json::to_writer(&mut out, &serde_json::json!({ "error": why })),
-        }?;
-        out.write_all(b"\n")?;
-        out.flush()
-    }
-}
-
-/// A socket that refuses to be written after `until`: a client that does
-/// not read its answer holds a thread of the pool at most until then.
-struct Deadline<'a> {
-    sock: &'a UnixStream,
-    until: Instant,
-}
-
-impl Write for Deadline<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let left = self.until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the client did not take its answer in time",
-            ));
+    reply.push_newline();
+    for chunk in reply.into_chunks() {
+        if let Err(e) = w.write_all(&chunk).await {
+            warn!("api reply: {e}");
+            return;
         }
-        self.sock.set_write_timeout(Some(left))?;
-        let mut sock = self.sock;
-        sock.write(buf)
+    }
+}
+
+/// An answer serialized in pieces of [`Chunks::SIZE`] bytes: at 100 000
+/// rules the status document is ~9 MB of JSON, and one growing buffer
+/// would hold up to twice that (and its old copy while it moved).
+#[derive(Default)]
+struct Chunks {
+    full: Vec<Vec<u8>>,
+    last: Vec<u8>,
+}
+
+impl Chunks {
+    const SIZE: usize = 64 * 1024;
+
+    fn push_newline(&mut self) {
+        let _ = self.write_all(b"\n");
+    }
+
+    fn into_chunks(mut self) -> Vec<Vec<u8>> {
+        self.full.push(self.last);
+        self.full
+    }
+}
+
+impl Write for Chunks {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.last.capacity() == 0 {
+            self.last.reserve_exact(Self::SIZE);
+        }
+        let n = buf.len().min(Self::SIZE - self.last.len());
+        self.last.extend_from_slice(&buf[..n]);
+        if self.last.len() == Self::SIZE {
+            self.full.push(std::mem::take(&mut self.last));
+        }
+        Ok(n)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -194,31 +199,23 @@ pub fn request_with_peer(path: &Path, req: &str) -> Result<(serde_json::Value, O
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::status::StatusDoc;
 
     #[test]
-    fn a_client_that_does_not_read_its_answer_is_dropped_at_the_deadline() {
-        let (sock, _client) = UnixStream::pair().unwrap();
-        // Far more than the socket buffers hold, never read.
-        let doc = Reply::Error("x".repeat(64 << 20));
-        let t = Instant::now();
-        let err = doc.write(&sock, t + Duration::from_millis(300)).unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}");
-        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
-    }
-
-    #[test]
-    fn the_answer_is_one_json_line() {
-        let (sock, client) = UnixStream::pair().unwrap();
-        let doc = StatusDoc { state_file: "s.yaml".into(), applies: 7, ..Default::default() };
-        let reader = std::thread::spawn(move || {
-            let mut line = String::new();
-            BufReader::new(client).read_line(&mut line).unwrap();
-            line
-        });
-        Reply::Status(Box::new(doc.clone())).write(&sock, Instant::now() + IO_TIMEOUT).unwrap();
-        drop(sock);
-        let line = reader.join().unwrap();
-        assert!(line.ends_with('\n'));
+    fn an_answer_in_chunks_is_the_answer_in_one_piece() {
+        let doc = StatusDoc {
+            state_file: "s.yaml".into(),
+            backends_down: (0..40_000).map(|i| format!("lb{i}/listener/backend")).collect(),
+            ..Default::default()
+        };
+        let mut chunks = Chunks::default();
+        serde_json::to_writer(&mut chunks, &doc).unwrap();
+        chunks.push_newline();
+        let pieces = chunks.into_chunks();
+        assert!(pieces.len() > 10, "{} pieces", pieces.len());
+        assert!(pieces.iter().all(|c| c.len() <= Chunks::SIZE && c.capacity() <= Chunks::SIZE));
+        let line = String::from_utf8(pieces.concat()).unwrap();
+        assert_eq!(line, format!("{}\n", serde_json::to_string(&doc).unwrap()));
         assert_eq!(serde_json::from_str::<StatusDoc>(&line).unwrap(), doc);
     }
 }

@@ -198,7 +198,7 @@ fn dataplane(r: &mut Registry, bpffs: &Path, status: &Status) -> Result<()> {
         rule_bytes.get_or_create(&rule).inc_by(st.bytes);
         // What a rule refuses: a SNAT rule, new flows it had no port for;
         // any other, new flows its ACL refused.
-        let refused = if crate::naming::is_gw_snat_key(&rule.rule) { &no_port } else { &acl_drops };
+        let refused = if crate::naming::is_gw_source_rule(&rule.rule) { &no_port } else { &acl_drops };
         refused.get_or_create(&rule).inc_by(st.refused);
     }
     r.register("rule_packets", "Packets translated per rule (listener, backend, FIP, DNAT, SNAT).", rule_packets);

@@ -376,8 +376,16 @@ fn collect_garbage(bpffs: &Path, collector: Option<Collector>, status: &Mutex<St
     }
     // Each zone's flow counts (its conntrack share) drift the same way;
     // the SNAT port census reads the same dump.
+    // The running rules and EIPs are copied under the status lock (the
+    // rule map is shared, not copied) and named outside it.
     let as_of = status::secs(Some(std::time::SystemTime::now())).unwrap_or(0);
-    let mut ports = crate::dataplane::tables::PortCounter::default();
+    let (rules, gws) = {
+        let st = status.lock().unwrap();
+        (st.document.rules.clone(), st.document.nat_gateways.clone())
+    };
+    let names = status::SnatNames::of(&rules, &gws);
+    drop((rules, gws));
+    let mut ports = crate::dataplane::tables::PortCounter::new(names.rules.keys().copied().collect());
     if let Err(e) = tables.recount_zone_flows_and(|k, e| ports.add(k, e)) {
         warn!("per-zone conntrack recount and SNAT port census: {e:#}");
         return collector;
@@ -385,7 +393,8 @@ fn collect_garbage(bpffs: &Path, collector: Option<Collector>, status: &Mutex<St
     match tables.rule_stats() {
         Ok(stats) => {
             let refused = stats.into_iter().filter(|(_, s)| s.refused > 0).map(|(id, s)| (id, s.refused)).collect();
-            status.lock().unwrap().set_snat_ports(&ports.finish(), &refused, as_of);
+            let counted = status::SnatPorts::of(&ports.finish(), &refused, &names, as_of);
+            status.lock().unwrap().document.snat_ports = Some(counted);
         }
         Err(e) => warn!("SNAT port census: reading rule_stats: {e:#}"),
     }

@@ -110,6 +110,62 @@ pub struct SnatRulePorts {
     pub no_free_port: u64,
 }
 
+/// What the port census needs of the running objects, copied from the
+/// status under its lock and read outside it (`SnatPorts::of`).
+pub struct SnatNames {
+    /// The CIDR SNAT rules: id → key.
+    pub rules: BTreeMap<u32, Arc<str>>,
+    /// Each EIP: its key and address.
+    pub eips: Vec<(String, Ipv4Addr)>,
+}
+
+impl SnatNames {
+    /// From the status document's rule map and gateways.
+    pub fn of(rules: &RuleIds, gws: &[GwStatus]) -> SnatNames {
+        SnatNames {
+            rules: rules.iter().filter(|(k, _)| naming::is_gw_snat_key(k)).map(|(k, id)| (id, k.clone())).collect(),
+            eips: gws
+                .iter()
+                .flat_map(|g| g.eips.iter().map(move |e| (naming::gw_eip_key(&g.name, &e.name), e.ip)))
+                .collect(),
+        }
+    }
+}
+
+impl SnatPorts {
+    /// A conntrack pass's census (of the rules in `names`) and the SNAT
+    /// rules' refusals (`refused`, by rule id) at Unix time `as_of`, named.
+    pub fn of(census: &PortCensus, refused: &BTreeMap<u32, u64>, names: &SnatNames, as_of: u64) -> SnatPorts {
+        let range = u64::from(crate::natgw::rules::SNAT_PORTS.1 - crate::natgw::rules::SNAT_PORTS.0) + 1;
+        let share = |p: &PerProto| (p.max() as f64 * 1000.0 / range as f64).round() / 10.0;
+        let rules = names
+            .rules
+            .iter()
+            .filter_map(|(id, key)| {
+                let flows = census.rule_flows.get(id).copied().unwrap_or_default();
+                let no_free_port = refused.get(id).copied().unwrap_or(0);
+                let ports = census.rule_ports.get(id).copied().unwrap_or_default();
+                (flows != PerProto::default() || no_free_port > 0).then(|| SnatRulePorts {
+                    rule: key.to_string(),
+                    flows,
+                    ports,
+                    share_pct: share(&ports),
+                    no_free_port,
+                })
+            })
+            .collect();
+        let eips = names
+            .eips
+            .iter()
+            .filter_map(|(eip, ip)| {
+                let ports = *census.addr_ports.get(ip)?;
+                Some(EipPorts { eip: eip.clone(), ip: *ip, ports, share_pct: share(&ports) })
+            })
+            .collect();
+        SnatPorts { as_of, range, eips, rules }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LastApply {
     /// Unix time (s) the apply started.
@@ -294,42 +350,6 @@ impl Status {
     /// Records a refused document's problems (`None`: the newest was accepted).
     pub fn set_rejected(&mut self, problems: Option<&Problems>) {
         self.document.rejected_state = problems.map(|p| p.0.iter().map(|x| x.to_string()).collect());
-    }
-
-    /// Records a conntrack pass's port census (`census`) and the SNAT
-    /// rules' refusals (`refused`, by rule id) at Unix time `as_of`, named
-    /// by the running rules and EIPs.
-    pub fn set_snat_ports(&mut self, census: &PortCensus, refused: &BTreeMap<u32, u64>, as_of: u64) {
-        let doc = &mut self.document;
-        let range = u64::from(crate::natgw::rules::SNAT_PORTS.1 - crate::natgw::rules::SNAT_PORTS.0) + 1;
-        let share = |p: &PerProto| (p.max() as f64 * 1000.0 / range as f64).round() / 10.0;
-        let rules = doc
-            .rules
-            .iter()
-            .filter(|(key, _)| naming::is_gw_snat_key(key))
-            .filter_map(|(key, id)| {
-                let flows = census.rule_flows.get(&id).copied().unwrap_or_default();
-                let no_free_port = refused.get(&id).copied().unwrap_or(0);
-                let ports = census.rule_ports.get(&id).copied().unwrap_or_default();
-                (flows != PerProto::default() || no_free_port > 0).then(|| SnatRulePorts {
-                    rule: key.to_string(),
-                    flows,
-                    ports,
-                    share_pct: share(&ports),
-                    no_free_port,
-                })
-            })
-            .collect();
-        let eips = doc
-            .nat_gateways
-            .iter()
-            .flat_map(|g| g.eips.iter().map(move |e| (g, e)))
-            .filter_map(|(g, e)| {
-                let ports = *census.addr_ports.get(&e.ip)?;
-                Some(EipPorts { eip: naming::gw_eip_key(&g.name, &e.name), ip: e.ip, ports, share_pct: share(&ports) })
-            })
-            .collect();
-        doc.snat_ports = Some(SnatPorts { as_of, range, eips, rules });
     }
 
     /// Recomputes what derives from the applied objects and the allocations

@@ -243,7 +243,11 @@ fn copy_conntrack(old: &Path, t: &Tables) -> Result<Carried> {
 }
 
 /// Per-rule statistics (rule ids are the agent's, kept in its state dir, so
-/// they stay valid); entries the new table already holds win.
+/// they stay valid); entries the new table already holds win. `refused`
+/// also counts a SNAT rule's new flows that found no free port, which the
+/// previous layout's programs never counted (it was an ACL count, 0 for
+/// SNAT rules): the copied values mean the same, and the layout is the
+/// same.
 fn copy_rule_stats(old: &Path, t: &Tables) -> Result<usize> {
     let stats: PerCpuHashMap<_, u32, RuleStats> =
         PerCpuHashMap::try_from(map_of(MAP_RULE_STATS, old_map(old, MAP_RULE_STATS)?))?;

@@ -98,18 +98,25 @@ impl PortSet {
 
 /// Counts a census entry by entry, from a dump that also serves others
 /// ([`Tables::recount_zone_flows_and`]).
-#[derive(Default)]
 pub struct PortCounter {
+    /// The rules counted: CIDR SNAT rules (a FIP's 1:1 SNAT keeps the
+    /// client's ports, a listener's own SNAT has no EIP).
+    rules: HashSet<u32>,
     flows: BTreeMap<u32, PerProto>,
     by_rule: HashMap<(u32, u8), PortSet>,
     by_addr: HashMap<(Ipv4Addr, u8), PortSet>,
 }
 
 impl PortCounter {
-    /// Counts one conntrack entry: a SNAT'ed flow counts once (its
-    /// original half), whatever its state, until it is freed.
+    /// A census of the flows of `rules` (SNAT rule ids).
+    pub fn new(rules: HashSet<u32>) -> Self {
+        PortCounter { rules, flows: BTreeMap::new(), by_rule: HashMap::new(), by_addr: HashMap::new() }
+    }
+
+    /// Counts one conntrack entry: a flow of one of the rules counts once
+    /// (its original half), whatever its state, until it is freed.
     pub fn add(&mut self, k: &Tuple, e: &CtEntry) {
-        if e.flags & CT_F_REPLY != 0 || e.flags & CT_F_SNAT == 0 || e.snat_rule == 0 {
+        if e.flags & CT_F_REPLY != 0 || e.flags & CT_F_SNAT == 0 || !self.rules.contains(&e.snat_rule) {
             return;
         }
         if !matches!(k.proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP) {
@@ -139,9 +146,10 @@ impl PortCounter {
 }
 
 impl Tables {
-    /// The census on a dump of its own (both tables).
-    pub fn port_census(&self) -> Result<PortCensus> {
-        let mut counter = PortCounter::default();
+    /// The census of the flows of `rules` on a dump of its own (both
+    /// tables).
+    pub fn port_census(&self, rules: HashSet<u32>) -> Result<PortCensus> {
+        let mut counter = PortCounter::new(rules);
         for table in [MAP_CT, MAP_CT_NEW] {
             self.each_conntrack(table, |keys, entries| keys.iter().zip(entries).for_each(|(k, e)| counter.add(k, e)))?;
         }

@@ -1719,8 +1719,7 @@ nat_gateways:
     let m = env.metrics();
     for series in [
         format!("lbagent_eip_ports_in_use{{eip=\"{eip}\",protocol=\"udp\"}} 2"),
-        format!("lbagent_snat_flows{{rule=\"{rule}\",protocol=\"udp\"}} 3"),
-        format!("lbagent_snat_ports_in_use{{rule=\"{rule}\",protocol=\"udp\"}} 2"),
+        "lbagent_snat_port_range 64512".to_string(),
     ] {
         assert!(m.contains(&series), "{series} in\n{m}\n{}", d.log());
     }

@@ -122,32 +122,16 @@ struct ByEipProtocol {
     protocol: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByRuleProtocol {
-    rule: String,
-    protocol: &'static str,
-}
-
 /// SNAT port usage, from the last conntrack pass's census in the status:
-/// by EIP and by rule (a series per protocol), never by client.
+/// by EIP and protocol. Per rule, only the refusals (`snat_no_free_port`):
+/// a series per SNAT rule and protocol was 300 000 series at 50 000 busy
+/// rules (a 150 MB scrape); the status lists each rule's flows and ports.
 fn ports(r: &mut Registry, doc: &super::status::StatusDoc) {
     let Some(p) = &doc.snat_ports else { return };
-    let (in_use, flows, rule_ports) = (
-        Family::<ByEipProtocol, Gauge>::default(),
-        Family::<ByRuleProtocol, Gauge>::default(),
-        Family::<ByRuleProtocol, Gauge>::default(),
-    );
+    let in_use = Family::<ByEipProtocol, Gauge>::default();
     for e in &p.eips {
         for (protocol, n) in e.ports.by_name() {
             in_use.get_or_create(&ByEipProtocol { eip: e.eip.clone(), protocol }).set(n as i64);
-        }
-    }
-    for rule in &p.rules {
-        for (protocol, n) in rule.flows.by_name() {
-            flows.get_or_create(&ByRuleProtocol { rule: rule.rule.clone(), protocol }).set(n as i64);
-        }
-        for (protocol, n) in rule.ports.by_name() {
-            rule_ports.get_or_create(&ByRuleProtocol { rule: rule.rule.clone(), protocol }).set(n as i64);
         }
     }
     r.register(
@@ -156,12 +140,6 @@ fn ports(r: &mut Registry, doc: &super::status::StatusDoc) {
         in_use,
     );
     gauge(r, "snat_port_range", "Ports in a SNAT rule's range.", p.range as i64);
-    r.register("snat_flows", "Live flows of each SNAT rule, at the last conntrack pass.", flows);
-    r.register(
-        "snat_ports_in_use",
-        "Distinct source ports (ICMP: echo ids) a SNAT rule's flows hold, at the last conntrack pass.",
-        rule_ports,
-    );
 }
 
 /// The series read from the pinned maps.

@@ -394,7 +394,7 @@ fn collect_garbage(bpffs: &Path, collector: Option<Collector>, status: &Mutex<St
         Ok(stats) => {
             let refused = stats.into_iter().filter(|(_, s)| s.refused > 0).map(|(id, s)| (id, s.refused)).collect();
             let counted = status::SnatPorts::of(&ports.finish(), &refused, &names, as_of);
-            status.lock().unwrap().document.snat_ports = Some(counted);
+            status.lock().unwrap().document.snat_ports = Some(Arc::new(counted));
         }
         Err(e) => warn!("SNAT port census: reading rule_stats: {e:#}"),
     }

@@ -69,7 +69,7 @@ pub struct StatusDoc {
     pub health_prober: crate::lb::health::ProberReport,
     /// SNAT port usage, as the last conntrack pass found it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub snat_ports: Option<SnatPorts>,
+    pub snat_ports: Option<Arc<SnatPorts>>,
 }
 
 /// SNAT port usage: what each EIP's SNAT'ed flows hold, what each SNAT rule
@@ -98,8 +98,9 @@ pub struct EipPorts {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SnatRulePorts {
-    /// The rule's key (`natgw/<gw>/snat/<net>/<len>`).
-    pub rule: String,
+    /// The rule's key (`natgw/<gw>/snat/<net>/<len>`), shared with the
+    /// rule map.
+    pub rule: Arc<str>,
     /// Its live flows (each holds a port toward its destination).
     pub flows: crate::dataplane::tables::PerProto,
     /// Distinct source ports (ICMP: echo ids) its flows hold.
@@ -146,7 +147,7 @@ impl SnatPorts {
                 let no_free_port = refused.get(id).copied().unwrap_or(0);
                 let ports = census.rule_ports.get(id).copied().unwrap_or_default();
                 (flows != PerProto::default() || no_free_port > 0).then(|| SnatRulePorts {
-                    rule: key.to_string(),
+                    rule: key.clone(),
                     flows,
                     ports,
                     share_pct: share(&ports),

@@ -425,6 +425,64 @@ fn gateways_document(lan: &str, ext: &str, gws: usize, rules: usize, port: u16, 
     s
 }
 
+/// `n` established TCP flows SNAT'ed by the SNAT rules of
+/// [`gateways_document`] (ids and zones from the agent's status `st`),
+/// crafted into `ct`, last seen at `last_seen`: the flows of gateway `g`
+/// go from its hosts in turn to one destination, each on a port of its EIP
+/// of its own.
+fn fill_snat_flows(
+    tables: &lbagent::dataplane::tables::Tables,
+    st: &serde_json::Value,
+    gws: usize,
+    rules: usize,
+    n: u32,
+    last_seen: u64,
+) -> Result<()> {
+    use lbagent_common::{CT_ESTABLISHED, CT_F_REPLY, CT_F_SNAT, CtEntry, MAP_CT, PROTO_TCP, Tuple};
+    let mut ct = tables.hash(MAP_CT)?;
+    let mut zones = vec![0u16; gws];
+    for x in st["nat_gateways"].as_array().context("the gateways in the status")? {
+        let g: usize =
+            x["name"].as_str().and_then(|n| n.strip_prefix('g')?.parse().ok()).context("a gateway's name")?;
+        zones[g] = x["zone"].as_u64().context("a gateway's zone")? as u16;
+    }
+    let mut ids = vec![0u32; gws * rules];
+    for (g, per_gw) in ids.chunks_mut(rules).enumerate() {
+        for (j, id) in per_gw.iter_mut().enumerate() {
+            let key = format!("natgw/g{g}/snat/10.{}.{}.{}/32", 1 + g / 250, g % 250, j + 2);
+            *id = st["rules"][&key].as_u64().with_context(|| format!("{key} in the status"))? as u32;
+        }
+    }
+    for i in 0..n as usize {
+        let (g, k) = (i % gws, i / gws);
+        let (hi, lo, j) = (1 + g / 250, g % 250, k % rules);
+        let (id, zone) = (ids[g * rules + j], zones[g]);
+        anyhow::ensure!(k < 64_512, "{n} flows over {gws} gateways: more than a range of ports each");
+        let orig = Tuple {
+            saddr: [10, hi as u8, lo as u8, j as u8 + 2],
+            daddr: [198, 51, 100, 1],
+            sport: 10_000 + (k / rules) as u16,
+            dport: 443,
+            proto: PROTO_TCP,
+            _pad0: 0,
+            zone,
+        };
+        let xlate = Tuple { saddr: [100, 64, hi as u8, 2 + lo as u8], sport: 1024 + k as u16, ..orig };
+        let half = CtEntry {
+            xlate,
+            last_seen_ns: last_seen,
+            created_ns: last_seen,
+            snat_rule: id,
+            flags: CT_F_SNAT,
+            state: CT_ESTABLISHED,
+            ..Default::default()
+        };
+        ct.insert(&orig, &half, 0)?;
+        ct.insert(&xlate.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_SNAT | CT_F_REPLY, ..half }, 0)?;
+    }
+    Ok(())
+}
+
 /// Seconds since 00:00 UTC now (the clock of the agent's log timestamps).
 fn wall_of_day() -> f64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
@@ -553,9 +611,13 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     // The flows, last seen 45 s ago: past the document's 60 s timeout 15 s
     // after the fill began, so that no pass frees part of them while they
     // are written and scraped, and the first pass after that frees them all.
+    // Half the flows DNAT'ed, half SNAT'ed through the gateways' SNAT rules
+    // (each pass's port census counts those).
     let tables = lbagent::dataplane::tables::Tables::open(&dirs.bpffs)?;
     let filled = Instant::now();
-    super::fill_dnat_flows(&tables, flows, lbagent::dataplane::tables::monotonic_ns().saturating_sub(45_000_000_000))?;
+    let last_seen = lbagent::dataplane::tables::monotonic_ns().saturating_sub(45_000_000_000);
+    super::fill_dnat_flows(&tables, flows / 2, last_seen)?;
+    fill_snat_flows(&tables, &first, gws, rules, flows - flows / 2, last_seen)?;
     eprint!(".");
     peaks.push(("the fill", step_peak(pid)));
     // Scrapes with the full table, before the flows expire.
@@ -563,6 +625,16 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     peaks.push(("status ×3, full tables", step_peak(pid)));
     let (metrics_full, _) = scrape_times(3)?;
     peaks.push(("metrics ×3, full tables", step_peak(pid)));
+    // What the last pass's port census counted (a pass runs every 5 s).
+    let census = dirs.status_by(&lbagent_release_bin()).context("status")?;
+    let counted: u64 = census["snat_ports"]["rules"]
+        .as_array()
+        .map(|r| r.iter().map(|r| r["flows"]["tcp"].as_u64().unwrap_or(0)).sum())
+        .unwrap_or(0);
+    let (census_rules, census_eips) = (
+        census["snat_ports"]["rules"].as_array().map_or(0, Vec::len),
+        census["snat_ports"]["eips"].as_array().map_or(0, Vec::len),
+    );
     anyhow::ensure!(
         filled.elapsed() < Duration::from_secs(14),
         "the fill and the scrapes took {:?}: a GC pass may have run over a partial table",
@@ -573,7 +645,7 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     let log = dirs.path("agent.log");
     let ct = tables.hash(MAP_CT)?;
     let sample: Vec<lbagent_common::Tuple> =
-        (0..flows).step_by((flows / 512).max(1) as usize).map(super::dnat_flow_key).collect();
+        (0..flows / 2).step_by((flows / 1024).max(1) as usize).map(super::dnat_flow_key).collect();
     let t = Instant::now();
     while sample.iter().all(|k| ct.get(k, 0).is_ok()) {
         if t.elapsed() > Duration::from_secs(60) {
@@ -644,6 +716,11 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
         metrics_empty * 1e3,
         status_full * 1e3,
         metrics_full * 1e3,
+    )?;
+    writeln!(
+        out,
+        "\nThe flows are half DNAT'ed, half SNAT'ed by the gateways' SNAT rules; the port census of the pass \
+         before the full-table scrapes counted {counted} SNAT'ed flows under {census_rules} rules and {census_eips} EIPs."
     )?;
     writeln!(out, "\nPeak RSS (`VmHWM`) by step, each step's peak counted from the RSS it started at:\n")?;
     writeln!(out, "| step | peak |\n|---|---:|")?;

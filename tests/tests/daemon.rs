@@ -559,7 +559,10 @@ fn a_repair_pass_with_nothing_to_do_does_nothing() {
 /// installed its signal handlers), and the apply completes once the new
 /// worker serves. The master is slowed for real: a cgroup holding it (and
 /// what it forks) to 0.3 % of a CPU makes its re-exec take ~15–35 s (at 1 %
-/// it took 4–10 s here: too close to the 5 s wait).
+/// it took 4–10 s here: too close to the 5 s wait), and on a busy CI host
+/// longer than the agent's 60 s patience. So the throttle holds only until
+/// two repair passes have found the reload still under way without
+/// signalling again; then the master finishes at full speed.
 #[test]
 fn a_slow_haproxy_reload_is_left_to_finish() {
     if !root() {
@@ -594,6 +597,7 @@ fn a_slow_haproxy_reload_is_left_to_finish() {
         }
     };
     throttle.add(master).unwrap();
+    let mut throttle = Some(throttle);
     let before = env.status().unwrap()["revision_running"].clone();
 
     // A new listener: the agent signals the reload and waits 5 s; the
@@ -609,6 +613,12 @@ fn a_slow_haproxy_reload_is_left_to_finish() {
     loop {
         assert!(t.elapsed() < limit, "the slow reload never completed:\n{}", log());
         std::thread::sleep(Duration::from_millis(200));
+        if throttle.is_some() {
+            let log = log();
+            if log.contains("the reload continues") && log.matches("haproxy is still starting").count() >= 2 {
+                throttle = None;
+            }
+        }
         let Some(s) = env.status() else { continue };
         let applies = s["applies"].as_u64().unwrap();
         match seen_at {

@@ -90,7 +90,7 @@ fn fip_dnat_snat_hairpin_and_icmp() {
     let mut st = Status::default();
     st.refresh(&b.bed.reconciler.applied, &b.bed.reconciler.alloc);
     let names = SnatNames::of(&st.document.rules, &st.document.nat_gateways);
-    let census = t.port_census(names.rules.keys().copied().collect()).unwrap();
+    let census = t.port_census(names.rules.keys().copied(), names.eips.iter().map(|(_, ip)| *ip)).unwrap();
     st.document.snat_ports = Some(std::sync::Arc::new(SnatPorts::of(&census, &Default::default(), &names, 1)));
     let ports = st.document.snat_ports.clone().unwrap();
     let eip2 = format!("natgw/{}/eip/eip2", b.gw);

@@ -379,13 +379,19 @@ fn collect_garbage(bpffs: &Path, collector: Option<Collector>, status: &Mutex<St
     // The running rules and EIPs are copied under the status lock (the
     // rule map is shared, not copied) and named outside it.
     let as_of = status::secs(Some(std::time::SystemTime::now())).unwrap_or(0);
-    let (rules, gws) = {
+    let (rules, gws, last) = {
         let st = status.lock().unwrap();
-        (st.document.rules.clone(), st.document.nat_gateways.clone())
+        (st.document.rules.clone(), st.document.nat_gateways.clone(), st.document.snat_ports.clone())
     };
     let names = status::SnatNames::of(&rules, &gws);
     drop((rules, gws));
-    let mut ports = crate::dataplane::tables::PortCounter::new(names.rules.keys().copied().collect());
+    // Sized by the last census's flows: its buffer grows only with them.
+    let expected = last.map_or(0, |l| l.rules.iter().map(|r| r.flows.total()).sum::<u64>() as usize);
+    let mut ports = crate::dataplane::tables::PortCounter::new(
+        names.rules.keys().copied(),
+        names.eips.iter().map(|(_, ip)| *ip),
+        expected,
+    );
     if let Err(e) = tables.recount_zone_flows_and(|k, e| ports.add(k, e)) {
         warn!("per-zone conntrack recount and SNAT port census: {e:#}");
         return collector;

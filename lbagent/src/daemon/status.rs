@@ -139,27 +139,26 @@ impl SnatPorts {
     pub fn of(census: &PortCensus, refused: &BTreeMap<u32, u64>, names: &SnatNames, as_of: u64) -> SnatPorts {
         let range = u64::from(crate::natgw::rules::SNAT_PORTS.1 - crate::natgw::rules::SNAT_PORTS.0) + 1;
         let share = |p: &PerProto| (p.max() as f64 * 1000.0 / range as f64).round() / 10.0;
-        let rules = names
-            .rules
-            .iter()
-            .filter_map(|(id, key)| {
-                let flows = census.rule_flows.get(id).copied().unwrap_or_default();
-                let no_free_port = refused.get(id).copied().unwrap_or(0);
-                let ports = census.rule_ports.get(id).copied().unwrap_or_default();
-                (flows != PerProto::default() || no_free_port > 0).then(|| SnatRulePorts {
-                    rule: key.clone(),
-                    flows,
-                    ports,
-                    share_pct: share(&ports),
-                    no_free_port,
-                })
+        let listed = |(id, key): (&u32, &Arc<str>)| {
+            let count = census.rule(*id).copied().unwrap_or_default();
+            let no_free_port = refused.get(id).copied().unwrap_or(0);
+            (count.flows != PerProto::default() || no_free_port > 0).then(|| SnatRulePorts {
+                rule: key.clone(),
+                flows: count.flows,
+                ports: count.ports,
+                share_pct: share(&count.ports),
+                no_free_port,
             })
-            .collect();
+        };
+        // Sized once: at 50 000 busy rules a doubling vector held 1.6 MB
+        // of spare room as long as the status kept it.
+        let mut rules = Vec::with_capacity(names.rules.iter().filter_map(listed).count());
+        rules.extend(names.rules.iter().filter_map(listed));
         let eips = names
             .eips
             .iter()
             .filter_map(|(eip, ip)| {
-                let ports = *census.addr_ports.get(ip)?;
+                let ports = census.eip(*ip)?;
                 Some(EipPorts { eip: eip.clone(), ip: *ip, ports, share_pct: share(&ports) })
             })
             .collect();

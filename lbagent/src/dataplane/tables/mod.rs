@@ -22,7 +22,7 @@ use anyhow::{Context, Result, bail};
 use aya::maps::{Array, HashMap, HashOfMaps, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
 pub use conntrack::{FlowWriter, HalfWritten};
 use lbagent_common::*;
-pub use ports::{PerProto, PortCensus, PortCounter};
+pub use ports::{PerProto, PortCensus, PortCounter, RuleCount};
 pub use rules::{AclSpec, DnatSpec, RuleSnat, SchedKind, SchedSpec, SnatSpec};
 pub use sched::table_digest;
 pub use zone_ct::ZoneCt;

@@ -4,15 +4,15 @@
 //! A translated tuple is unique per destination, so one port serves many
 //! flows to different destinations; a rule runs out of ports toward one
 //! destination when every port of its range is held toward it. The census
-//! counts each rule's flows and, for each rule and each external address,
-//! the distinct ports its flows hold (while the pass runs: a set, or a
-//! bitmap of 8 KiB per rule or address and protocol once it holds more
-//! than 1 024 ports).
+//! counts each rule's flows and, for each rule and each EIP, the distinct
+//! ports its flows hold.
+//!
+//! Memory: 12 bytes per rule counted and 8 per SNAT'ed flow while the pass
+//! runs (one packed word per flow, sorted twice at the end: by EIP, then by
+//! rule), whatever the spread of flows over rules; a set per rule cost
+//! ~26 bytes per flow and ~100 per rule.
 
-use std::{
-    collections::{BTreeMap, HashMap, HashSet},
-    net::Ipv4Addr,
-};
+use std::net::Ipv4Addr;
 
 use anyhow::Result;
 use lbagent_common::*;
@@ -24,13 +24,13 @@ use super::Tables;
 /// ids). Address-only protocols hold none.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PerProto {
-    pub tcp: u64,
-    pub udp: u64,
-    pub icmp: u64,
+    pub tcp: u32,
+    pub udp: u32,
+    pub icmp: u32,
 }
 
 impl PerProto {
-    fn slot(&mut self, proto: u8) -> Option<&mut u64> {
+    fn slot(&mut self, proto: u8) -> Option<&mut u32> {
         match proto {
             PROTO_TCP => Some(&mut self.tcp),
             PROTO_UDP => Some(&mut self.udp),
@@ -41,115 +41,189 @@ impl PerProto {
 
     /// The largest of the three.
     pub fn max(&self) -> u64 {
-        self.tcp.max(self.udp).max(self.icmp)
+        u64::from(self.tcp.max(self.udp).max(self.icmp))
+    }
+
+    /// The sum of the three.
+    pub fn total(&self) -> u64 {
+        u64::from(self.tcp) + u64::from(self.udp) + u64::from(self.icmp)
     }
 
     /// Each protocol by its name, as metrics label it.
     pub fn by_name(&self) -> [(&'static str, u64); 3] {
-        [("tcp", self.tcp), ("udp", self.udp), ("icmp", self.icmp)]
+        [("tcp", self.tcp.into()), ("udp", self.udp.into()), ("icmp", self.icmp.into())]
     }
 }
 
-/// What the census found.
+/// The protocols that hold ports, in the order of [`PerProto`]'s fields.
+const PROTOS: [u8; 3] = [PROTO_TCP, PROTO_UDP, PROTO_ICMP];
+
+/// What the census found for one SNAT rule with flows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleCount {
+    pub id: u32,
+    /// Its live flows.
+    pub flows: PerProto,
+    /// The distinct ports its flows hold.
+    pub ports: PerProto,
+}
+
+/// What the census found: only rules and EIPs with flows, each sorted
+/// (rules by id, EIPs by address).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct PortCensus {
-    /// SNAT rule id → its live flows.
-    pub rule_flows: BTreeMap<u32, PerProto>,
-    /// SNAT rule id → the distinct ports its flows hold.
-    pub rule_ports: BTreeMap<u32, PerProto>,
-    /// External address → the distinct ports its SNAT'ed flows hold.
-    pub addr_ports: BTreeMap<Ipv4Addr, PerProto>,
+    pub rules: Vec<RuleCount>,
+    /// An EIP → the distinct ports its SNAT'ed flows hold.
+    pub eips: Vec<(Ipv4Addr, PerProto)>,
 }
 
-/// Distinct ports: a small set while few, a 64 Ki-bit map (8 KiB) past
-/// [`PortSet::FEW`], so a rule or address costs at most 8 KiB per protocol
-/// and the census at most a few bytes per flow.
-enum PortSet {
-    Few(HashSet<u16>),
-    Many(Box<[u64; 1024]>),
-}
-
-impl PortSet {
-    const FEW: usize = 1024;
-
-    fn insert(&mut self, port: u16) {
-        match self {
-            PortSet::Few(set) => {
-                set.insert(port);
-                if set.len() > Self::FEW {
-                    let mut bits = Box::new([0u64; 1024]);
-                    for p in set.drain() {
-                        bits[p as usize / 64] |= 1 << (p % 64);
-                    }
-                    *self = PortSet::Many(bits);
-                }
-            }
-            PortSet::Many(bits) => bits[port as usize / 64] |= 1 << (port % 64),
-        }
+impl PortCensus {
+    /// The count of rule `id`, if it has flows.
+    pub fn rule(&self, id: u32) -> Option<&RuleCount> {
+        self.rules.binary_search_by_key(&id, |r| r.id).ok().map(|i| &self.rules[i])
     }
 
-    fn len(&self) -> u64 {
-        match self {
-            PortSet::Few(set) => set.len() as u64,
-            PortSet::Many(bits) => bits.iter().map(|w| u64::from(w.count_ones())).sum(),
-        }
+    /// The ports EIP `ip` holds, if its SNAT'ed flows hold any.
+    pub fn eip(&self, ip: Ipv4Addr) -> Option<PerProto> {
+        self.eips.binary_search_by_key(&ip, |e| e.0).ok().map(|i| self.eips[i].1)
+    }
+}
+
+/// One SNAT'ed flow packed in a word, in two orders: by EIP
+/// (`eip | proto | port | rule`), then by rule (`rule | proto | port |
+/// eip`); sorting the words groups the distinct ports of each.
+mod packed {
+    pub const RULE_BITS: u32 = 22;
+    pub const EIP_BITS: u32 = 24;
+    /// The index of an address that is no EIP counted.
+    pub const NO_EIP: u64 = (1 << EIP_BITS) - 1;
+    const RULE_MASK: u64 = (1 << RULE_BITS) - 1;
+    /// Protocol index (2 bits) and port (16 bits).
+    const SLOT_MASK: u64 = (1 << 18) - 1;
+
+    pub fn by_eip(rule: u64, eip: u64, slot: u64) -> u64 {
+        eip << (64 - EIP_BITS) | slot << RULE_BITS | rule
+    }
+
+    /// (eip, proto and port) of a word by EIP.
+    pub fn eip_slot(w: u64) -> (u64, u64) {
+        (w >> (64 - EIP_BITS), w >> RULE_BITS & SLOT_MASK)
+    }
+
+    /// The same flow, by rule.
+    pub fn to_by_rule(w: u64) -> u64 {
+        let (eip, slot) = eip_slot(w);
+        (w & RULE_MASK) << (64 - RULE_BITS) | slot << EIP_BITS | eip
+    }
+
+    /// (rule, proto and port) of a word by rule.
+    pub fn rule_slot(w: u64) -> (u64, u64) {
+        (w >> (64 - RULE_BITS), w >> EIP_BITS & SLOT_MASK)
     }
 }
 
 /// Counts a census entry by entry, from a dump that also serves others
 /// ([`Tables::recount_zone_flows_and`]).
 pub struct PortCounter {
-    /// The rules counted: CIDR SNAT rules (a FIP's 1:1 SNAT keeps the
-    /// client's ports, a listener's own SNAT has no EIP).
-    rules: HashSet<u32>,
-    flows: BTreeMap<u32, PerProto>,
-    by_rule: HashMap<(u32, u8), PortSet>,
-    by_addr: HashMap<(Ipv4Addr, u8), PortSet>,
+    /// The rules counted, sorted: CIDR SNAT rules (a FIP's 1:1 SNAT keeps
+    /// the client's ports, a listener's own SNAT has no EIP).
+    rules: Vec<u32>,
+    /// The EIPs counted, sorted.
+    eips: Vec<Ipv4Addr>,
+    /// Flows of each rule, by its index in `rules`.
+    flows: Vec<PerProto>,
+    /// One word per flow counted (`packed::by_eip`).
+    words: Vec<u64>,
 }
 
 impl PortCounter {
-    /// A census of the flows of `rules` (SNAT rule ids).
-    pub fn new(rules: HashSet<u32>) -> Self {
-        PortCounter { rules, flows: BTreeMap::new(), by_rule: HashMap::new(), by_addr: HashMap::new() }
+    /// A census of the flows of `rules` (SNAT rule ids) and of the ports of
+    /// `eips`, expecting about `flows` SNAT'ed flows (the last census's: the
+    /// buffer is sized once).
+    pub fn new(rules: impl IntoIterator<Item = u32>, eips: impl IntoIterator<Item = Ipv4Addr>, flows: usize) -> Self {
+        let mut rules: Vec<u32> = rules.into_iter().collect();
+        rules.sort_unstable();
+        rules.dedup();
+        rules.truncate(1 << packed::RULE_BITS);
+        let mut eips: Vec<Ipv4Addr> = eips.into_iter().collect();
+        eips.sort_unstable();
+        eips.dedup();
+        eips.truncate(packed::NO_EIP as usize);
+        let flows_per_rule = vec![PerProto::default(); rules.len()];
+        PortCounter { rules, eips, flows: flows_per_rule, words: Vec::with_capacity(flows + flows / 8) }
     }
 
     /// Counts one conntrack entry: a flow of one of the rules counts once
     /// (its original half), whatever its state, until it is freed.
     pub fn add(&mut self, k: &Tuple, e: &CtEntry) {
-        if e.flags & CT_F_REPLY != 0 || e.flags & CT_F_SNAT == 0 || !self.rules.contains(&e.snat_rule) {
+        if e.flags & CT_F_REPLY != 0 || e.flags & CT_F_SNAT == 0 {
             return;
         }
-        if !matches!(k.proto, PROTO_TCP | PROTO_UDP | PROTO_ICMP) {
-            return;
-        }
-        if let Some(n) = self.flows.entry(e.snat_rule).or_default().slot(k.proto) {
+        let Some(proto) = PROTOS.iter().position(|p| *p == k.proto) else { return };
+        let Ok(rule) = self.rules.binary_search(&e.snat_rule) else { return };
+        if let Some(n) = self.flows[rule].slot(k.proto) {
             *n += 1;
         }
-        let few = || PortSet::Few(HashSet::new());
-        let port = e.xlate.sport;
-        self.by_rule.entry((e.snat_rule, k.proto)).or_insert_with(few).insert(port);
-        self.by_addr.entry((Ipv4Addr::from(e.xlate.saddr), k.proto)).or_insert_with(few).insert(port);
+        let eip = self.eips.binary_search(&Ipv4Addr::from(e.xlate.saddr)).map_or(packed::NO_EIP, |i| i as u64);
+        let slot = (proto as u64) << 16 | u64::from(e.xlate.sport);
+        self.words.push(packed::by_eip(rule as u64, eip, slot));
     }
 
     pub fn finish(self) -> PortCensus {
-        fn count<K: Ord + Copy>(sets: HashMap<(K, u8), PortSet>) -> BTreeMap<K, PerProto> {
-            let mut out: BTreeMap<K, PerProto> = BTreeMap::new();
-            for ((key, proto), set) in sets {
-                if let Some(n) = out.entry(key).or_default().slot(proto) {
-                    *n = set.len();
+        let PortCounter { rules, eips, flows, mut words } = self;
+        /// Counts each distinct (owner, slot) once, in owner order.
+        fn distinct(words: &[u64], key: fn(u64) -> (u64, u64), mut count: impl FnMut(u64, u8)) {
+            let mut last = None;
+            for &w in words {
+                let (owner, slot) = key(w);
+                if last != Some((owner, slot)) {
+                    last = Some((owner, slot));
+                    count(owner, PROTOS[(slot >> 16) as usize]);
                 }
             }
-            out
         }
-        PortCensus { rule_flows: self.flows, rule_ports: count(self.by_rule), addr_ports: count(self.by_addr) }
+        words.sort_unstable();
+        let mut by_eip: Vec<(Ipv4Addr, PerProto)> = Vec::new();
+        distinct(&words, packed::eip_slot, |eip, proto| {
+            if eip == packed::NO_EIP {
+                return;
+            }
+            let ip = eips[eip as usize];
+            if by_eip.last().is_none_or(|l| l.0 != ip) {
+                by_eip.push((ip, PerProto::default()));
+            }
+            if let Some(n) = by_eip.last_mut().and_then(|l| l.1.slot(proto)) {
+                *n += 1;
+            }
+        });
+        words.iter_mut().for_each(|w| *w = packed::to_by_rule(*w));
+        words.sort_unstable();
+        let mut ports = vec![PerProto::default(); rules.len()];
+        distinct(&words, packed::rule_slot, |rule, proto| {
+            if let Some(n) = ports[rule as usize].slot(proto) {
+                *n += 1;
+            }
+        });
+        drop(words);
+        let rules = rules
+            .iter()
+            .zip(flows.iter().zip(&ports))
+            .filter(|(_, (f, _))| **f != PerProto::default())
+            .map(|(id, (flows, ports))| RuleCount { id: *id, flows: *flows, ports: *ports })
+            .collect();
+        PortCensus { rules, eips: by_eip }
     }
 }
 
 impl Tables {
-    /// The census of the flows of `rules` on a dump of its own (both
-    /// tables).
-    pub fn port_census(&self, rules: HashSet<u32>) -> Result<PortCensus> {
-        let mut counter = PortCounter::new(rules);
+    /// The census of the flows of `rules` and the ports of `eips`, on a
+    /// dump of its own (both tables).
+    pub fn port_census(
+        &self,
+        rules: impl IntoIterator<Item = u32>,
+        eips: impl IntoIterator<Item = Ipv4Addr>,
+    ) -> Result<PortCensus> {
+        let mut counter = PortCounter::new(rules, eips, 0);
         for table in [MAP_CT, MAP_CT_NEW] {
             self.each_conntrack(table, |keys, entries| keys.iter().zip(entries).for_each(|(k, e)| counter.add(k, e)))?;
         }
@@ -161,18 +235,67 @@ impl Tables {
 mod tests {
     use super::*;
 
+    fn flow(rule: u32, eip: [u8; 4], proto: u8, port: u16, dest: u8) -> (Tuple, CtEntry) {
+        let k = Tuple {
+            saddr: [10, 0, 0, 1],
+            daddr: [198, 51, 100, dest],
+            sport: 5000,
+            dport: 443,
+            proto,
+            ..Default::default()
+        };
+        let xlate = Tuple { saddr: eip, sport: port, ..k };
+        (k, CtEntry { xlate, snat_rule: rule, flags: CT_F_SNAT, ..Default::default() })
+    }
+
     #[test]
-    fn a_port_set_counts_distinct_ports_small_and_large() {
-        let mut set = PortSet::Few(HashSet::new());
-        for p in [80, 80, 443] {
-            set.insert(p);
+    fn distinct_ports_by_rule_and_by_eip() {
+        let (a, b) = ([100, 64, 0, 1], [100, 64, 0, 2]);
+        let mut c = PortCounter::new([7, 3, 9], [Ipv4Addr::from(b), Ipv4Addr::from(a)], 4);
+        let flows = [
+            // Rule 3 on EIP a: port 1024 toward two destinations, 1025 once; UDP 1024.
+            flow(3, a, PROTO_TCP, 1024, 1),
+            flow(3, a, PROTO_TCP, 1024, 2),
+            flow(3, a, PROTO_TCP, 1025, 1),
+            flow(3, a, PROTO_UDP, 1024, 1),
+            // Rule 7 shares EIP a's port 1025 (another destination) and uses b.
+            flow(7, a, PROTO_TCP, 1025, 3),
+            flow(7, b, PROTO_ICMP, 9, 1),
+            // Not counted: an unknown rule, a reply half, an address that is no EIP.
+            flow(8, a, PROTO_TCP, 2000, 1),
+            flow(9, [192, 0, 2, 1], PROTO_TCP, 2000, 1),
+        ];
+        for (k, e) in &flows {
+            c.add(k, e);
         }
-        assert_eq!(set.len(), 2);
-        for p in 1000..=65535u16 {
-            set.insert(p);
-            set.insert(p);
+        let (k, e) = flow(3, a, PROTO_TCP, 3000, 1);
+        c.add(&k, &CtEntry { flags: CT_F_SNAT | CT_F_REPLY, ..e });
+        let census = c.finish();
+        let r3 = census.rule(3).unwrap();
+        assert_eq!((r3.flows, r3.ports), (PerProto { tcp: 3, udp: 1, icmp: 0 }, PerProto { tcp: 2, udp: 1, icmp: 0 }));
+        let r7 = census.rule(7).unwrap();
+        assert_eq!((r7.flows, r7.ports), (PerProto { tcp: 1, udp: 0, icmp: 1 }, PerProto { tcp: 1, udp: 0, icmp: 1 }));
+        let r9 = census.rule(9).unwrap();
+        assert_eq!((r9.flows.tcp, r9.ports.tcp), (1, 1), "counted by rule, not by EIP");
+        assert!(census.rule(8).is_none());
+        assert_eq!(census.rules.len(), 3);
+        assert_eq!(census.eip(Ipv4Addr::from(a)), Some(PerProto { tcp: 2, udp: 1, icmp: 0 }), "1025 held by two rules");
+        assert_eq!(census.eip(Ipv4Addr::from(b)), Some(PerProto { tcp: 0, udp: 0, icmp: 1 }));
+        assert_eq!(census.eips.len(), 2);
+    }
+
+    #[test]
+    fn a_whole_range_of_ports_counts_once_each() {
+        let a = [100, 64, 0, 1];
+        let mut c = PortCounter::new([1], [Ipv4Addr::from(a)], 0);
+        for port in 1024..=65535u16 {
+            for dest in [1, 2] {
+                let (k, e) = flow(1, a, PROTO_UDP, port, dest);
+                c.add(&k, &e);
+            }
         }
-        assert!(matches!(set, PortSet::Many(_)));
-        assert_eq!(set.len(), 64536 + 2);
+        let census = c.finish();
+        assert_eq!((census.rules[0].flows.udp, census.rules[0].ports.udp), (2 * 64512, 64512));
+        assert_eq!(census.eip(Ipv4Addr::from(a)).unwrap().udp, 64512);
     }
 }

@@ -39,7 +39,7 @@ pub use qos::*;
 pub use sched::*;
 
 /// Version of the pinned map layout; pins live under `<bpffs>/v<LAYOUT_VERSION>/`.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_TCP: u8 = 6;

@@ -95,6 +95,9 @@ pub const CT_WSCALE_NONE: u8 = 0xff;
 /// is the key of its pair, and the pair's `xlate.reversed()` must be this
 /// entry's key: that back-pointer is checked before either half touches the
 /// other (a pair that does not point back belongs to another flow).
+///
+/// 48 bytes: with its 16-byte key, the kernel's element header and a bucket,
+/// 128 bytes of kernel memory per half, 256 per flow.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtEntry {
@@ -102,8 +105,10 @@ pub struct CtEntry {
     pub xlate: Tuple,
     /// `bpf_ktime_get_ns()` of the last packet (updated at most once a second).
     pub last_seen_ns: u64,
-    /// `bpf_ktime_get_ns()` when the flow was created.
-    pub created_ns: u64,
+    /// When the flow was created: `bpf_ktime_get_ns()` in milliseconds,
+    /// modulo 2^32 ([`ct_clock_ms`]; it wraps every 49.7 days). With the
+    /// translation it tells one flow of a tuple from a later one.
+    pub created_ms: u32,
     /// Id of the DNAT rule (or 0) and of the SNAT rule (or 0) that made the flow.
     pub dnat_rule: u32,
     pub snat_rule: u32,
@@ -118,8 +123,109 @@ pub struct CtEntry {
     /// TCP: window-scale shift this direction offered in its SYN, or `CT_WSCALE_NONE`.
     pub wscale: u8,
     pub _pad0: u8,
-    pub _pad1: u32,
 }
+
+/// [`CtEntry::created_ms`] of a flow created at `now_ns` (`bpf_ktime_get_ns()`).
+#[inline(always)]
+pub const fn ct_clock_ms(now_ns: u64) -> u32 {
+    (now_ns / 1_000_000) as u32
+}
+
+/// Milliseconds from `then` to `now` on the wrapping [`ct_clock_ms`] clock;
+/// 0 when `then` is later (another CPU stamped it after this one read the
+/// clock).
+#[inline(always)]
+pub const fn ct_ms_since(now: u32, then: u32) -> u32 {
+    let d = now.wrapping_sub(then);
+    if (d as i32) < 0 { 0 } else { d }
+}
+
+/// The conntrack entry of the previous layout (4): [`CtEntry`] with the
+/// creation time in nanoseconds and four bytes of padding. Read only while
+/// an upgrade adopts the flows of the running programs' tables (`ct_prev`,
+/// `ct_new_prev`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtEntryPrev {
+    pub xlate: Tuple,
+    pub last_seen_ns: u64,
+    pub created_ns: u64,
+    pub dnat_rule: u32,
+    pub snat_rule: u32,
+    pub seq_end: u32,
+    pub max_win: u32,
+    pub flags: u8,
+    pub state: u8,
+    pub wscale: u8,
+    pub _pad0: u8,
+    /// Padding in layout 4, which never reads it: set to 1 by the program
+    /// of this layout that adopted the half (the half is this layout's
+    /// from then on, even once it is gone from its tables: never adopted
+    /// or copied again). The previous programs carry it with the half
+    /// (their copies, promotion and repair copy whole entries).
+    pub adopted: u32,
+}
+
+impl CtEntryPrev {
+    /// The same half in this layout.
+    #[inline(always)]
+    pub fn adopted(&self) -> CtEntry {
+        let mut e = CtEntry::default();
+        self.adopt_into(&mut e);
+        e
+    }
+
+    /// Writes the same half in this layout into `e`, field by field (the
+    /// programs convert into map memory: their stack has no room).
+    #[inline(always)]
+    pub fn adopt_into(&self, e: &mut CtEntry) {
+        // Field by field: a whole-tuple copy between two pointers becomes a
+        // `memmove` call, which a BPF global function may not make.
+        let x = &self.xlate;
+        e.xlate.saddr = x.saddr;
+        e.xlate.daddr = x.daddr;
+        e.xlate.sport = x.sport;
+        e.xlate.dport = x.dport;
+        e.xlate.proto = x.proto;
+        e.xlate._pad0 = 0;
+        e.xlate.zone = x.zone;
+        e.last_seen_ns = self.last_seen_ns;
+        e.created_ms = ct_clock_ms(self.created_ns);
+        e.dnat_rule = self.dnat_rule;
+        e.snat_rule = self.snat_rule;
+        e.seq_end = self.seq_end;
+        e.max_win = self.max_win;
+        e.flags = self.flags;
+        e.state = self.state;
+        e.wscale = self.wscale;
+        e._pad0 = 0;
+    }
+}
+
+/// `ct_adopt_scratch`, per CPU: the room a program converts a flow's two
+/// halves in while it adopts them (its stack has none to spare). Written
+/// by the programs only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtAdoptScratch {
+    pub half: CtEntry,
+    pub pair: CtEntry,
+}
+
+/// What `lbagent_ct_adopt` did with a key: the previous tables do not hold
+/// a live half under it (or the half is this layout's already) …
+pub const CT_ADOPT_ABSENT: u32 = 0;
+/// … the flow is in `ct` now …
+pub const CT_ADOPT_ESTABLISHED: u32 = 1;
+/// … in `ct_new` now …
+pub const CT_ADOPT_NEW: u32 = 2;
+/// … or a live flow holds it there but this layout's tables had no room:
+/// its tuple stays taken.
+pub const CT_ADOPT_HELD: u32 = 3;
+
+/// Size of the previous layout's tables (`ct_prev`, `ct_new_prev`) in a
+/// dataplane that is not being upgraded: they stay empty.
+pub const CT_PREV_IDLE_MAX: u32 = 64;
 
 /// Garbage collection runs in the kernel: the agent hands the program
 /// `lbagent_ct_gc` (through `BPF_PROG_TEST_RUN`, never attached) the keys of
@@ -338,7 +444,7 @@ pub const DEFAULT_UDP_STREAM_S: u32 = 120;
 pub const DEFAULT_ICMP_S: u32 = 30;
 pub const DEFAULT_OTHER_S: u32 = 600;
 /// A UDP flow answered and still active this long after creation is a stream.
-pub const UDP_STREAM_AFTER_NS: u64 = 2_000_000_000;
+pub const UDP_STREAM_AFTER_MS: u32 = 2_000;
 
 /// Written by the agent when it creates the pins; checked on every reuse.
 #[repr(C)]
@@ -437,6 +543,8 @@ mod user {
     pod!(
         Tuple,
         CtEntry,
+        CtEntryPrev,
+        CtAdoptScratch,
         FragKey,
         FragEntry,
         AclKey,
@@ -461,7 +569,8 @@ mod user {
 /// sum of the field sizes.
 const _: () = {
     assert!(core::mem::size_of::<Tuple>() == 16);
-    assert!(core::mem::size_of::<CtEntry>() == 16 + 8 + 8 + 4 + 4 + 4 + 4 + 1 + 1 + 1 + 1 + 4);
+    assert!(core::mem::size_of::<CtEntry>() == 16 + 8 + 4 + 4 + 4 + 4 + 4 + 1 + 1 + 1 + 1);
+    assert!(core::mem::size_of::<CtEntryPrev>() == 16 + 8 + 8 + 4 + 4 + 4 + 4 + 1 + 1 + 1 + 1 + 4);
     assert!(core::mem::size_of::<FragKey>() == 16);
     assert!(core::mem::size_of::<FragEntry>() == 16);
     assert!(core::mem::size_of::<DnatKey>() == 4 + 2 + 1 + 1 + 2 + 2);

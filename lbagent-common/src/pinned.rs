@@ -108,6 +108,17 @@ pinned_maps! {
     MAP_CT: Hash<Tuple, CtEntry>[CT_MAX] = "ct";
     /// Flows that have not completed their handshake.
     MAP_CT_NEW: LruHash<Tuple, CtEntry>[ct_new_max(CT_MAX)] = "ct_new";
+    /// During an upgrade from the previous layout: its running programs'
+    /// `ct` and `ct_new` (pinned under these names by the migration),
+    /// whose flows the new programs adopt on their first packet; otherwise
+    /// empty and small.
+    MAP_CT_PREV: Hash<Tuple, CtEntryPrev>[CT_PREV_IDLE_MAX] = "ct_prev";
+    MAP_CT_NEW_PREV: LruHash<Tuple, CtEntryPrev>[CT_PREV_IDLE_MAX] = "ct_new_prev";
+    /// 1 while `ct_prev` and `ct_new_prev` may hold flows not adopted yet
+    /// (one entry; the programs look there only then).
+    MAP_CT_ADOPT: Array<u32, u32>[1] = "ct_adopt";
+    /// Per CPU: where a program converts the halves it adopts.
+    MAP_CT_ADOPT_SCRATCH: PerCpuArray<u32, CtAdoptScratch>[1] = "ct_adopt_scratch";
     /// First fragments' ports, for the fragments that follow.
     MAP_FRAGS: LruHash<FragKey, FragEntry>[FRAGS_MAX] = "frags";
     /// Not preallocated (the agent's updates allocate).

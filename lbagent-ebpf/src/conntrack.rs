@@ -38,6 +38,25 @@
 //! lose a timestamp or a sequence update, which only delays expiry or widens
 //! the RST window by one packet; the state only moves forward.
 //!
+//! Upgrades. An agent of the next layout starts its programs on tables of
+//! its own while the previous layout's programs still run on theirs, which
+//! it pins as `ct_prev` and `ct_new_prev` (entries of the previous layout,
+//! `CtEntryPrev`) and flags in `ct_adopt`. While flagged, a key found in
+//! neither table is looked up there, and a live flow found is adopted: both
+//! its halves converted into the same table of this layout (insert without
+//! replacing: a CPU that adopted or created it first wins), then marked
+//! adopted there, so that a flow this layout closes or frees later is not
+//! adopted again. A half whose pair leads elsewhere is stale and is left.
+//! A translated tuple that a previous-layout flow holds is busy for the
+//! port allocation in the same way (taken, even when there is no room to
+//! adopt its flow). So a flow keeps its translation whichever layout's
+//! program sees its next packet, and one opened by the previous programs
+//! before its zone switched is found by the new ones. The converse is not
+//! covered: while one zone's hooks are replaced one after the other (a few
+//! milliseconds), its old programs do not see the flows its new ones
+//! opened. The agent copies what was never adopted (idle flows) when every
+//! zone runs the new programs, then clears the flag (`migrate`).
+//!
 //! Tenants. Each zone may hold at most its share of each table
 //! (`zone_ct.rs`): a zone that filled its share of `ct` keeps its further
 //! flows in `ct_new` within its share there, so one tenant's load or SYN
@@ -57,7 +76,7 @@ use lbagent_common::*;
 use crate::{
     counters::count,
     hdr::tcp::{ACK as TCP_ACK, FIN as TCP_FIN, RST as TCP_RST, SYN as TCP_SYN},
-    maps::{CT, CT_NEW_TABLE, NAT_CONFIG},
+    maps::{CT, CT_ADOPT, CT_ADOPT_SCRATCH, CT_NEW_PREV, CT_NEW_TABLE, CT_PREV, NAT_CONFIG},
     parse::{Kind, Packet},
 };
 
@@ -113,9 +132,21 @@ fn remove(t: Table, key: &Tuple) -> bool {
 }
 
 /// The entry for `key` in either table (`ct` first, and `ct` again after a
-/// miss in both: see the module docs on races).
+/// miss in both: see the module docs on races), or adopted from the
+/// previous layout's during an upgrade.
 #[inline(always)]
 fn find(key: &Tuple) -> Option<(Table, *mut CtEntry)> {
+    match find_here(key) {
+        Some(found) => Some(found),
+        None => adopt(key),
+    }
+}
+
+/// [`find`] in this layout's tables only: for the reclaim, a global
+/// function whose frame leaves no room for the adoption's (the port
+/// search's claim adopts a busy tuple before it reclaims it).
+#[inline(always)]
+fn find_here(key: &Tuple) -> Option<(Table, *mut CtEntry)> {
     if let Some(p) = get(Table::Established, key) {
         return Some((Table::Established, p));
     }
@@ -123,6 +154,109 @@ fn find(key: &Tuple) -> Option<(Table, *mut CtEntry)> {
         return Some((Table::New, p));
     }
     get(Table::Established, key).map(|p| (Table::Established, p))
+}
+
+/// During an upgrade (`ct_adopt`), the flow of `key` in the previous
+/// layout's tables, adopted into this layout's (module docs, *Upgrades*).
+#[inline(always)]
+fn adopt(key: &Tuple) -> Option<(Table, *mut CtEntry)> {
+    match adopt_status(key) {
+        CT_ADOPT_ESTABLISHED => get(Table::Established, key).map(|p| (Table::Established, p)),
+        CT_ADOPT_NEW => get(Table::New, key).map(|p| (Table::New, p)),
+        _ => None,
+    }
+}
+
+/// [`lbagent_ct_adopt`] on `key` while the flag is set, else
+/// `CT_ADOPT_ABSENT`.
+#[inline(always)]
+fn adopt_status(key: &Tuple) -> u32 {
+    if CT_ADOPT.get(0).is_none_or(|on| *on == 0) {
+        return CT_ADOPT_ABSENT;
+    }
+    let k = tuple_words(key);
+    lbagent_ct_adopt(k[0], k[1])
+}
+
+/// The previous layout's half under `key` (`ct_prev`, `ct_new_prev`, and
+/// `ct_prev` again: an old program may promote it between the first two
+/// lookups) and whether it is established.
+#[inline(always)]
+fn previous_half(key: &Tuple) -> Option<(Table, *mut CtEntryPrev)> {
+    if let Some(p) = CT_PREV.get_ptr_mut(key) {
+        return Some((Table::Established, p));
+    }
+    if let Some(p) = CT_NEW_PREV.get_ptr_mut(key) {
+        return Some((Table::New, p));
+    }
+    CT_PREV.get_ptr_mut(key).map(|p| (Table::Established, p))
+}
+
+/// Inserts a half unless its key is there already (another CPU adopted it
+/// first); whether the key holds a half now.
+#[inline(always)]
+fn place(t: Table, key: &Tuple, e: &CtEntry) -> bool {
+    insert(t, key, e, BPF_NOEXIST as u64) || get(t, key).is_some()
+}
+
+/// Adopts the previous layout's flow of a key (as two words): both halves
+/// converted into the same table of this layout (`ct_new` when `ct` has no
+/// room), never over an entry there, then marked adopted in the previous
+/// tables (`CtEntryPrev::adopted`). A half whose pair leads elsewhere is
+/// stale (its translated tuple is another flow's now) and is not adopted,
+/// as this layout's lookup would drop it. A global function, verified once
+/// (it runs inside the port search). Returns `CT_ADOPT_*`.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn lbagent_ct_adopt(key0: u64, key1: u64) -> u32 {
+    // SAFETY: any 16 bytes are a valid `Tuple` (plain integers).
+    let key: Tuple = unsafe { core::mem::transmute::<[u64; 2], Tuple>([key0, key1]) };
+    let Some((mut table, ptr)) = previous_half(&key) else { return CT_ADOPT_ABSENT };
+    // Converted in this CPU's room, not on the stack: this function's
+    // frame adds to the calling program's (512 bytes for both). The half
+    // is read once, into the room: an old program may free its element
+    // (an LRU eviction) and another flow take it meanwhile.
+    let Some(room) = CT_ADOPT_SCRATCH.get_ptr_mut(0) else { return CT_ADOPT_HELD };
+    // SAFETY: map value pointers stay valid for the program run; the
+    // per-CPU room is this CPU's alone while this program runs, and no one
+    // else writes it.
+    let room = unsafe { &mut *room };
+    // SAFETY: as above.
+    if unsafe { (*ptr).adopted } != 0 {
+        return CT_ADOPT_ABSENT;
+    }
+    // SAFETY: as above.
+    unsafe { (*ptr).adopt_into(&mut room.half) };
+    let pair_key = room.half.xlate.reversed();
+    let pair = match previous_half(&pair_key) {
+        Some((_, pp)) => {
+            // SAFETY: as above.
+            unsafe { (*pp).adopt_into(&mut room.pair) };
+            if room.pair.xlate != key.reversed() {
+                return CT_ADOPT_ABSENT;
+            }
+            Some(pp)
+        }
+        // A lost pair: re-created by the lookup that follows, as in this
+        // layout.
+        None => None,
+    };
+    let mut placed = place(table, &key, &room.half);
+    if !placed && table == Table::Established {
+        table = Table::New;
+        placed = place(table, &key, &room.half);
+    }
+    if !placed {
+        return CT_ADOPT_HELD;
+    }
+    if let Some(pp) = pair {
+        place(table, &pair_key, &room.pair);
+        // SAFETY: as above.
+        unsafe { (*pp).adopted = 1 };
+    }
+    // SAFETY: as above.
+    unsafe { (*ptr).adopted = 1 };
+    if table == Table::Established { CT_ADOPT_ESTABLISHED } else { CT_ADOPT_NEW }
 }
 
 #[inline(always)]
@@ -231,7 +365,10 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
     let mut state = e.state;
     if proto == PROTO_TCP {
         state = track_tcp(p, e, pair.as_deref(), state);
-    } else if state == CT_REPLIED && proto != PROTO_ICMP && since(now, e.created_ns) > UDP_STREAM_AFTER_NS {
+    } else if state == CT_REPLIED
+        && proto != PROTO_ICMP
+        && ct_ms_since(ct_clock_ms(now), e.created_ms) > UDP_STREAM_AFTER_MS
+    {
         // Still active after the answer: a stream (ICMP echo never is).
         state = CT_ESTABLISHED;
     }
@@ -435,22 +572,22 @@ pub extern "C" fn lbagent_ct_reclaim(key0: u64, key1: u64, now: u64) -> u32 {
     // program's own frame leaves this function less than 100 bytes of the
     // 512-byte stack.
     let Some(cfg) = NAT_CONFIG.get(0) else { return CT_RECLAIM_LIVE };
-    let Some((table, ptr)) = find(&key) else { return CT_RECLAIM_ABSENT };
+    let Some((table, ptr)) = find_here(&key) else { return CT_RECLAIM_ABSENT };
     // SAFETY: a map value pointer stays valid for the program run.
     let e = unsafe { &*ptr };
     if fresh(cfg, e, key.proto, now) {
         return CT_RECLAIM_LIVE;
     }
-    let created = e.created_ns;
+    let created = e.created_ms;
     let pair_key = e.xlate.reversed();
-    if let Some((pt, pp)) = find(&pair_key) {
+    if let Some((pt, pp)) = find_here(&pair_key) {
         // SAFETY: as above.
         let pair = unsafe { &*pp };
         if pair.xlate == key.reversed() {
             if fresh(cfg, pair, key.proto, now) {
                 return CT_RECLAIM_LIVE;
             }
-            remove_same(pt, &pair_key, pair.created_ns);
+            remove_same(pt, &pair_key, pair.created_ms);
         }
     }
     if !remove_same(table, &key, created) {
@@ -462,15 +599,15 @@ pub extern "C" fn lbagent_ct_reclaim(key0: u64, key1: u64, now: u64) -> u32 {
 }
 
 /// Deletes `key` from `table` while it holds the entry created at
-/// `created_ns` (read a moment ago). BPF on Linux 5.10 has no
+/// `created_ms` (read a moment ago). BPF on Linux 5.10 has no
 /// compare-and-delete: the entry is read again right before the delete,
 /// which leaves another CPU only the few instructions in between to
 /// replace it (see the module docs on races).
 #[inline(always)]
-fn remove_same(table: Table, key: &Tuple, created_ns: u64) -> bool {
+fn remove_same(table: Table, key: &Tuple, created_ms: u32) -> bool {
     match get(table, key) {
         // SAFETY: a map value pointer stays valid for the program run.
-        Some(p) if unsafe { (*p).created_ns } == created_ns => remove(table, key),
+        Some(p) if unsafe { (*p).created_ms } == created_ms => remove(table, key),
         _ => false,
     }
 }
@@ -491,7 +628,16 @@ fn remove_same(table: Table, key: &Tuple, created_ns: u64) -> bool {
 #[inline(always)]
 fn claim(x: &Tuple, reply: &CtEntry, now: u64) -> bool {
     let rkey = x.reversed();
-    let busy = get(Table::New, &rkey).is_some() || get(Table::Established, &rkey).is_some();
+    let mut busy = get(Table::New, &rkey).is_some() || get(Table::Established, &rkey).is_some();
+    if !busy {
+        // A flow of the previous layout holds it (adopted now, so the
+        // reclaim below sees it), or holds it without room to adopt it.
+        match adopt_status(&rkey) {
+            CT_ADOPT_ABSENT => {}
+            CT_ADOPT_HELD => return false,
+            _ => busy = true,
+        }
+    }
     if busy && !reclaim_expired(&rkey, now) {
         return false;
     }
@@ -506,7 +652,7 @@ fn claim(x: &Tuple, reply: &CtEntry, now: u64) -> bool {
     }
     match get(Table::New, &rkey) {
         // SAFETY: a map value pointer stays valid for the program run.
-        Some(p) => unsafe { (*p).created_ns == reply.created_ns && (*p).xlate == reply.xlate },
+        Some(p) => unsafe { (*p).created_ms == reply.created_ms && (*p).xlate == reply.xlate },
         None => false,
     }
 }
@@ -531,7 +677,7 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
     let mut reply = CtEntry {
         xlate: orig.reversed(),
         last_seen_ns: now,
-        created_ns: now,
+        created_ms: ct_clock_ms(now),
         dnat_rule,
         snat_rule,
         seq_end: 0,
@@ -540,7 +686,6 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
         state: CT_NEW,
         wscale: CT_WSCALE_NONE,
         _pad0: 0,
-        _pad1: 0,
     };
     // Which identifier a collision may move: the source port, or the echo id.
     let movable = p.kind == Kind::Ports || p.kind == Kind::EchoRequest;

@@ -22,6 +22,24 @@ pub static CT: HashMap<Tuple, CtEntry, { CT_MAX as usize }> = HashMap::new();
 #[btf_map(name = "ct_new", pin_by_name)]
 pub static CT_NEW_TABLE: LruHashMap<Tuple, CtEntry, { ct_new_max(CT_MAX) as usize }> = LruHashMap::new();
 
+/// The previous layout's conntrack tables while an upgrade adopts their
+/// flows (`conntrack.rs`, *Upgrades*); small and empty otherwise.
+#[btf_map(name = "ct_prev", pin_by_name)]
+pub static CT_PREV: HashMap<Tuple, CtEntryPrev, { CT_PREV_IDLE_MAX as usize }> = HashMap::new();
+
+#[btf_map(name = "ct_new_prev", pin_by_name)]
+pub static CT_NEW_PREV: LruHashMap<Tuple, CtEntryPrev, { CT_PREV_IDLE_MAX as usize }> = LruHashMap::new();
+
+/// 1 while `ct_prev`/`ct_new_prev` may hold flows to adopt; written by the
+/// agent's migration.
+#[btf_map(name = "ct_adopt", pin_by_name)]
+pub static CT_ADOPT: Array<u32, 1> = Array::new();
+
+/// Per CPU: where the adoption converts a flow's halves (never written by
+/// the agent, so no write of its can tear a conversion under way).
+#[btf_map(name = "ct_adopt_scratch", pin_by_name)]
+pub static CT_ADOPT_SCRATCH: PerCpuArray<CtAdoptScratch, 1> = PerCpuArray::new();
+
 /// First fragments seen: the ports later fragments of the datagram need.
 #[btf_map(name = "frags", pin_by_name)]
 pub static FRAGS: LruHashMap<FragKey, FragEntry, { FRAGS_MAX as usize }> = LruHashMap::new();

@@ -51,6 +51,146 @@ fn a_flow_written_from_outside_is_the_one_the_program_finds() {
     assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 1, "the flow was opened again");
 }
 
+/// The previous layout's entry of a half (what its programs wrote).
+fn previous(e: &CtEntry) -> CtEntryPrev {
+    CtEntryPrev {
+        xlate: e.xlate,
+        last_seen_ns: e.last_seen_ns,
+        created_ns: u64::from(e.created_ms) * 1_000_000 + 123_456,
+        dnat_rule: e.dnat_rule,
+        snat_rule: e.snat_rule,
+        seq_end: e.seq_end,
+        max_win: e.max_win,
+        flags: e.flags,
+        state: e.state,
+        wscale: e.wscale,
+        ..Default::default()
+    }
+}
+
+/// During an upgrade the programs adopt the previous layout's flows
+/// (`ct_prev`, `ct_new_prev`, flagged in `ct_adopt`): a flow found only
+/// there keeps its translation both ways and comes back converted into
+/// the same table, marked adopted there, so a flow closed or freed since is
+/// not adopted again; a half whose pair leads elsewhere is stale and is
+/// not adopted; a translated tuple held there is taken for a new flow; a
+/// flush reaches them. Without the flag the previous tables are not read.
+#[test]
+fn an_upgrade_adopts_the_previous_layouts_flows() {
+    let Some(mut e) = engine() else { return };
+    let ends = |out: &[u8]| {
+        let s = packet::summary(out);
+        (s.src, s.dst, s.sport, s.dport)
+    };
+    let move_to_previous = |e: &TestZone| {
+        let halves = e.tables.conntrack_table(MAP_CT_NEW).unwrap();
+        let mut prev = e.tables.hash(MAP_CT_NEW_PREV).unwrap();
+        for (k, v) in &halves {
+            assert!(e.tables.remove_conntrack_entry(k).unwrap());
+            prev.insert(k, &previous(v), 0).unwrap();
+        }
+        halves
+    };
+    // A UDP flow, moved into the previous layout's `ct_new`.
+    let q = frame(&Ip::new(CLIENT, VIP), &udp(26002, 53, b"q"));
+    let (rc, first) = e.run(&q).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    let halves = move_to_previous(&e);
+    assert_eq!(halves.len(), 2, "{halves:?}");
+    e.tables.set_adopting(true).unwrap();
+    assert!(e.tables.adopting().unwrap());
+    let (rc, again) = e.run(&q).unwrap();
+    assert_eq!((rc, ends(&again)), (TC_ACT_OK, ends(&first)), "the adopted flow keeps its translation");
+    let (sport, dport) = (packet::summary(&first).sport, packet::summary(&first).dport);
+    let (rc, answer) = e.run(&frame(&Ip::new(SERVER, SNAT), &udp(dport, sport, b"a"))).unwrap();
+    assert_eq!((rc, ends(&answer)), (TC_ACT_OK, (VIP, CLIENT, 53, 26002)));
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 1, "the flow was opened again");
+    let now = e.tables.conntrack_table(MAP_CT_NEW).unwrap();
+    for (k, v) in &halves {
+        let (_, adopted) = now.iter().find(|(n, _)| n == k).unwrap_or_else(|| panic!("{k:?} not adopted: {now:?}"));
+        assert_eq!((adopted.xlate, adopted.created_ms, adopted.flags), (v.xlate, v.created_ms, v.flags), "{k:?}");
+    }
+    assert_pairs_consistent(&e);
+    let marked = e.tables.hash(MAP_CT_NEW_PREV).unwrap();
+    for (k, _) in &halves {
+        assert_eq!(marked.get(k, 0).unwrap().adopted, 1, "{k:?} marked adopted");
+    }
+    // Freed in this layout (as a GC pass or a close does): the marked
+    // halves are not adopted again, q opens a new flow.
+    for (k, _) in &halves {
+        assert!(e.tables.remove_conntrack_entry(k).unwrap());
+    }
+    assert_eq!(e.run(&q).unwrap().0, TC_ACT_OK);
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 2, "q's flow, freed, came back");
+    for (k, _) in &halves {
+        assert!(e.tables.remove_conntrack_entry(k).unwrap());
+        let mut prev = e.tables.hash(MAP_CT_NEW_PREV).unwrap();
+        prev.remove(k).unwrap();
+    }
+
+    // A stale half: its pair leads to another flow. Not adopted; the
+    // packet opens a flow of its own, on another translation.
+    let stale = Tuple { saddr: CLIENT, daddr: VIP, sport: 26004, dport: 53, proto: PROTO_UDP, _pad0: 0, zone: ZONE };
+    let taken = Tuple { saddr: SERVER, daddr: SNAT, sport: 5353, dport: 40000, proto: PROTO_UDP, _pad0: 0, zone: ZONE };
+    let other = Tuple { saddr: CLIENT2, sport: 26004, ..stale };
+    let half = CtEntry { xlate: taken.reversed(), created_ms: 7, flags: CT_F_DNAT | CT_F_SNAT, ..Default::default() };
+    let pair = CtEntry { xlate: other.reversed(), flags: half.flags | CT_F_REPLY, ..half };
+    let mut prev = e.tables.hash(MAP_CT_NEW_PREV).unwrap();
+    prev.insert(&stale, &previous(&half), 0).unwrap();
+    prev.insert(&taken, &previous(&pair), 0).unwrap();
+    let (rc, out) = e.run(&frame(&Ip::new(CLIENT, VIP), &udp(26004, 53, b"q"))).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    assert_ne!(packet::summary(&out).sport, 40000, "the stale half's translation was adopted");
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 3);
+    assert_eq!(prev.get(&stale, 0).unwrap().adopted, 0, "the stale half is left as it is");
+    for k in [stale, taken] {
+        prev.remove(&k).unwrap();
+    }
+    for (k, _) in e.tables.conntrack_table(MAP_CT_NEW).unwrap() {
+        e.tables.remove_conntrack_entry(&k).unwrap();
+    }
+
+    // A TCP flow of the previous layout holds SNAT:24000 toward the server:
+    // a new flow that would take the same tuple takes another port.
+    let held = Tuple { saddr: CLIENT2, daddr: VIP, sport: 24000, dport: 80, proto: PROTO_TCP, _pad0: 0, zone: ZONE };
+    let x = Tuple { saddr: SNAT, daddr: SERVER, sport: 24000, dport: 8080, ..held };
+    let orig = CtEntry {
+        xlate: x,
+        last_seen_ns: lbagent::dataplane::tables::monotonic_ns(),
+        created_ms: 1,
+        flags: CT_F_DNAT | CT_F_SNAT,
+        state: CT_ESTABLISHED,
+        ..Default::default()
+    };
+    let reply = CtEntry { xlate: held.reversed(), flags: orig.flags | CT_F_REPLY, ..orig };
+    let mut ct_prev = e.tables.hash(MAP_CT_PREV).unwrap();
+    ct_prev.insert(&held, &previous(&orig), 0).unwrap();
+    ct_prev.insert(&x.reversed(), &previous(&reply), 0).unwrap();
+    let port = expect_snat(&mut e, frame(&Ip::new(CLIENT, VIP), &tcp(SYN, 24000, 80, b"")), |p| {
+        frame(&Ip::new(SNAT, SERVER), &tcp(SYN, p, 8080, b""))
+    });
+    assert_ne!(port, 24000, "a tuple the previous layout's flow holds was taken");
+    let established = e.tables.conntrack_table(MAP_CT).unwrap();
+    assert!(established.iter().any(|(k, _)| *k == held), "the holder adopted into ct: {established:?}");
+    assert_pairs_consistent(&e);
+
+    // A flush reaches flows never adopted.
+    let q2 = frame(&Ip::new(CLIENT2, VIP), &udp(26003, 53, b"q"));
+    assert_eq!(e.run(&q2).unwrap().0, TC_ACT_OK);
+    assert_eq!(e.run(&q).unwrap().0, TC_ACT_OK);
+    let moved = move_to_previous(&e);
+    assert_eq!(moved.len(), 6, "q's, the new TCP flow's and q2's halves: {moved:?}");
+    let flushed = e.tables.flush_conntrack(|k, _| k.sport == 26003 || k.dport == 26003).unwrap();
+    assert_eq!(flushed, 1);
+    assert_eq!(e.tables.previous_conntrack(MAP_CT_NEW_PREV).unwrap().len(), 4, "q2's halves are gone");
+
+    // Without the flag the previous tables are not read: q, moved back
+    // there, opens a new flow.
+    e.tables.set_adopting(false).unwrap();
+    assert_eq!(e.run(&q).unwrap().0, TC_ACT_OK);
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 7, "a new flow for q");
+}
+
 /// An entry another CPU stamped a moment after this CPU read the clock
 /// (its `last_seen_ns` ahead of this run's `now`, as when two CPUs take a
 /// flow's packets in the same microsecond) is alive: the flow keeps its
@@ -72,7 +212,7 @@ fn an_entry_stamped_ahead_of_this_cpus_clock_is_alive() {
     let a = frame(&Ip::new(SERVER, SNAT), &udp(5353, 26000, b"a"));
     assert_eq!(e.run(&a).unwrap().0, TC_ACT_OK);
     e.edit_entries(MAP_CT_NEW, |v| {
-        v.created_ns = ahead();
+        v.created_ms = lbagent_common::ct_clock_ms(ahead());
         v.last_seen_ns = ahead();
     })
     .unwrap();
@@ -715,7 +855,7 @@ fn the_tables_read_in_batches_are_the_tables_read_by_key() {
         let entry = CtEntry {
             xlate: x,
             last_seen_ns: now,
-            created_ns: now + u64::from(i),
+            created_ms: lbagent_common::ct_clock_ms(now) + i,
             flags: CT_F_DNAT,
             state: CT_ESTABLISHED,
             ..Default::default()

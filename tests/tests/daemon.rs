@@ -1629,7 +1629,7 @@ fn gc_passes_free_idle_flows_with_one_collector() {
             zone: 4000,
         };
         let half =
-            CtEntry { xlate: orig, created_ns: 1, state: CT_ESTABLISHED, flags: CT_F_DNAT, ..Default::default() };
+            CtEntry { xlate: orig, created_ms: 1, state: CT_ESTABLISHED, flags: CT_F_DNAT, ..Default::default() };
         let mut ct = tables.hash(MAP_CT).unwrap();
         ct.insert(&orig, &half, 0).unwrap();
         ct.insert(&orig.reversed(), &CtEntry { xlate: orig.reversed(), flags: CT_F_DNAT | CT_F_REPLY, ..half }, 0)
@@ -1700,7 +1700,7 @@ nat_gateways:
         let half = CtEntry {
             xlate,
             last_seen_ns: now,
-            created_ns: now,
+            created_ms: lbagent_common::ct_clock_ms(now),
             snat_rule: id,
             state: CT_ESTABLISHED,
             flags: CT_F_SNAT,

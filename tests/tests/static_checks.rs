@@ -33,8 +33,9 @@ fn calls() -> Vec<(String, usize, u8, i32)> {
 /// Global BPF functions the program calls on purpose: the verifier checks
 /// each once on its own (Linux 5.6+), which keeps a loop from being
 /// re-verified on every path that reaches it (`lbagent-ebpf/src/sched.rs`,
-/// the expired-flow reclaim of `lbagent-ebpf/src/conntrack.rs`).
-const GLOBAL_FUNCTIONS: [&str; 2] = ["lbagent_sched_least", "lbagent_ct_reclaim"];
+/// the expired-flow reclaim and the upgrade's adoption of
+/// `lbagent-ebpf/src/conntrack.rs`).
+const GLOBAL_FUNCTIONS: [&str; 3] = ["lbagent_sched_least", "lbagent_ct_reclaim", "lbagent_ct_adopt"];
 
 #[test]
 fn no_bpf_to_bpf_calls() {

@@ -574,7 +574,7 @@ fn upgrade(attach: &'static str, extra: usize) {
         seen.refused_opened.len()
     );
     assert!(log.contains(&format!("migrating it to layout {LAYOUT_VERSION}")), "{log}");
-    assert!(log.contains("conntrack tables shared with the running programs"), "{log}");
+    assert!(log.contains("conntrack tables of the running programs kept as ct_prev and ct_new_prev"), "{log}");
     assert!(log.contains("flows the previous programs opened before the switch"), "{log}");
     assert!(log.contains(&format!("migration from layout {FROM_VERSION} done")), "{log}");
     // Each QoS rule kept its bucket and its counts (they only grew).
@@ -590,6 +590,16 @@ fn upgrade(attach: &'static str, extra: usize) {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(marker, ["meta"], "the previous layout's pins after the migration");
+    // Adoption is over: the flag is down, the previous tables pinned now are
+    // small and empty (the flows not adopted were copied).
+    let adopt: Value = serde_json::from_str(&env.cli(&["maps", "ct_adopt", "--json"])).unwrap();
+    assert_eq!(adopt["ct_adopt"]["adopting"], false, "{adopt}");
+    for prev in ["ct_prev", "ct_new_prev"] {
+        let rows: Value = serde_json::from_str(&env.cli(&["maps", prev, "--json"])).unwrap();
+        assert_eq!(rows[prev].as_array().map(Vec::len), Some(0), "{prev}: {rows}");
+        let info = aya::maps::MapData::from_pin(env.bpffs.join(format!("v{LAYOUT_VERSION}/{prev}"))).unwrap();
+        assert_eq!(info.info().unwrap().max_entries(), lbagent_common::CT_PREV_IDLE_MAX, "{prev}");
+    }
     // The open connections' flows are in the new tables, rules kept their ids.
     let ct: Value = serde_json::from_str(&env.cli(&["conntrack", "list", "--json", "--port", "2222"])).unwrap();
     assert!(!ct.as_array().unwrap().is_empty(), "DNAT flows in the new conntrack");

@@ -16,9 +16,9 @@ use anyhow::{Context, Result, bail};
 
 use crate::{build, output, run};
 
-/// The last commit of layout version 3 (the next commit made layout 4).
+/// The last commit of layout version 4 (the next commit made layout 5).
 /// Move it forward when `LAYOUT_VERSION` is bumped (and the migration with it).
-pub const COMMIT: &str = "9a41fd7354b775f2141c95eaf45ebca54c66a739";
+pub const COMMIT: &str = "bde74ba8752c66e45c68c8e46c44469b7e1f5214";
 
 /// Builds the previous release's `lbagent` (debug, with its eBPF object)
 /// if it is not built yet; returns the binary's path.

@@ -44,10 +44,22 @@ type View = fn(&Tables, u64) -> Result<Shown>;
 
 /// Every map `lbagent maps` decodes from the tables (`meta` describes the
 /// pin directory instead: `maps::meta`).
-pub const VIEWS: [(&str, View); 26] = [
+pub const VIEWS: [(&str, View); 30] = [
     (MAP_CT.name, |t, now| rows(sorted_ct(t.conntrack_table(MAP_CT)?).iter().map(|(k, e)| CtRow::new(k, e, now)))),
     (MAP_CT_NEW.name, |t, now| {
         rows(sorted_ct(t.conntrack_table(MAP_CT_NEW)?).iter().map(|(k, e)| CtRow::new(k, e, now)))
+    }),
+    (MAP_CT_PREV.name, |t, now| {
+        rows(sorted_ct(t.previous_conntrack(MAP_CT_PREV)?).iter().map(|(k, e)| CtRow::new(k, e, now)))
+    }),
+    (MAP_CT_NEW_PREV.name, |t, now| {
+        rows(sorted_ct(t.previous_conntrack(MAP_CT_NEW_PREV)?).iter().map(|(k, e)| CtRow::new(k, e, now)))
+    }),
+    (MAP_CT_ADOPT.name, |t, _| single(AdoptRow { adopting: t.adopting()? })),
+    // The programs' own room: nothing to show but that it is there.
+    (MAP_CT_ADOPT_SCRATCH.name, |t, _| {
+        t.per_cpu_array(MAP_CT_ADOPT_SCRATCH)?;
+        single(ScratchRow { cpus: crate::dataplane::tables::possible_cpus()? })
     }),
     (MAP_FRAGS.name, |t, now| rows(t.fragments()?.iter().map(|(k, v)| FragRow::new(k, v, now)))),
     (MAP_DNAT_RULES.name, |t, _| rows(t.dnat_rules()?.iter().map(|(k, r, bs)| DnatRuleRow::new(k, r, bs)))),
@@ -114,6 +126,34 @@ fn port_or_any(p: u16) -> String {
 
 fn direction(dir: u8) -> &'static str {
     if dir == QOS_INGRESS { "ingress" } else { "egress" }
+}
+
+/// `ct_adopt`: whether an upgrade's programs adopt the previous layout's flows.
+#[derive(Serialize)]
+struct AdoptRow {
+    adopting: bool,
+}
+
+impl Display for AdoptRow {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        if self.adopting {
+            write!(f, "adopting the flows of ct_prev and ct_new_prev (an upgrade is switching zones over)")
+        } else {
+            write!(f, "not adopting (no upgrade under way)")
+        }
+    }
+}
+
+/// `ct_adopt_scratch`: per-CPU room the programs convert entries in.
+#[derive(Serialize)]
+struct ScratchRow {
+    cpus: usize,
+}
+
+impl Display for ScratchRow {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "the programs' room to convert adopted entries, one per CPU ({} CPUs)", self.cpus)
+    }
 }
 
 #[derive(Serialize)]

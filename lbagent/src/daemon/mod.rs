@@ -245,8 +245,9 @@ impl Daemon {
             if let Some(gc) = self.gc.take() {
                 let _ = gc.join();
             }
-            if let Err(e) = m.finish() {
-                warn!("finishing the migration from layout {from}: {e:#}; the old pins stay until teardown");
+            let sizes = self.reconciler.realizer.engine.ct_sizes;
+            if let Err(e) = m.finish(sizes) {
+                warn!("finishing the migration from layout {from}: {e:#}; the next start of the agent finishes it");
             }
         }
         self.record(&total, None);

@@ -251,7 +251,7 @@ impl Engine {
     /// Once `zone`'s programs are attached after a sync that wrote its ACLs
     /// afresh or during a migration: flushes the flows the zone's ACLs
     /// refuse. Until the attach, the previous programs still ran the zone
-    /// with the old ACL and opened flows into the shared conntrack tables.
+    /// with the old ACL and opened flows, which the new programs adopt.
     /// Returns the flows flushed, `None` when no sync left ACLs to flush by.
     pub fn flush_refused_after_attach(&mut self, zone: u16) -> Result<Option<usize>> {
         let Some(acls) = self.flush_after_attach.get(&zone) else { return Ok(None) };

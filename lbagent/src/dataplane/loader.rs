@@ -140,11 +140,11 @@ pub const DEFAULT_MEMORY_SHARE: u64 = 64;
 
 /// Kernel memory (bpftool's `memlock`) per conntrack entry of either
 /// table, measured at every size from 262 144 to 2 097 152 entries: the
-/// 16-byte key, the 56-byte entry, the kernel's element header and a
-/// bucket.
-pub const KERNEL_BYTES_PER_CT_ENTRY: u64 = 136;
+/// 16-byte key, the 48-byte entry, the kernel's element header (48 bytes)
+/// and a bucket (16).
+pub const KERNEL_BYTES_PER_CT_ENTRY: u64 = 128;
 
-/// The largest default `ct`: 4 194 304 entries (2 097 152 flows), 713 MB
+/// The largest default `ct`: 4 194 304 entries (2 097 152 flows), 671 MB
 /// with its `ct_new`, which leaves room under the packaged unit's
 /// `MemoryMax=2G` (a larger table is asked for with `--conntrack-max`).
 pub const DEFAULT_CT_MAX_CEILING: u32 = 1 << 22;
@@ -340,6 +340,13 @@ fn load_from(dir: &Path, zone: u16, sizes: CtSizes, log_level: u8) -> Result<Ebp
     for (name, size, _) in sizes.tables() {
         loader.map_max_entries(name, size);
     }
+    // The previous layout's tables, pinned by an upgrade at their own size
+    // (`migrate`), are reused as they are.
+    for name in [lbagent_common::MAP_CT_PREV.name, lbagent_common::MAP_CT_NEW_PREV.name] {
+        if let Ok(info) = aya::maps::MapData::from_pin(dir.join(name)).and_then(|m| m.info()) {
+            loader.map_max_entries(name, info.max_entries());
+        }
+    }
     loader.load(OBJECT)
 }
 
@@ -476,7 +483,7 @@ mod tests {
     fn the_default_table_is_a_share_of_memory_in_powers_of_two_within_bounds() {
         const GIB: u64 = 1 << 30;
         // 1/64 of 24 GiB is 384 MiB: 2 097 152 entries take 2 097 152 ×
-        // 170 B = 340 MiB with their quarter of `ct_new`; twice as many would not fit.
+        // 160 B = 320 MiB with their quarter of `ct_new`; twice as many would not fit.
         assert_eq!(CtSizes::for_memory(24 * GIB), 2_097_152);
         const {
             assert!(2_097_152 * KERNEL_BYTES_PER_CT_ENTRY * 5 / 4 <= 24 * GIB / DEFAULT_MEMORY_SHARE);

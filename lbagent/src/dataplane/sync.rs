@@ -75,7 +75,8 @@ pub fn dnat(t: &Tables, have: &[DnatEntry], want: &[DnatSpec], out: &mut Changes
     // the previous layout's programs opened), a rule with an ACL counts as
     // changed (and `Engine::flush_refused_after_attach` flushes again once
     // the zone's new programs are attached: until then the previous
-    // programs, with the old ACL, still open flows into the shared tables).
+    // programs, with the old ACL, still open flows, which the new ones
+    // adopt).
     // A new listener among existing ones has a fresh rule id: no flow can
     // carry it.
     let acl_changed = rule_acls(want.iter().filter(|d| match by_rule.get(&d.rule_id) {

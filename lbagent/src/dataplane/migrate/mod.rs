@@ -6,11 +6,13 @@
 //! Sequence (the daemon drives it; each step is idempotent, so a crash at
 //! any point is repaired by the next start, which finds the same pins):
 //! 1. [`Migration::begin`], before the first apply: the old conntrack
-//!    tables become this layout's too (`share_conntrack`: one set of flows
-//!    for the old and the new programs, so the switch-over is atomic per
-//!    flow), and this layout's other maps are created and filled with the
-//!    old ones' *state*, what the agent cannot recompute: both halves of
-//!    every flow when the tables could not be shared, per-rule statistics, counters,
+//!    tables become this layout's `ct_prev` and `ct_new_prev`, flagged in
+//!    `ct_adopt` (`adopt_conntrack`): the new programs adopt each flow from
+//!    them on its next packet, and treat their translated tuples as taken,
+//!    so a flow keeps its translation whichever layout's program sees it
+//!    and one the old programs open during the switch-over is found by the
+//!    new ones. This layout's other maps are created and filled with the
+//!    old ones' *state*, what the agent cannot recompute: per-rule statistics, counters,
 //!    and every QoS bucket (rate, clock, counts, and the hook and EIP
 //!    entries that use it, so the first apply keeps the bucket). Rules
 //!    (DNAT, backends, ACLs, SNAT, scheduler tables) are not carried: the
@@ -22,23 +24,23 @@
 //! 2. The first apply writes every zone's rules from the desired state and
 //!    only then attaches the zone's new programs (`lb::ensure`,
 //!    `natgw::ensure`): a new program never sees a half-written table.
-//! 3. [`Migration::finish`], after an apply that attached every zone: when
-//!    the tables were copied, the flows the old programs created between
-//!    step 1 and their replacement are copied (a second, catch-up pass;
-//!    halves already present are kept); then the old directory becomes a
-//!    marker: its maps are unpinned
+//! 3. [`Migration::finish`], after an apply that attached every zone:
+//!    the flows no new program adopted (idle ones) are copied, converted
+//!    (halves already present are kept); the flag is cleared and
+//!    `ct_prev`/`ct_new_prev` are pinned afresh, small and empty (the
+//!    running programs hold the old tables until they are next loaded: the
+//!    next start loads them again, as they use maps no longer pinned); then
+//!    the old directory becomes a marker: its maps are unpinned
 //!    (the kernel frees them with the last old program) and its `meta` is
 //!    set to this layout, which makes an agent of the old layout refuse to
 //!    start (a downgrade would lose every flow).
 //!
 //! Only the previous layout is migrated; pins of older ones are refused as
 //! before (`pins::check_meta` and the daemon's warning about stale pins).
-//! Layout 4 changed only rule tables (the DNAT tables' sizes and their
-//! preallocation, the SNAT table's size), which the first apply writes
-//! whole: every map this module copies has the same types in layout 3. A
-//! layout that changes a copied map's types keeps the old types and their
-//! conversion in `v<FROM_VERSION>.rs` (as `v2.rs` did for layout 3: in git
-//! history).
+//! Layout 5 changed the conntrack entry (48 bytes: the creation time in
+//! milliseconds); `CtEntryPrev` is layout 4's, converted by
+//! `CtEntryPrev::adopted` on both sides of the kernel boundary. Every
+//! other map this module copies has the same types in layout 4.
 
 use std::path::{Path, PathBuf};
 
@@ -70,9 +72,9 @@ pub struct Carried {
     /// QoS buckets in use (rate, clock and counts).
     pub qos_buckets: usize,
     pub links: usize,
-    /// The old conntrack tables became this layout's (`share_conntrack`):
-    /// nothing was copied, nothing needs catching up.
-    pub ct_shared: bool,
+    /// The old conntrack tables became this layout's `ct_prev` and
+    /// `ct_new_prev` (`adopt_conntrack`), their flows adopted on demand.
+    pub ct_adopted: bool,
 }
 
 /// A migration in progress: the old layout's live pins were found.
@@ -114,30 +116,26 @@ impl Migration {
             "found the dataplane of layout {FROM_VERSION} in {}: migrating it to layout {LAYOUT_VERSION}",
             old.display()
         );
-        let shared = share_conntrack(&old, root, sizes)?;
+        adopt_conntrack(&old, root)?;
         // Creates (or reuses, after the usual checks) this layout's maps:
-        // the shared conntrack tables among them.
+        // the old conntrack tables among them, as `ct_prev`/`ct_new_prev`.
         super::loader::ZoneProgram::load_sized(root, 0, sizes).context("creating the new layout's maps")?;
         let tables = Tables::open(root)?;
-        let mut carried =
-            if shared { Carried { ct_shared: true, ..Default::default() } } else { copy_conntrack(&old, &tables)? };
+        tables.set_adopting(true).context("flagging the flows to adopt")?;
+        let mut carried = Carried { ct_adopted: true, ..Default::default() };
         carried.rule_stats = copy_rule_stats(&old, &tables)?;
         copy_counters(&old, &tables)?;
         copy_zone_counts(&old, &tables)?;
         carried.qos_buckets = copy_qos(&old, &tables)?;
         carried.links = move_links(&old, &pins::links_dir(root))?;
-        if carried.ct_shared {
-            info!("conntrack tables shared with the running programs: every flow is seen by both layouts");
-        }
         info!(
-            "carried {} conntrack halves ({} already present, {} did not fit), statistics of {} rules, \
-             {} QoS buckets, {} tcx links",
-            carried.ct_halves,
-            carried.ct_present,
-            carried.ct_full,
-            carried.rule_stats,
-            carried.qos_buckets,
-            carried.links
+            "conntrack tables of the running programs kept as {} and {}: the new programs adopt each flow on its \
+             next packet",
+            MAP_CT_PREV.name, MAP_CT_NEW_PREV.name
+        );
+        info!(
+            "carried statistics of {} rules, {} QoS buckets, {} tcx links",
+            carried.rule_stats, carried.qos_buckets, carried.links
         );
         Ok(Some(Migration { root: root.to_path_buf(), from: FROM_VERSION, carried }))
     }
@@ -145,18 +143,30 @@ impl Migration {
     /// After an apply that attached this build's programs to every zone:
     /// catches up the flows the old programs created meanwhile, then leaves
     /// the old directory as a marker. Returns the catch-up pass's count.
-    pub fn finish(self) -> Result<Carried> {
+    pub fn finish(self, sizes: CtSizes) -> Result<Carried> {
         let old = pins::version_dir(&self.root, self.from);
         let tables = Tables::open(&self.root)?;
-        // Shared tables: nothing to catch up (and nothing the first apply
-        // flushed can come back).
-        let caught = if self.carried.ct_shared { Carried::default() } else { copy_conntrack(&old, &tables)? };
+        // Every zone runs the new programs: the old tables change no more.
+        let caught = copy_conntrack(&old, &tables)?;
+        tables.set_adopting(false).context("clearing the adoption flag")?;
+        let dir = pins::versioned_dir(&self.root);
+        for name in [MAP_CT_PREV.name, MAP_CT_NEW_PREV.name] {
+            let path = dir.join(name);
+            if path.exists() {
+                std::fs::remove_file(&path).with_context(|| format!("unpinning {}", path.display()))?;
+            }
+        }
+        // Pins them afresh, small (the maps of a later load).
+        super::loader::ZoneProgram::load_sized(&self.root, 0, sizes).context("pinning empty previous tables")?;
         pins::leave_marker(&self.root, self.from)?;
         info!(
-            "migration from layout {} done: {} conntrack halves caught up after the switch-over; {} is a marker now \
+            "migration from layout {} done: {} conntrack halves no program adopted copied after the switch-over \
+             ({} adopted or present, {} did not fit); {} is a marker now \
              (an lbagent of layout {} refuses to start on this dataplane)",
             self.from,
             caught.ct_halves,
+            caught.ct_present,
+            caught.ct_full,
             old.display(),
             self.from
         );
@@ -164,75 +174,55 @@ impl Migration {
     }
 }
 
-/// Makes the old layout's conntrack tables this layout's own, by pinning
-/// them under this layout's names before the first load (which then reuses
-/// them): the old programs and the new ones see one set of flows, so every
-/// flow switches over atomically, whichever zone's program handles its next
-/// packet and whenever. No flow opened during the window is missing, none
-/// is frozen at a copy's time, and none the first apply flushes comes back.
-/// The entry layouts are unchanged since layout 2. Only when this layout's
-/// conntrack pins are absent or are the old tables themselves (a restart
-/// after a crash mid-migration finds what the first start did, and pins
-/// what it had not) and the old tables have the sizes asked for
-/// (`--conntrack-max` and `--conntrack-new-max` unchanged); otherwise
-/// `false`, and the flows are
-/// copied as before.
-fn share_conntrack(old: &Path, root: &Path, sizes: CtSizes) -> Result<bool> {
-    let dir = pins::versioned_dir(root);
-    let mut tables = Vec::new();
-    for (table, size) in [(MAP_CT, sizes.established), (MAP_CT_NEW, sizes.new)] {
-        let name = table.name;
-        let map = old_map(old, table)?;
-        let info = map.info()?;
-        // This layout's pin, when one is there: the old map itself (a start
-        // that crashed after sharing it), or another one (copied tables).
-        let pinned = MapData::from_pin(dir.join(name)).ok().and_then(|m| m.info().ok()).map(|i| i.id());
-        if pinned.is_some_and(|id| id != info.id()) {
-            return Ok(false);
-        }
-        if info.max_entries() != size {
-            info!("{name}: its size changed across the upgrade: the flows are copied into new tables");
-            return Ok(false);
-        }
-        tables.push((name, map, pinned.is_some()));
-    }
+/// Pins the old layout's conntrack tables as this layout's `ct_prev` and
+/// `ct_new_prev` before the first load (which then reuses them at their
+/// sizes: `loader::load_from`). A pin already there is kept when it is the
+/// old table itself (a start that crashed after pinning it) and replaced
+/// otherwise (the small empty one of an earlier start).
+fn adopt_conntrack(old: &Path, root: &Path) -> Result<()> {
     pins::check_meta(root)?;
     let dir = pins::ensure_versioned_dir(root)?;
-    for (name, map, pinned) in tables {
-        if !pinned {
-            map.pin(dir.join(name)).with_context(|| format!("pinning the shared {name}"))?;
+    for (table, prev) in [(MAP_CT, MAP_CT_PREV.name), (MAP_CT_NEW, MAP_CT_NEW_PREV.name)] {
+        let map = old_map(old, table)?;
+        let id = map.info()?.id();
+        let path = dir.join(prev);
+        match MapData::from_pin(&path).ok().and_then(|m| m.info().ok()).map(|i| i.id()) {
+            Some(pinned) if pinned == id => continue,
+            Some(_) => std::fs::remove_file(&path).with_context(|| format!("replacing {}", path.display()))?,
+            None => {}
         }
+        map.pin(&path).with_context(|| format!("pinning {} of layout {FROM_VERSION} as {prev}", table.name))?;
     }
-    Ok(true)
+    Ok(())
 }
 
 /// A map of the previous layout, found by this layout's definition's name.
-/// Its kind, key and value are this layout's, the same in layout 3 for
-/// every map copied: a layout that changes a copied map opens the old one
-/// by hand, with its old types.
+/// Its kind, key and value are this layout's, the same in layout 4 for
+/// every map copied but the conntrack tables (`CtEntryPrev`).
 fn old_map<K, V>(dir: &Path, def: MapDef<K, V>) -> Result<MapData> {
     let path = dir.join(def.name);
     MapData::from_pin(&path).with_context(|| format!("opening {} of layout {FROM_VERSION}", path.display()))
 }
 
 /// Both halves of every old flow into the same table (`ct`: established,
-/// `ct_new`: the others; unchanged since layout 2), never over a half the
-/// new tables already hold.
+/// `ct_new`: the others), converted, never over a half the new tables
+/// already hold (the programs adopted it, or made a newer flow of it).
 fn copy_conntrack(old: &Path, t: &Tables) -> Result<Carried> {
     let mut writer = t.flow_writer()?;
     let mut c = Carried::default();
     for (table, established) in [(MAP_CT, true), (MAP_CT_NEW, false)] {
-        let table: HashMap<_, Tuple, CtEntry> = HashMap::try_from(map_of(table, old_map(old, table)?))?;
-        // Iterating a table that the old programs still write can skip or
-        // repeat keys (a key deleted under the cursor restarts the walk);
-        // both are harmless here: a repeat is "present", a skip is caught
-        // up by `finish`, or repaired by the program from the other half.
-        // A flow promoted from `ct_new` to `ct` meanwhile may be seen in
-        // both: the first copy stays (the program moves it on its next
-        // packet).
+        let table: HashMap<_, Tuple, CtEntryPrev> = HashMap::try_from(map_of(table, old_map(old, table)?))?;
+        // Only the new programs run now, and they only read these tables:
+        // the walk sees each old half once.
         for item in table.iter() {
+            // A half a program adopted is this layout's already (or was,
+            // and is closed or freed now): never copied back.
             let Ok((key, entry)) = item else { continue };
-            match writer.insert_half(&key, &entry, established) {
+            if entry.adopted != 0 {
+                c.ct_present += 1;
+                continue;
+            }
+            match writer.insert_half(&key, &entry.adopted(), established) {
                 HalfWritten::Inserted => c.ct_halves += 1,
                 HalfWritten::Present => c.ct_present += 1,
                 HalfWritten::Full => c.ct_full += 1,
@@ -321,9 +311,10 @@ fn copy_counters(old: &Path, t: &Tables) -> Result<()> {
     Ok(())
 }
 
-/// Each zone's flow counts (its conntrack share: the tables are shared, so
-/// the counts are the flows' own until the next recount corrects any
-/// drift) where the new table has none, and its refusals and the proxy
+/// Each zone's flow counts (its conntrack share: every flow comes into the
+/// new tables, adopted or copied, without being counted again, so the
+/// counts are the flows' own until the next recount corrects any drift)
+/// where the new table has none, and its refusals and the proxy
 /// guard's drops added to the new ones (zeroed in the old maps, so a
 /// repeated `begin` adds nothing twice), as counters continue.
 fn copy_zone_counts(old: &Path, t: &Tables) -> Result<()> {

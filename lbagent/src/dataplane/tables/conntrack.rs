@@ -108,6 +108,26 @@ impl Tables {
         Ok(self.hash(table)?.iter().collect::<Result<_, _>>()?)
     }
 
+    /// The entries of one of the previous layout's tables (`ct_prev`,
+    /// `ct_new_prev`), converted: empty but during an upgrade.
+    pub fn previous_conntrack(&self, table: MapDef<Tuple, CtEntryPrev>) -> Result<Vec<(Tuple, CtEntry)>> {
+        let map = self.hash(table)?;
+        map.iter().map(|item| Ok(item.map(|(k, e)| (k, e.adopted()))?)).collect()
+    }
+
+    /// Whether the programs adopt flows from the previous layout's tables
+    /// (`ct_adopt`: an upgrade is switching zones over).
+    pub fn adopting(&self) -> Result<bool> {
+        Ok(self.array(MAP_CT_ADOPT)?.get(&0, 0)? != 0)
+    }
+
+    /// Sets whether the programs adopt flows from the previous layout's
+    /// tables (the migration's flag).
+    pub fn set_adopting(&self, adopting: bool) -> Result<()> {
+        self.array(MAP_CT_ADOPT)?.set(0, &u32::from(adopting), 0)?;
+        Ok(())
+    }
+
     /// Deletes one conntrack entry by key from whichever table holds it
     /// (operators' and tests' surgery; normal removal goes by flow).
     pub fn remove_conntrack_entry(&self, key: &Tuple) -> Result<bool> {
@@ -126,8 +146,44 @@ impl Tables {
     /// Deletes the conntrack entries of every flow that `select` picks
     /// (either direction's entry may match; both go), reading the tables a
     /// batch at a time. Returns the number of flows deleted.
+    /// During an upgrade (`ct_adopt`) the previous layout's tables are
+    /// swept too: a flow left there would be adopted again by its next
+    /// packet.
     pub fn flush_conntrack(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
-        self.sweep(|k, e| select(k, e))
+        // The previous tables first: a flow deleted from this layout's
+        // tables and still there would be adopted back by its next packet.
+        let previous = if self.adopting()? { self.sweep_previous(&select)? } else { 0 };
+        Ok(previous + self.sweep(|k, e| select(k, e))?)
+    }
+
+    /// Deletes from `ct_prev` and `ct_new_prev` every flow not adopted yet
+    /// that `select` picks (by its converted entries), both halves (a pair
+    /// only while it leads back), as they are read. Read entry by entry
+    /// (about two system calls each): this runs only during an upgrade's
+    /// first apply, on flushes.
+    fn sweep_previous(&self, select: &impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
+        let mut tables = [self.hash(MAP_CT_PREV)?, self.hash(MAP_CT_NEW_PREV)?];
+        let mut flows = 0;
+        for t in 0..tables.len() {
+            let keys: Vec<Tuple> = tables[t].keys().filter_map(Result::ok).collect();
+            for key in keys {
+                let Ok(half) = tables[t].get(&key, 0) else { continue };
+                let entry = half.adopted();
+                if half.adopted != 0 || !select(&key, &entry) {
+                    continue;
+                }
+                let pair = entry.xlate.reversed();
+                for table in &mut tables {
+                    if table.get(&pair, 0).is_ok_and(|p| p.xlate == key.reversed()) {
+                        let _ = table.remove(&pair);
+                    }
+                }
+                if tables[t].remove(&key).is_ok() {
+                    flows += 1;
+                }
+            }
+        }
+        Ok(flows)
     }
 
     /// `flush_conntrack` over entries already dumped (`entries`, a caller's
@@ -207,7 +263,7 @@ impl Sweeper {
     fn pair(&self, key: &Tuple, entry: &CtEntry, from: Table) -> Option<(Tuple, Table, CtEntry)> {
         let pk = entry.xlate.reversed();
         self.find(&pk, from)
-            .filter(|(_, p)| p.xlate == key.reversed() && p.created_ns == entry.created_ns)
+            .filter(|(_, p)| p.xlate == key.reversed() && p.created_ms == entry.created_ms)
             .map(|(t, p)| (pk, t, p))
     }
 
@@ -220,7 +276,7 @@ impl Sweeper {
             Table::Established => self.established.remove(key).is_ok(),
         };
         if at == Table::New {
-            let same = |now: CtEntry| now.created_ns == read.created_ns && now.xlate == read.xlate;
+            let same = |now: CtEntry| now.created_ms == read.created_ms && now.xlate == read.xlate;
             if self.established.get(key, 0).is_ok_and(same) {
                 removed |= self.established.remove(key).is_ok();
             }
@@ -234,7 +290,7 @@ impl Sweeper {
         let tables: &[Table] =
             if from == Table::New { &[Table::New, Table::Established] } else { &[Table::Established] };
         let at = tables.iter().copied().find(|t| {
-            self.map(*t).get(key, 0).is_ok_and(|now| now.created_ns == read.created_ns && now.xlate == read.xlate)
+            self.map(*t).get(key, 0).is_ok_and(|now| now.created_ms == read.created_ms && now.xlate == read.xlate)
         });
         at.is_some_and(|t| self.remove_checked(key, read, t))
     }

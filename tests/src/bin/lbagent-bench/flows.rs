@@ -471,7 +471,7 @@ fn fill_snat_flows(
         let half = CtEntry {
             xlate,
             last_seen_ns: last_seen,
-            created_ns: last_seen,
+            created_ms: lbagent_common::ct_clock_ms(last_seen),
             snat_rule: id,
             flags: CT_F_SNAT,
             state: CT_ESTABLISHED,
@@ -608,14 +608,14 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     peaks.push(("status ×5, empty tables", step_peak(pid)));
     let (metrics_empty, metrics_bytes) = scrape_times(5)?;
     peaks.push(("metrics ×5, empty tables", step_peak(pid)));
-    // The flows, last seen 45 s ago: past the document's 60 s timeout 15 s
+    // The flows, last seen 30 s ago: past the document's 60 s timeout 30 s
     // after the fill began, so that no pass frees part of them while they
     // are written and scraped, and the first pass after that frees them all.
     // Half the flows DNAT'ed, half SNAT'ed through the gateways' SNAT rules
     // (each pass's port census counts those).
     let tables = lbagent::dataplane::tables::Tables::open(&dirs.bpffs)?;
     let filled = Instant::now();
-    let last_seen = lbagent::dataplane::tables::monotonic_ns().saturating_sub(45_000_000_000);
+    let last_seen = lbagent::dataplane::tables::monotonic_ns().saturating_sub(30_000_000_000);
     super::fill_dnat_flows(&tables, flows / 2, last_seen)?;
     fill_snat_flows(&tables, &first, gws, rules, flows - flows / 2, last_seen)?;
     eprint!(".");
@@ -625,18 +625,36 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
     peaks.push(("status ×3, full tables", step_peak(pid)));
     let (metrics_full, _) = scrape_times(3)?;
     peaks.push(("metrics ×3, full tables", step_peak(pid)));
-    // What the last pass's port census counted (a pass runs every 5 s).
-    let census = dirs.status_by(&lbagent_release_bin()).context("status")?;
-    let counted: u64 = census["snat_ports"]["rules"]
-        .as_array()
-        .map(|r| r.iter().map(|r| r["flows"]["tcp"].as_u64().unwrap_or(0)).sum())
-        .unwrap_or(0);
+    // A whole pass over the full tables, with its port census: the status
+    // shows every SNAT'ed flow counted (a pass runs every 5 s, and takes
+    // seconds over a million flows).
+    let snat_flows = u64::from(flows - flows / 2);
+    let census_counted = |census: &serde_json::Value| -> u64 {
+        census["snat_ports"]["rules"]
+            .as_array()
+            .map(|r| r.iter().map(|r| r["flows"]["tcp"].as_u64().unwrap_or(0)).sum())
+            .unwrap_or(0)
+    };
+    let census = loop {
+        let census = dirs.status_by(&lbagent_release_bin()).context("status")?;
+        if census_counted(&census) >= snat_flows {
+            break census;
+        }
+        anyhow::ensure!(
+            filled.elapsed() < Duration::from_secs(26),
+            "no GC pass counted the {snat_flows} SNAT'ed flows within 26 s of the fill: {}",
+            census_counted(&census)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    peaks.push(("GC passes with the port census over the full tables", step_peak(pid)));
+    let counted = census_counted(&census);
     let (census_rules, census_eips) = (
         census["snat_ports"]["rules"].as_array().map_or(0, Vec::len),
         census["snat_ports"]["eips"].as_array().map_or(0, Vec::len),
     );
     anyhow::ensure!(
-        filled.elapsed() < Duration::from_secs(14),
+        filled.elapsed() < Duration::from_secs(29),
         "the fill and the scrapes took {:?}: a GC pass may have run over a partial table",
         filled.elapsed()
     );
@@ -696,7 +714,7 @@ pub fn daemon_at_scale(quick: bool, out: &mut String) -> Result<()> {
          The release agent (`lbagent run`, as installed) with {gws} NAT gateways of {rules} DNAT and {rules} SNAT \
          rules each ({} rules, {} zones), `--conntrack-max 2097152`; then {flows} flows written into its `ct` \
          (crafted entries, which expire under the document's 60 s TCP timeout, so that a GC pass, on its own \
-         thread, frees them all; they are written last seen 45 s ago, so no pass frees part of them). A change to one gateway's rule is written once that pass has started (the \
+         thread, frees them all; they are written last seen 30 s ago, so no pass frees part of them, and the passes before count them: the port census). A change to one gateway's rule is written once that pass has started (the \
          table shrinks); its apply is timed from the write to its end in the agent's log (the file source \
          waits for the file to stay unchanged for a second, then parses and checks the whole document). Status: `lbagent status \
          --json` through the API socket (a process each time); metrics: one HTTP scrape ({metrics_bytes} bytes). \

@@ -81,7 +81,13 @@ fn fill_new_flows(t: &NatTopology, halves: u32, now: u64) -> Result<()> {
             _pad0: 0,
             zone: super::ZONE,
         };
-        let half = CtEntry { xlate: orig, last_seen_ns: now, created_ns: now, state: CT_NEW, ..Default::default() };
+        let half = CtEntry {
+            xlate: orig,
+            last_seen_ns: now,
+            created_ms: lbagent_common::ct_clock_ms(now),
+            state: CT_NEW,
+            ..Default::default()
+        };
         ct_new.insert(&orig, &half, 0)?;
         let reply = CtEntry { xlate: orig.reversed(), flags: CT_F_REPLY, ..half };
         ct_new.insert(&orig.reversed(), &reply, 0)?;

@@ -822,7 +822,7 @@ pub fn fill_dnat_flows(tables: &Tables, flows: u32, now: u64) -> Result<()> {
         let entry = CtEntry {
             xlate: x,
             last_seen_ns: now,
-            created_ns: now,
+            created_ms: lbagent_common::ct_clock_ms(now),
             flags: CT_F_DNAT,
             state: CT_ESTABLISHED,
             ..Default::default()

@@ -158,21 +158,30 @@ impl Tables {
 
     /// Deletes from `ct_prev` and `ct_new_prev` every flow not adopted yet
     /// that `select` picks (by its converted entries), both halves (a pair
-    /// only while it leads back), as they are read. Read entry by entry
-    /// (about two system calls each): this runs only during an upgrade's
-    /// first apply, on flushes.
+    /// only while it leads back). Each table is read in batches, then its
+    /// picked flows deleted: a flow adopted in between is this layout's,
+    /// and the sweep of this layout's tables that follows finds it.
     fn sweep_previous(&self, select: &impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
         let mut tables = [self.hash(MAP_CT_PREV)?, self.hash(MAP_CT_NEW_PREV)?];
         let mut flows = 0;
-        for t in 0..tables.len() {
-            let keys: Vec<Tuple> = tables[t].keys().filter_map(Result::ok).collect();
-            for key in keys {
-                let Ok(half) = tables[t].get(&key, 0) else { continue };
-                let entry = half.adopted();
-                if half.adopted != 0 || !select(&key, &entry) {
-                    continue;
+        for (t, def) in [MAP_CT_PREV, MAP_CT_NEW_PREV].into_iter().enumerate() {
+            let mut picked = Vec::new();
+            let mut pick = |keys: &[Tuple], halves: &[CtEntryPrev]| {
+                for (key, half) in keys.iter().zip(halves) {
+                    if half.adopted == 0 && select(key, &half.adopted()) {
+                        picked.push((*key, half.xlate.reversed()));
+                    }
                 }
-                let pair = entry.xlate.reversed();
+            };
+            match super::batch::each_chunk(&self.data(def.name)?, &mut pick) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    let (keys, halves): (Vec<_>, Vec<_>) = tables[t].iter().filter_map(Result::ok).unzip();
+                    pick(&keys, &halves);
+                }
+                Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {} in batches", def.name))),
+            }
+            for (key, pair) in picked {
                 for table in &mut tables {
                     if table.get(&pair, 0).is_ok_and(|p| p.xlate == key.reversed()) {
                         let _ = table.remove(&pair);

@@ -26,12 +26,14 @@ macro_rules! pod {
     )*};
 }
 
+pub mod flow_log;
 pub mod maps;
 #[cfg(feature = "user")]
 pub mod pinned;
 pub mod qos;
 pub mod sched;
 
+pub use flow_log::*;
 pub use maps::*;
 #[cfg(feature = "user")]
 pub use pinned::*;

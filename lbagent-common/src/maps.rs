@@ -78,6 +78,7 @@ pub const CT_F_DNAT: u8 = 4; // the flow's destination was translated
 pub const CT_F_FIN: u8 = 8; // a FIN was seen in this entry's direction
 pub const CT_F_SEQ: u8 = 16; // TCP: `seq_end`/`max_win` of this direction are known
 pub const CT_F_LOCAL: u8 = 32; // a connection of the namespace's own (seen at egress)
+pub const CT_F_LOGGED: u8 = 64; // the flow is logged: `flow_acct` counts it (`flow_log`)
 
 /// Conntrack state, the same in both entries of a flow; it only moves
 /// forward (a new SYN on a closing flow replaces the flow).
@@ -534,6 +535,12 @@ counters! {
     IcmpErrorsLocalTranslated = "icmp_errors_local_translated", pass;
     LocalFlows = "local_flows", pass;
     DropAcl = "drop_acl", drop;
+    /// A flow-log record the program could not write: `flow_events` was
+    /// full (the agent reads it too slowly). The packet passes.
+    FlowLogRingFull = "flow_log_ring_full", pass;
+    /// A logged flow without room in `flow_acct`: it gets a start record
+    /// but no counts and no end record.
+    FlowLogAcctFull = "flow_log_acct_full", pass;
 }
 
 #[cfg(feature = "user")]

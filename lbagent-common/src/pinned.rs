@@ -21,6 +21,7 @@ pub enum MapKind {
     LruPerCpuHash,
     LpmTrie,
     HashOfMaps,
+    RingBuf,
 }
 
 impl MapKind {
@@ -34,6 +35,7 @@ impl MapKind {
             MapKind::LruPerCpuHash => 10,
             MapKind::LpmTrie => 11,
             MapKind::HashOfMaps => 13,
+            MapKind::RingBuf => 27,
         }
     }
 }
@@ -158,6 +160,13 @@ pinned_maps! {
     MAP_ZONE_CT_LIMITS: Hash<u32, ZoneCtLimits>[ZONE_CT_MAX] = "zone_ct_limits";
     MAP_ZONE_CT_FLOWS: Hash<u32, ZoneCtFlows>[ZONE_CT_MAX] = "zone_ct_flows";
     MAP_ZONE_CT_REFUSED: Hash<u32, ZoneCtRefused>[ZONE_CT_MAX] = "zone_ct_refused";
+    /// Zone → what its programs log (`FlowLogZone`).
+    MAP_FLOW_LOG_ZONES: Array<u32, FlowLogZone>[FLOW_LOG_ZONES_MAX] = "flow_log_zones";
+    /// Each logged flow's counts, by original tuple and creation time. Not
+    /// preallocated: it costs only while flows are logged.
+    MAP_FLOW_ACCT: Hash<FlowAcctKey, FlowAcct>[CT_MAX; MAP_F_NO_PREALLOC] = "flow_acct";
+    /// Flow start and end records (`FlowEvent`), a ring of bytes.
+    MAP_FLOW_EVENTS: RingBuf<(), FlowEvent>[FLOW_EVENTS_BYTES] = "flow_events";
 }
 
 /// The definition of the map called `name`.

@@ -378,6 +378,10 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
     let changed = state != e.state;
     if changed && state == CT_CLOSING {
         crate::sched::flow_closing(e, &p.tuple);
+        if e.flags & CT_F_LOGGED != 0 {
+            let reason = if flags & TCP_RST != 0 { FLOW_END_RST } else { FLOW_END_FIN };
+            crate::flow_log::closed(&p.tuple, e, reason, now);
+        }
     }
     if changed || refresh {
         e.state = state;
@@ -657,9 +661,19 @@ fn claim(x: &Tuple, reply: &CtEntry, now: u64) -> bool {
     }
 }
 
+/// A flow [`create`] found or made.
+pub struct Created {
+    /// Its translated tuple.
+    pub xlate: Tuple,
+    /// This call created it (another CPU may have created the same flow
+    /// from a packet it took at the same time: then this call uses that
+    /// flow's translation).
+    pub here: bool,
+}
+
 /// Creates both entries of a new flow; returns the final translated tuple.
 #[inline(always)]
-pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
+pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Created, Counter> {
     let orig = p.tuple;
     // The namespace's own connections (health probes) are never refused:
     // a tenant's flood must not mark its backends down.
@@ -719,7 +733,7 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
         remove(Table::New, &x.reversed());
         return match find(&orig) {
             // SAFETY: a map value pointer stays valid for the program run.
-            Some((_, e)) => Ok(unsafe { (*e).xlate }),
+            Some((_, e)) => Ok(Created { xlate: unsafe { (*e).xlate }, here: false }),
             None => Err(Counter::DropConntrackInsert),
         };
     }
@@ -727,5 +741,5 @@ pub fn create(p: &Packet, f: &NewFlow, now: u64) -> Result<Tuple, Counter> {
     if f.least {
         crate::sched::flow_opened(dnat_rule, x.daddr, x.dport);
     }
-    Ok(x)
+    Ok(Created { xlate: x, here: true })
 }

@@ -143,9 +143,9 @@ fn own_connection(ctx: &TcContext, p: &Packet) -> i32 {
                 least: false,
             };
             match conntrack::create(p, &f, now) {
-                Ok(x) => {
+                Ok(c) => {
                     count(Counter::LocalFlows);
-                    x
+                    c.xlate
                 }
                 Err(c) => return verdict(c),
             }

@@ -33,6 +33,7 @@ mod conntrack;
 mod counters;
 mod ct_gc;
 mod egress;
+mod flow_log;
 mod fragment;
 mod hash;
 mod hdr;

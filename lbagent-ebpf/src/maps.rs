@@ -2,7 +2,7 @@
 //! `lbagent_common::maps`; every map is pinned by name.
 
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, HashOfMaps, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, HashOfMaps, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
     macros::btf_map,
 };
 use lbagent_common::*;
@@ -154,3 +154,15 @@ pub static ZONE_CT_FLOWS: HashMap<u32, ZoneCtFlows, { ZONE_CT_MAX as usize }> = 
 /// What each zone's limits refused (program adds).
 #[btf_map(name = "zone_ct_refused", pin_by_name)]
 pub static ZONE_CT_REFUSED: HashMap<u32, ZoneCtRefused, { ZONE_CT_MAX as usize }> = HashMap::new();
+
+/// Which zones log their flows, and how (`flow_log.rs`; agent).
+#[btf_map(name = "flow_log_zones", pin_by_name)]
+pub static FLOW_LOG_ZONES: Array<FlowLogZone, { FLOW_LOG_ZONES_MAX as usize }> = Array::new();
+
+/// Each logged flow's packets and bytes (program adds, agent removes).
+#[btf_map(name = "flow_acct", pin_by_name)]
+pub static FLOW_ACCT: HashMap<FlowAcctKey, FlowAcct, { CT_MAX as usize }, MAP_F_NO_PREALLOC> = HashMap::new();
+
+/// Flow start and end records for the agent (`FlowEvent`).
+#[btf_map(name = "flow_events", pin_by_name)]
+pub static FLOW_EVENTS: RingBuf<FlowEvent, { FLOW_EVENTS_BYTES as usize }> = RingBuf::new();

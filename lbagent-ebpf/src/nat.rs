@@ -6,7 +6,7 @@ use lbagent_common::*;
 use crate::{
     conntrack::{self, Lookup, NewFlow},
     counters::{count, count_flow, count_refused},
-    fragment,
+    flow_log, fragment,
     hdr::ipv4,
     icmp_error::{self, Side},
     parse::{Frag, Packet, Parsed, parse},
@@ -51,6 +51,9 @@ fn flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         Lookup::Hit(e) => {
             count(if e.flags & CT_F_REPLY != 0 { Counter::TranslatedReply } else { Counter::TranslatedOriginal });
             count_flow(e.dnat_rule, e.snat_rule, ctx.len() as u64);
+            if e.flags & CT_F_LOGGED != 0 {
+                flow_log::packet(&p.tuple, &e, ctx.len() as u64, now);
+            }
             apply(ctx, p, &e.xlate, Store::OneStore)
         }
         Lookup::Miss { expired } => {
@@ -117,9 +120,17 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
     if f.flags == 0 {
         return verdict(Counter::PassedUnmatched);
     }
+    let log = flow_log::wanted(t.zone);
+    if log != 0 {
+        f.flags |= CT_F_LOGGED;
+    }
     match conntrack::create(p, &f, now) {
-        Ok(x) => {
+        Ok(c) => {
+            let x = c.xlate;
             count(Counter::NewFlows);
+            if log != 0 && c.here {
+                flow_log::started(log, t, &x, &f, ctx.len() as u64, now);
+            }
             aya_log_ebpf::debug!(
                 ctx,
                 "zone {} new flow proto {} {:i}:{} -> {:i}:{} dnat rule {} snat rule {}",

@@ -5,6 +5,8 @@
 //! - [`cli`]: the `lbagent` commands; `run` starts the [`daemon`];
 //! - [`fleet`]: desired state from etcd, status and liveness written back;
 //! - [`daemon`]: the run loop over a desired-state source, the API, metrics;
+//! - [`flow_log`]: the dataplane's flow records, named and exported (IPFIX,
+//!   JSON Lines);
 //! - [`reconcile`]: plan (pure diff of typed specs) and the one dispatcher
 //!   that applies it through a realizer, persisting progress;
 //! - [`lb`], [`natgw`]: the two products, each plumbing + rules + (LB) the
@@ -24,6 +26,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod files;
 pub mod fleet;
+pub mod flow_log;
 pub mod lb;
 pub mod naming;
 pub mod natgw;

@@ -39,3 +39,14 @@ impl std::fmt::Display for Protocol {
         f.write_str(self.name())
     }
 }
+
+/// Any IP protocol number as shown: `tcp`, `udp`, `icmp`, `any` for 0,
+/// else the number.
+pub fn proto_name(p: u8) -> String {
+    match (p, Protocol::from_number(p)) {
+        (_, Some(known)) => known.name().into(),
+        (0, _) => "any".into(),
+        (lbagent_common::PROTO_ICMP, _) => "icmp".into(),
+        (n, _) => n.to_string(),
+    }
+}

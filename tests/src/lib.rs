@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod bed;
 pub mod cgroup;
+pub mod collector;
 pub mod engine;
 pub mod etcd;
 pub mod fixture;

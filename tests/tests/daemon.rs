@@ -1736,3 +1736,77 @@ nat_gateways:
     let text = env.cli(&["status"]);
     assert!(text.contains("SNAT ports in use: tcp 0, udp 2, icmp 0"), "{text}");
 }
+
+/// Flow logs configured in the state file: the daemon logs a load
+/// balancer's flows to JSON Lines, reports its logger in the status and
+/// the metrics, keeps logging through a refused change, and stops when the
+/// section goes.
+#[test]
+fn flow_logs_follow_the_state_file() {
+    if !root() {
+        return;
+    }
+    let _lock = HostLock::take().unwrap();
+    let bridge = OvsBridge::new(&unique("brf")).unwrap();
+    let client = TestHost::on(|p| bridge.add_port(p), "10.61.0.10", 24, "").unwrap();
+    let backend = TestHost::on(|p| bridge.add_port(p), "10.61.0.21", 24, "").unwrap();
+    line_echo_server(&backend.ns.name, 9000, "b").unwrap();
+    let env = Env::new();
+    let id = lb_id();
+    let plain = lb_state(
+        &bridge.name,
+        &id,
+        61,
+        ["{id: direct, type: tcp, port: 9000, backend_group: g}"],
+        "[{id: b, address: 10.61.0.21, port: 9000}]",
+    );
+    let log = env.path("flows.jsonl");
+    let with_logs = |flow_logs: &str| {
+        plain.replace(
+            &format!("agent: {{integration_bridge: {}}}", bridge.name),
+            &format!("agent: {{integration_bridge: {}, flow_logs: {flow_logs}}}", bridge.name),
+        )
+    };
+    let logging = with_logs(&format!("{{kinds: [listener], jsonl: {{path: {}}}}}", log.display()));
+    std::fs::write(env.state(), &logging).unwrap();
+    let _daemon = env.start();
+    wait(|| env.status().is_some_and(|s| s["flow_logs"]["running"] == true), "the flow logger running");
+    let vip: std::net::SocketAddr = "10.61.0.5:9000".parse().unwrap();
+    let from: std::net::SocketAddr = "10.61.0.10:43100".parse().unwrap();
+    let conn = OpenConn::open_from(&client.ns.name, from, vip).unwrap();
+    assert!(conn.ping("1").unwrap().starts_with("b "));
+    drop(conn);
+    let records = || -> Vec<Value> {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|r| r["sport"] == 43100).collect()
+    };
+    wait(|| records().len() == 2, "the flow's start and end records");
+    let r = records();
+    assert_eq!(
+        (r[0]["event"].as_str(), r[1]["event"].as_str(), r[1]["reason"].as_str()),
+        (Some("start"), Some("end"), Some("fin"))
+    );
+    assert_eq!(r[0]["object"], format!("lb/{id}").as_str());
+    assert_eq!(r[0]["dnat_rule"], format!("lb/{id}/listener/direct").as_str());
+    assert_eq!((r[0]["xlate_dst"].as_str(), r[0]["xlate_dport"].as_u64()), (Some("10.61.0.21"), Some(9000)));
+    wait(|| env.status().is_some_and(|s| s["flow_logs"]["jsonl_written"].as_u64() >= Some(2)), "the records counted");
+    let metrics = env.metrics();
+    assert!(metrics.contains("lbagent_flow_log_running 1"), "{metrics}");
+    assert!(metrics.contains("lbagent_flow_log_dropped_total{kind=\"ring_full\"} 0"), "{metrics}");
+
+    // A bad path is refused by name; the logger keeps running as it was.
+    let revision = env.status().unwrap()["revision_running"].clone();
+    std::fs::write(env.state(), with_logs("{jsonl: {path: flows.jsonl}}")).unwrap();
+    wait(
+        || env.status().is_some_and(|s| s["rejected_state"].to_string().contains("agent.flow_logs.jsonl.path")),
+        "the relative path refused",
+    );
+    let s = env.status().unwrap();
+    assert_eq!((s["revision_running"].clone(), s["flow_logs"]["running"].as_bool()), (revision, Some(true)));
+
+    // The section removed: the logger stops and no zone logs.
+    std::fs::write(env.state(), &plain).unwrap();
+    wait(|| env.status().is_some_and(|s| s["flow_logs"].is_null()), "the flow logger stopped");
+    let out = env.cli(&["maps", "flow_log_zones"]);
+    assert!(!out.contains("logs"), "{out}");
+}

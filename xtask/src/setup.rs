@@ -43,6 +43,11 @@ const PACKAGES: &[(&str, &str)] = &[
     ("openssl", "openssl"),
     // The package test boots systemd as PID 1 in a container.
     ("systemd-nspawn", "systemd-container"),
+    // Flow logs: the IPFIX collector the tests decode records with, and
+    // the reference exporter the bench compares with (ulogd2's NFCT input
+    // and IPFIX output).
+    ("nfcapd", "nfdump"),
+    ("ulogd", "ulogd2"),
 ];
 
 /// Debian packages that provide no binary (a file they install, package).

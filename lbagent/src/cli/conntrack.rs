@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 
 use anyhow::{Result, anyhow};
 use clap::{Args, Subcommand};
-use lbagent_common::{CtEntry, Tuple};
+use lbagent_common::{CtEntry, FLOW_END_FLUSH, Tuple};
 
 use super::{Common, format as fmt};
 use crate::dataplane::tables::Tables;
@@ -88,7 +88,7 @@ pub fn run(action: Action) -> Result<()> {
             println!("collected {} idle flows", crate::dataplane::ct_gc::collect(&bpffs)?)
         }
         Action::Flush { filter, .. } => {
-            let n = tables.flush_conntrack(|k, e| filter.matches(k, e))?;
+            let n = tables.flush_conntrack_for(FLOW_END_FLUSH, |k, e| filter.matches(k, e))?;
             println!("flushed {n} flows");
         }
     }

@@ -11,14 +11,7 @@ use serde::Serialize;
 
 /// A protocol number as shown: tcp/udp by [`Protocol`]'s names, icmp, `any`
 /// (0), or the number.
-pub fn proto_name(p: u8) -> String {
-    match (p, Protocol::from_number(p)) {
-        (_, Some(known)) => known.name().into(),
-        (0, _) => "any".into(),
-        (PROTO_ICMP, _) => "icmp".into(),
-        (n, _) => n.to_string(),
-    }
-}
+pub use crate::proto::proto_name;
 
 pub fn proto_number(s: &str) -> Option<u8> {
     if let Some(p) = Protocol::ALL.into_iter().find(|p| p.name() == s) {
@@ -87,6 +80,9 @@ pub fn ct_flags(f: u8) -> String {
     }
     if f & CT_F_SEQ != 0 {
         v.push("seq");
+    }
+    if f & CT_F_LOGGED != 0 {
+        v.push("logged");
     }
     if f & CT_F_LOCAL != 0 {
         v.push("local");

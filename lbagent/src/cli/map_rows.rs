@@ -44,7 +44,7 @@ type View = fn(&Tables, u64) -> Result<Shown>;
 
 /// Every map `lbagent maps` decodes from the tables (`meta` describes the
 /// pin directory instead: `maps::meta`).
-pub const VIEWS: [(&str, View); 30] = [
+pub const VIEWS: [(&str, View); 33] = [
     (MAP_CT.name, |t, now| rows(sorted_ct(t.conntrack_table(MAP_CT)?).iter().map(|(k, e)| CtRow::new(k, e, now)))),
     (MAP_CT_NEW.name, |t, now| {
         rows(sorted_ct(t.conntrack_table(MAP_CT_NEW)?).iter().map(|(k, e)| CtRow::new(k, e, now)))
@@ -101,6 +101,17 @@ pub const VIEWS: [(&str, View); 30] = [
         let zones = t.zone_ct()?;
         rows(zones.iter().map(|(z, c)| ZoneCtRow::new(*z, c.refused.established, c.refused.new)).filter(ZoneCtRow::set))
     }),
+    (MAP_FLOW_LOG_ZONES.name, |t, _| rows(t.flow_log_zones()?.iter().map(|(z, v)| FlowLogZoneRow::new(*z, v)))),
+    (MAP_FLOW_ACCT.name, |t, now| {
+        let mut out = Vec::new();
+        t.each_flow_acct(|keys, values| {
+            out.extend(keys.iter().zip(values).map(|(k, a)| FlowAcctRow::new(k, a, now)));
+        })?;
+        out.sort_by(|a, b| a.line.cmp(&b.line));
+        rows(out)
+    }),
+    // A ring the logger consumes: records are not kept to be listed.
+    (MAP_FLOW_EVENTS.name, |_, _| single(RingRow { bytes: FLOW_EVENTS_BYTES })),
 ];
 
 fn sorted_ct(mut entries: Vec<(Tuple, CtEntry)>) -> Vec<(Tuple, CtEntry)> {
@@ -741,6 +752,99 @@ impl ZoneCtRow {
 impl Display for ZoneCtRow {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
         write!(f, "zone {:<5} established {:<9} new {}", self.zone, self.established, self.new)
+    }
+}
+
+/// `flow_log_zones`: what a zone logs.
+#[derive(Serialize)]
+struct FlowLogZoneRow {
+    zone: u16,
+    start: bool,
+    end: bool,
+    /// One new flow in `sample`.
+    sample: u32,
+}
+
+impl FlowLogZoneRow {
+    fn new(zone: u16, z: &FlowLogZone) -> Self {
+        FlowLogZoneRow {
+            zone,
+            start: z.flags & FLOW_LOG_START != 0,
+            end: z.flags & FLOW_LOG_END != 0,
+            sample: z.sample.max(1),
+        }
+    }
+}
+
+impl Display for FlowLogZoneRow {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        let what = match (self.start, self.end) {
+            (true, true) => "start and end",
+            (true, false) => "start",
+            (false, true) => "end",
+            (false, false) => "nothing",
+        };
+        write!(f, "zone {:<5} logs {what} records of 1 flow in {}", self.zone, self.sample)
+    }
+}
+
+/// `flow_acct`: a logged flow's counts.
+#[derive(Serialize)]
+struct FlowAcctRow {
+    flow: super::format::TupleJson,
+    xlate: super::format::TupleJson,
+    packets: [u64; 2],
+    bytes: [u64; 2],
+    idle_s: u64,
+    /// The end record already written (`fin`, `rst`) or due (`flush`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ended: Option<&'static str>,
+    #[serde(skip)]
+    line: String,
+}
+
+impl FlowAcctRow {
+    fn new(k: &FlowAcctKey, a: &FlowAcct, now_ns: u64) -> Self {
+        FlowAcctRow {
+            flow: super::format::TupleJson::new(&k.orig),
+            xlate: super::format::TupleJson::new(&a.xlate),
+            packets: a.packets,
+            bytes: a.bytes,
+            idle_s: now_ns.saturating_sub(a.last_ns) / 1_000_000_000,
+            ended: (a.ended != 0).then(|| flow_end_name(a.ended)),
+            line: format!(
+                "zone {:<5} {} => {}",
+                k.orig.zone,
+                super::format::tuple(&k.orig),
+                super::format::tuple(&a.xlate)
+            ),
+        }
+    }
+}
+
+impl Display for FlowAcctRow {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}  packets {}/{} bytes {}/{} idle {}s",
+            self.line, self.packets[0], self.packets[1], self.bytes[0], self.bytes[1], self.idle_s
+        )?;
+        if let Some(e) = self.ended {
+            write!(f, " ended {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `flow_events`: the ring's size.
+#[derive(Serialize)]
+struct RingRow {
+    bytes: u32,
+}
+
+impl Display for RingRow {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "a ring of {} bytes of flow records, consumed by the agent's flow logger", self.bytes)
     }
 }
 

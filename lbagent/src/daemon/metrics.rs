@@ -111,9 +111,42 @@ pub fn render(bpffs: &Path, status: &Status) -> Result<String> {
     );
     gauge(&mut r, "health_probes_in_flight", "Health probes waiting for their answer.", p.in_flight as i64);
     gauge(&mut r, "health_backends_down", "Backends their health checks hold down.", doc.backends_down.len() as i64);
+    flow_logs(&mut r, doc);
     let mut out = String::new();
     encode(&mut out, &r).context("encoding the metrics")?;
     Ok(out)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByLabel {
+    kind: &'static str,
+}
+
+/// The flow logger's records, exports and losses (only while it is
+/// configured).
+fn flow_logs(r: &mut Registry, doc: &super::status::StatusDoc) {
+    let Some(f) = &doc.flow_logs else { return };
+    gauge(r, "flow_log_running", "Whether the flow logger runs (0: the status says why).", f.running as i64);
+    let by = |pairs: &[(&'static str, u64)]| {
+        let family = Family::<ByLabel, Counter<u64>>::default();
+        for (kind, v) in pairs {
+            family.get_or_create(&ByLabel { kind }).inc_by(*v);
+        }
+        family
+    };
+    r.register(
+        "flow_log_records",
+        "Flow records taken for export, by event (start, end).",
+        by(&[("start", f.start_records), ("end", f.end_records)]),
+    );
+    r.register(
+        "flow_log_exported",
+        "Flow records exported, by destination (ipfix: per collector, summed; jsonl).",
+        by(&[("ipfix", f.ipfix_sent), ("jsonl", f.jsonl_written)]),
+    );
+    r.register("flow_log_dropped", "Flow records lost, by reason.", by(&f.dropped.by_name()));
+    counter(r, "flow_log_filtered", "Flow records left out by the rule-kind filter.", f.filtered);
+    gauge(r, "flow_log_logged_flows", "Logged flows alive at the last scan.", f.logged_flows as i64);
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -73,6 +73,8 @@ struct Daemon {
     health_seen: BTreeSet<health::Key>,
     /// Notified after every status change (the source may report it).
     changed: Arc<tokio::sync::Notify>,
+    /// The flow logger (`agent.flow_logs`), configured after every apply.
+    flow_log: crate::flow_log::FlowLogger,
     /// The last conntrack garbage collection pass's thread; it hands back
     /// the collector it loaded, for the next pass.
     gc: Option<std::thread::JoinHandle<Option<Collector>>>,
@@ -285,6 +287,10 @@ impl Daemon {
                 st.document.revision_running = Some(r);
             }
         }
+        let spec = self.last_good.as_ref().and_then(|g| g.flow_log.as_ref());
+        if let Err(e) = self.flow_log.sync(spec, &self.reconciler.alloc) {
+            warn!("flow logs: {e:#}");
+        }
         self.publish();
     }
 }
@@ -456,7 +462,16 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     let changed = Arc::new(tokio::sync::Notify::new());
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let feedback = source::Feedback { status: status.clone(), changed: changed.clone(), stop };
+    let flow_log = {
+        let status = status.clone();
+        let report = move |r: &crate::flow_log::FlowLogStatus| {
+            status.lock().unwrap().document.flow_logs =
+                (r.running || r.problem.is_some() || r.start_records > 0).then(|| r.clone());
+        };
+        crate::flow_log::FlowLogger::new(opts.bpffs.clone(), report)
+    };
     let mut d = Daemon {
+        flow_log,
         opts: opts.clone(),
         reconciler,
         status,

@@ -70,6 +70,9 @@ pub struct StatusDoc {
     /// SNAT port usage, as the last conntrack pass found it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snat_ports: Option<Arc<SnatPorts>>,
+    /// The flow logger (`agent.flow_logs`): its records and what it lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_logs: Option<crate::flow_log::FlowLogStatus>,
 }
 
 /// SNAT port usage: what each EIP's SNAT'ed flows hold, what each SNAT rule

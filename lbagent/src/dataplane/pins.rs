@@ -288,5 +288,6 @@ pub fn map_of<K, V>(def: MapDef<K, V>, data: MapData) -> Map {
         MapKind::LruPerCpuHash => Map::PerCpuLruHashMap(data),
         MapKind::LpmTrie => Map::LpmTrie(data),
         MapKind::HashOfMaps => Map::HashOfMaps(data),
+        MapKind::RingBuf => Map::RingBuf(data),
     }
 }

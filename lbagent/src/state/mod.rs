@@ -1,6 +1,7 @@
 //! The desired state: model, parsing, validation.
 
 pub mod decimal;
+pub mod flow_log;
 pub mod limits;
 pub mod load;
 pub mod model;

@@ -53,6 +53,10 @@ pub struct AgentConfig {
     /// half of `ct` for established flows, no limit on new ones.
     #[serde(default)]
     pub conntrack_limits: ConntrackLimits,
+    /// Flow logs: a record when a flow starts and when it ends, exported
+    /// as IPFIX and/or JSON Lines (docs/flow-logs.md). Absent: none.
+    #[serde(default)]
+    pub flow_logs: Option<FlowLogs>,
 }
 
 impl Default for AgentConfig {
@@ -62,8 +66,62 @@ impl Default for AgentConfig {
             conntrack: ConntrackTimeouts::default(),
             fast_path: true,
             conntrack_limits: ConntrackLimits::default(),
+            flow_logs: None,
         }
     }
+}
+
+/// `agent.flow_logs` as written (validated into `spec::FlowLogSpec`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowLogs {
+    /// `start`, `end` or `both` (the default).
+    #[serde(default)]
+    pub events: Option<String>,
+    /// Objects whose flows are logged (`lb/<id>`, `natgw/<name>`); empty or
+    /// absent: every object.
+    #[serde(default, deserialize_with = "null_is_empty")]
+    pub objects: Vec<String>,
+    /// Rule kinds whose flows are logged (`snat`, `dnat`, `fip`,
+    /// `listener`, `backend`); empty or absent: every kind.
+    #[serde(default, deserialize_with = "null_is_empty")]
+    pub kinds: Vec<String>,
+    /// Log one new flow in `sample` of each object (drawn at random; its
+    /// start and its end); absent or 1: every flow.
+    #[serde(default, deserialize_with = "optional_integer")]
+    pub sample: Option<u32>,
+    /// IPFIX collectors (UDP).
+    #[serde(default, deserialize_with = "null_is_empty")]
+    pub ipfix: Vec<IpfixCollector>,
+    /// A JSON Lines file (or `-`: standard output, for journald).
+    #[serde(default)]
+    pub jsonl: Option<JsonlSink>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IpfixCollector {
+    /// `address:port` (`[v6]:port` for IPv6).
+    pub address: String,
+    /// Seconds between resends of the templates (RFC 7011 over UDP); default 60.
+    #[serde(default, deserialize_with = "optional_integer")]
+    pub template_refresh_s: Option<u32>,
+    /// The observation domain id in every message; default 0.
+    #[serde(default, deserialize_with = "optional_integer")]
+    pub observation_domain: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlSink {
+    /// An absolute file path, or `-` for standard output.
+    pub path: String,
+    /// Rotate when the file reaches this size (bytes); default 100 MiB.
+    #[serde(default, deserialize_with = "optional_integer")]
+    pub max_bytes: Option<u64>,
+    /// Rotated files kept (`<path>.1` newest … `<path>.<keep>`); default 5.
+    #[serde(default, deserialize_with = "optional_integer")]
+    pub keep: Option<u32>,
 }
 
 /// `conntrack_limits`: the most flows one object (one zone) may hold in

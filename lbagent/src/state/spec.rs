@@ -44,6 +44,8 @@ pub struct Desired {
     pub agent: AgentConfig,
     pub lbs: BTreeMap<String, Arc<Lb>>,
     pub gws: BTreeMap<String, Arc<Gw>>,
+    /// `agent.flow_logs`, checked; `None`: no flow logs.
+    pub flow_log: Option<super::flow_log::FlowLogSpec>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

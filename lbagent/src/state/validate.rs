@@ -193,9 +193,16 @@ pub fn check_after(s: &StateFile, earlier: Option<&Desired>) -> (Desired, Vec<Pr
             c.err(format!("qos_policies[{i}].shared"), format!("policy {name:?} is not shared but bound to {n} EIPs"));
         }
     }
+    let flow_log = s.agent.flow_logs.as_ref().and_then(|f| {
+        let objects = s.load_balancers.iter().map(|l| crate::naming::lb_zone_key(&l.id));
+        let objects = objects.chain(s.nat_gateways.iter().map(|g| crate::naming::gw_zone_key(&g.name))).collect();
+        let (spec, problems) = super::flow_log::check(f, &objects);
+        c.problems.extend(problems);
+        spec
+    });
     c.problems.extend(limits::object_limits(s));
     c.problems.extend(limits::host_budget(s));
-    (Desired { agent: s.agent.clone(), lbs, gws }, c.problems)
+    (Desired { agent: s.agent.clone(), lbs, gws, flow_log }, c.problems)
 }
 
 /// A `conntrack_limits` section at `path`: each limit in flows, 0 for none.

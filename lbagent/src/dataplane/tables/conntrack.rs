@@ -149,11 +149,19 @@ impl Tables {
     /// During an upgrade (`ct_adopt`) the previous layout's tables are
     /// swept too: a flow left there would be adopted again by its next
     /// packet.
+    /// Logged flows end with reason `rule_removed` (the agent flushes
+    /// what its rules no longer admit).
     pub fn flush_conntrack(&self, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
+        self.flush_conntrack_for(FLOW_END_RULE_REMOVED, select)
+    }
+
+    /// [`Tables::flush_conntrack`], the logged flows ending with `reason`
+    /// (`FLOW_END_*`).
+    pub fn flush_conntrack_for(&self, reason: u8, select: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
         // The previous tables first: a flow deleted from this layout's
         // tables and still there would be adopted back by its next packet.
         let previous = if self.adopting()? { self.sweep_previous(&select)? } else { 0 };
-        Ok(previous + self.sweep(|k, e| select(k, e))?)
+        Ok(previous + self.sweep(reason, |k, e| select(k, e))?)
     }
 
     /// Deletes from `ct_prev` and `ct_new_prev` every flow not adopted yet
@@ -203,7 +211,7 @@ impl Tables {
         select: impl Fn(&Tuple, &CtEntry) -> bool,
     ) -> Result<usize> {
         let (keys, entries): (Vec<_>, Vec<_>) = entries.iter().copied().unzip();
-        let mut sweeper = Sweeper::new(self)?;
+        let mut sweeper = Sweeper::new(self, FLOW_END_RULE_REMOVED)?;
         // Read from either table: looked for in both (`ct_new` first).
         Ok(sweeper.sweep(Table::New, &keys, &entries, |k, e| select(k, e)))
     }
@@ -211,8 +219,8 @@ impl Tables {
     /// One pass over both tables (`ct_new` first), a batch at a time: each
     /// half that `pick` selects is deleted with its pair. Returns the flows
     /// deleted.
-    fn sweep(&self, pick: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
-        let mut sweeper = Sweeper::new(self)?;
+    fn sweep(&self, reason: u8, pick: impl Fn(&Tuple, &CtEntry) -> bool) -> Result<usize> {
+        let mut sweeper = Sweeper::new(self, reason)?;
         let mut flows = 0;
         for (def, from) in [(MAP_CT_NEW, Table::New), (MAP_CT, Table::Established)] {
             self.each_conntrack(def, |keys, entries| flows += sweeper.sweep(from, keys, entries, &pick))?;
@@ -240,14 +248,21 @@ enum Table {
 /// flow that expired and came back) is another flow, and stays. Each
 /// lookup starts in the table the half was read from, so a flow of `ct`
 /// costs four syscalls: the pair's lookup, the half's check, two deletes.
+/// A logged flow is marked with the sweep's end reason first
+/// (`flow_log::EndMarker`).
 struct Sweeper {
     new: HashMap<MapData, Tuple, CtEntry>,
     established: HashMap<MapData, Tuple, CtEntry>,
+    ending: super::flow_log::EndMarker,
 }
 
 impl Sweeper {
-    fn new(t: &Tables) -> Result<Self> {
-        Ok(Sweeper { new: t.hash(MAP_CT_NEW)?, established: t.hash(MAP_CT)? })
+    fn new(t: &Tables, reason: u8) -> Result<Self> {
+        Ok(Sweeper {
+            new: t.hash(MAP_CT_NEW)?,
+            established: t.hash(MAP_CT)?,
+            ending: super::flow_log::EndMarker::new(t, reason)?,
+        })
     }
 
     fn map(&self, table: Table) -> &HashMap<MapData, Tuple, CtEntry> {
@@ -320,6 +335,7 @@ impl Sweeper {
             if !pick(k, e) {
                 continue;
             }
+            self.ending.ending(k, e);
             let pair = self.pair(k, e, from);
             let mut removed = self.remove_if_same(k, e, from);
             // The pair was looked up just now: deleted where it was found.

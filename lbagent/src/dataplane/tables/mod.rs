@@ -10,6 +10,7 @@ pub mod batch;
 mod conntrack;
 mod counters;
 mod egress_mtu;
+pub mod flow_log;
 mod ports;
 mod proxy_guard;
 mod rules;

@@ -1,0 +1,413 @@
+//! Flow logs: who used which address and port, when (docs/flow-logs.md).
+//!
+//! The programs write a start record when a logged flow is created and an
+//! end record when it closes (FIN both ways, RST) into the ring
+//! `flow_events`, and count each logged flow's packets and bytes in
+//! `flow_acct` (`lbagent-ebpf/src/flow_log.rs`). The logger, a thread of
+//! the daemon, consumes the ring, scans `flow_acct` for flows that ended
+//! otherwise (`ends.rs`), names each record's object and rules
+//! (`record.rs`), filters them by rule kind and exports them: IPFIX to each
+//! collector (`ipfix.rs`), JSON Lines to a file or standard output
+//! (`jsonl.rs`).
+//!
+//! It never holds a packet back: the programs drop a record the ring has no
+//! room for (`flow_log_ring_full`), the logger drops what a collector or
+//! the file does not take, and counts both. Which zones log, and one flow
+//! in how many, is written into `flow_log_zones` at every apply
+//! ([`FlowLogger::sync`]).
+
+pub mod ends;
+pub mod ipfix;
+pub mod jsonl;
+pub mod record;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    os::fd::AsRawFd,
+    path::PathBuf,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant, SystemTime},
+};
+
+use anyhow::Result;
+use lbagent_common::*;
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::{
+    alloc::Allocations,
+    dataplane::tables::{Tables, monotonic_ns},
+    state::flow_log::FlowLogSpec,
+};
+use record::{Clock, FlowRecord};
+
+/// Longest wait for records before the logger looks at its other work.
+const POLL: Duration = Duration::from_millis(100);
+/// Records taken from the ring before they are exported.
+const BATCH: usize = 4096;
+/// Scans of `flow_acct` for ended flows: at least this far apart, and ten
+/// times as far apart as the last one took (a scan costs a lookup per
+/// logged flow: at a million flows about a second of CPU).
+const SCAN_EVERY: Duration = Duration::from_secs(2);
+
+/// Names of zones and rules for the records, from the allocations.
+#[derive(Debug, Default)]
+pub struct Names {
+    pub zones: HashMap<u16, Arc<str>>,
+    pub rules: HashMap<u32, Arc<str>>,
+}
+
+impl Names {
+    pub fn of(alloc: &Allocations) -> Names {
+        Names {
+            zones: alloc.zones.iter().map(|(k, z)| (*z, Arc::from(k.as_str()))).collect(),
+            rules: alloc.rule_ids.iter().map(|(k, id)| (id, k.clone())).collect(),
+        }
+    }
+
+    pub fn rule(&self, id: u32) -> Option<Arc<str>> {
+        if id == 0 { None } else { self.rules.get(&id).cloned() }
+    }
+}
+
+/// The logger in the status document (`lbagent status`, metrics).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FlowLogStatus {
+    pub running: bool,
+    /// Why it does not run, or what fails (a collector's socket, the file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+    pub start_records: u64,
+    pub end_records: u64,
+    /// Records left out by the `kinds` filter.
+    pub filtered: u64,
+    pub ipfix_sent: u64,
+    pub jsonl_written: u64,
+    /// Records lost, by reason.
+    pub dropped: FlowLogDrops,
+    /// Logged flows alive at the last scan.
+    pub logged_flows: u64,
+    /// Unix time (s) of the last scan, and how long it took.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scan: Option<u64>,
+    pub last_scan_ms: u64,
+}
+
+/// Records lost, by reason: the ring was full (the program's count), a
+/// logged flow had no room for its counts (so no end record), a send to a
+/// collector failed, a write to the file failed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FlowLogDrops {
+    pub ring_full: u64,
+    pub acct_full: u64,
+    pub ipfix_send_failed: u64,
+    pub jsonl_write_failed: u64,
+}
+
+impl FlowLogDrops {
+    pub fn by_name(&self) -> [(&'static str, u64); 4] {
+        [
+            ("ring_full", self.ring_full),
+            ("acct_full", self.acct_full),
+            ("ipfix_send_failed", self.ipfix_send_failed),
+            ("jsonl_write_failed", self.jsonl_write_failed),
+        ]
+    }
+}
+
+type Report = Arc<dyn Fn(&FlowLogStatus) + Send + Sync>;
+
+/// The daemon's flow logger: the zones it configured and the thread that
+/// exports.
+pub struct FlowLogger {
+    bpffs: PathBuf,
+    report: Report,
+    names: Arc<Mutex<Arc<Names>>>,
+    /// What `flow_log_zones` holds (read once, then kept equal).
+    zones: Option<BTreeMap<u16, FlowLogZone>>,
+    running: Option<Running>,
+    /// The counts of a thread that stopped carry over to the next.
+    carried: Arc<Mutex<FlowLogStatus>>,
+}
+
+struct Running {
+    spec: FlowLogSpec,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl FlowLogger {
+    pub fn new(bpffs: PathBuf, report: impl Fn(&FlowLogStatus) + Send + Sync + 'static) -> Self {
+        FlowLogger {
+            bpffs,
+            report: Arc::new(report),
+            names: Arc::default(),
+            zones: None,
+            running: None,
+            carried: Arc::default(),
+        }
+    }
+
+    /// After every apply: logs what `spec` asks for (`None`: nothing) of the
+    /// zones in `alloc`. Writes `flow_log_zones` where it differs, and
+    /// (re)starts or stops the thread when the spec changed.
+    pub fn sync(&mut self, spec: Option<&FlowLogSpec>, alloc: &Allocations) -> Result<()> {
+        *self.names.lock().unwrap() = Arc::new(Names::of(alloc));
+        if crate::dataplane::pins::versioned_dir(&self.bpffs).join(MAP_CT.name).exists() {
+            let t = Tables::open(&self.bpffs)?;
+            if t.has_flow_log() {
+                self.write_zones(&t, spec, alloc)?;
+                if spec.is_none_or(|s| !s.end) {
+                    // Counts nobody will write an end record from.
+                    let mut keys = Vec::new();
+                    t.each_flow_acct(|k, _| keys.extend_from_slice(k))?;
+                    t.remove_flow_acct(&keys)?;
+                }
+            }
+        }
+        if self.running.as_ref().map(|r| &r.spec) != spec {
+            self.stop();
+            if let Some(spec) = spec {
+                self.start(spec.clone());
+            } else {
+                (self.report)(&FlowLogStatus::default());
+            }
+        }
+        Ok(())
+    }
+
+    fn write_zones(&mut self, t: &Tables, spec: Option<&FlowLogSpec>, alloc: &Allocations) -> Result<()> {
+        let mut want = BTreeMap::new();
+        if let Some(s) = spec {
+            let flags = (u32::from(s.start) * FLOW_LOG_START) | (u32::from(s.end) * FLOW_LOG_END);
+            for (key, zone) in &alloc.zones {
+                if s.objects.is_empty() || s.objects.contains(key) {
+                    want.insert(*zone, FlowLogZone { flags, sample: s.sample });
+                }
+            }
+        }
+        let have = match self.zones.take() {
+            Some(h) => h,
+            None => t.flow_log_zones()?,
+        };
+        let mut now = have.clone();
+        for (zone, z) in &want {
+            if have.get(zone) != Some(z) {
+                t.set_flow_log_zone(*zone, *z)?;
+                now.insert(*zone, *z);
+            }
+        }
+        for zone in have.keys().filter(|z| !want.contains_key(z)) {
+            t.set_flow_log_zone(*zone, FlowLogZone::default())?;
+            now.remove(zone);
+        }
+        self.zones = Some(now);
+        Ok(())
+    }
+
+    fn start(&mut self, spec: FlowLogSpec) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut logger = Logger {
+            bpffs: self.bpffs.clone(),
+            spec: spec.clone(),
+            names: self.names.clone(),
+            report: self.report.clone(),
+            status: self.carried.clone(),
+            stop: stop.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("flow-log".into())
+            .spawn(move || logger.run())
+            .expect("spawning the flow logger");
+        info!("flow logs: started ({} IPFIX collectors, JSON Lines: {})", spec.ipfix.len(), spec.jsonl.is_some());
+        self.running = Some(Running { spec, stop, thread });
+    }
+
+    /// Stops the thread (the ring keeps what it did not read, for the
+    /// next one).
+    pub fn stop(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.stop.store(true, Ordering::Relaxed);
+            let _ = r.thread.join();
+        }
+    }
+}
+
+impl Drop for FlowLogger {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The thread's state.
+struct Logger {
+    bpffs: PathBuf,
+    spec: FlowLogSpec,
+    names: Arc<Mutex<Arc<Names>>>,
+    report: Report,
+    status: Arc<Mutex<FlowLogStatus>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Logger {
+    fn run(&mut self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            if let Err(e) = self.export_until_stopped() {
+                let why = format!("{e:#}");
+                warn!("flow logs: {why}; retrying in 1 s");
+                let st = {
+                    let mut st = self.status.lock().unwrap();
+                    st.running = false;
+                    st.problem = Some(why);
+                    st.clone()
+                };
+                (self.report)(&st);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        let st = {
+            let mut st = self.status.lock().unwrap();
+            st.running = false;
+            st.clone()
+        };
+        (self.report)(&st);
+    }
+
+    fn export_until_stopped(&mut self) -> Result<()> {
+        let tables = Tables::open(&self.bpffs)?;
+        anyhow::ensure!(tables.has_flow_log(), "the pinned maps have no flow_events (an older layout's pins)");
+        let mut ring = tables.flow_events()?;
+        let mut exporters = Vec::new();
+        for c in &self.spec.ipfix {
+            exporters.push(
+                ipfix::Exporter::new(c.clone()).map_err(|e| anyhow::anyhow!("IPFIX collector {}: {e}", c.collector))?,
+            );
+        }
+        let mut jsonl = self.spec.jsonl.clone().map(jsonl::Writer::new);
+        {
+            let mut st = self.status.lock().unwrap();
+            st.running = true;
+            st.problem = None;
+        }
+        let mut next_scan = Instant::now();
+        let mut reported = Instant::now() - Duration::from_secs(1);
+        let mut events: Vec<FlowEvent> = Vec::with_capacity(BATCH);
+        while !self.stop.load(Ordering::Relaxed) {
+            let mut pfd = libc::pollfd { fd: ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd for the call's duration.
+            unsafe { libc::poll(&mut pfd, 1, POLL.as_millis() as i32) };
+            while events.len() < BATCH {
+                let Some(item) = ring.next() else { break };
+                if item.len() >= std::mem::size_of::<FlowEvent>() {
+                    // SAFETY: the ring holds `FlowEvent`s the programs wrote
+                    // whole (any bytes are a valid `FlowEvent`); read
+                    // unaligned from the ring's memory.
+                    events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<FlowEvent>()) });
+                }
+            }
+            let mut scanned = None;
+            if self.spec.end && Instant::now() >= next_scan {
+                let began = Instant::now();
+                let scan = ends::scan(&tables, monotonic_ns())?;
+                let took = began.elapsed();
+                next_scan = Instant::now() + SCAN_EVERY.max(took * 10);
+                events.extend_from_slice(&scan.ended);
+                scanned = Some((scan.alive, took));
+            }
+            let exported = self.export(&events, &mut exporters, jsonl.as_mut());
+            events.clear();
+            let mut st = self.status.lock().unwrap();
+            st.start_records += exported.starts;
+            st.end_records += exported.ends;
+            st.filtered += exported.filtered;
+            st.ipfix_sent += exported.ipfix_sent;
+            st.dropped.ipfix_send_failed += exported.ipfix_lost;
+            st.jsonl_written += exported.jsonl_written;
+            st.dropped.jsonl_write_failed += exported.jsonl_lost;
+            if let Some((alive, took)) = scanned {
+                st.logged_flows = alive;
+                st.last_scan = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).ok().map(|d| d.as_secs());
+                st.last_scan_ms = took.as_millis() as u64;
+            }
+            if reported.elapsed() >= Duration::from_secs(1) {
+                if let Ok(counters) = tables.counters() {
+                    for (c, v) in counters {
+                        match c {
+                            Counter::FlowLogRingFull => st.dropped.ring_full = v,
+                            Counter::FlowLogAcctFull => st.dropped.acct_full = v,
+                            _ => {}
+                        }
+                    }
+                }
+                (self.report)(&st);
+                reported = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Names, filters and exports `events`.
+    fn export(
+        &self,
+        events: &[FlowEvent],
+        exporters: &mut [ipfix::Exporter],
+        jsonl: Option<&mut jsonl::Writer>,
+    ) -> Exported {
+        let mut out = Exported::default();
+        let names = self.names.lock().unwrap().clone();
+        let clock = Clock::now();
+        let records: Vec<FlowRecord> = events
+            .iter()
+            .map(|e| FlowRecord::of(e, &clock, &names))
+            .filter(|r| {
+                let keep = self.spec.kinds.is_empty() || r.kinds().any(|k| self.spec.kinds.contains(&k));
+                out.filtered += u64::from(!keep);
+                keep
+            })
+            .collect();
+        for r in &records {
+            match r.event {
+                record::Event::Start => out.starts += 1,
+                record::Event::End(_) => out.ends += 1,
+            }
+        }
+        for x in exporters {
+            // Templates go out on time even without records.
+            let (sent, lost) = x.send(&records);
+            out.ipfix_sent += sent;
+            out.ipfix_lost += lost;
+        }
+        if let Some(w) = jsonl
+            && !records.is_empty()
+        {
+            let mut lines = String::with_capacity(records.len() * 400);
+            for r in &records {
+                lines.push_str(&jsonl::line(r));
+                lines.push('\n');
+            }
+            match w.write(&lines) {
+                Ok(()) => out.jsonl_written += records.len() as u64,
+                Err(e) => {
+                    out.jsonl_lost += records.len() as u64;
+                    warn!("flow logs: writing JSON Lines: {e}");
+                }
+            }
+        }
+        out
+    }
+}
+
+#[derive(Default)]
+struct Exported {
+    starts: u64,
+    ends: u64,
+    filtered: u64,
+    ipfix_sent: u64,
+    ipfix_lost: u64,
+    jsonl_written: u64,
+    jsonl_lost: u64,
+}

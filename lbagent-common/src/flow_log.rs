@@ -65,11 +65,21 @@ pub struct FlowAcct {
     /// `CT_F_*` of the original direction.
     pub flags: u8,
     /// 0 while no end record was written; else the `FLOW_END_*` reason the
-    /// program wrote one for (FIN, RST) or the agent deleted the flow for
-    /// (flush, rule removed; its end record follows from the agent).
+    /// program wrote one for (FIN, RST), or the agent deleted the flow for
+    /// (flush, rule removed), or the program closed it for without room in
+    /// the ring (with `FLOW_END_BY_AGENT`): the agent's end record follows.
     pub ended: u8,
     pub _pad0: u16,
     pub _pad1: u32,
+}
+
+/// `flow_log_scratch`, per CPU: a new logged flow's key and counts, built
+/// there before the insert into `flow_acct`. Written by the programs only.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowLogScratch {
+    pub key: FlowAcctKey,
+    pub acct: FlowAcct,
 }
 
 /// `FlowEvent::kind`.
@@ -89,6 +99,11 @@ pub const FLOW_END_RULE_REMOVED: u8 = 5;
 /// Gone while still fresh: the kernel evicted it from the LRU `ct_new`
 /// (or a collision replaced it).
 pub const FLOW_END_EVICTED: u8 = 6;
+
+/// `FlowAcct::ended` bit: the program closed the flow (the reason in the
+/// other bits) but had no room in the ring for its end record; the agent
+/// writes it when the entries go.
+pub const FLOW_END_BY_AGENT: u8 = 0x80;
 
 /// The reason's name in records (`end_reason`).
 pub const fn flow_end_name(reason: u8) -> &'static str {
@@ -183,6 +198,7 @@ const _: () = {
     assert!(core::mem::size_of::<FlowLogZone>() == 8);
     assert!(core::mem::size_of::<FlowAcctKey>() == 16 + 4 + 4);
     assert!(core::mem::size_of::<FlowAcct>() == 16 + 16 + 8 + 8 + 16 + 4 + 4 + 1 + 1 + 2 + 4);
+    assert!(core::mem::size_of::<FlowLogScratch>() == 24 + 80);
     assert!(core::mem::size_of::<FlowEvent>() == 8 + 64 + 16 + 16 + 8 + 12 + 8 + 2 + 6 + 4);
 };
 
@@ -190,5 +206,5 @@ const _: () = {
 mod user {
     use super::*;
 
-    pod!(FlowLogZone, FlowAcctKey, FlowAcct, FlowEvent);
+    pod!(FlowLogZone, FlowAcctKey, FlowAcct, FlowLogScratch, FlowEvent);
 }

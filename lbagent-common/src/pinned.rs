@@ -165,6 +165,8 @@ pinned_maps! {
     /// Each logged flow's counts, by original tuple and creation time. Not
     /// preallocated: it costs only while flows are logged.
     MAP_FLOW_ACCT: Hash<FlowAcctKey, FlowAcct>[CT_MAX; MAP_F_NO_PREALLOC] = "flow_acct";
+    /// Per CPU: where a program builds a new logged flow's counts.
+    MAP_FLOW_LOG_SCRATCH: PerCpuArray<u32, FlowLogScratch>[1] = "flow_log_scratch";
     /// Flow start and end records (`FlowEvent`), a ring of bytes.
     MAP_FLOW_EVENTS: RingBuf<(), FlowEvent>[FLOW_EVENTS_BYTES] = "flow_events";
 }

@@ -378,10 +378,6 @@ pub fn lookup(p: &Packet, now: u64) -> Lookup {
     let changed = state != e.state;
     if changed && state == CT_CLOSING {
         crate::sched::flow_closing(e, &p.tuple);
-        if e.flags & CT_F_LOGGED != 0 {
-            let reason = if flags & TCP_RST != 0 { FLOW_END_RST } else { FLOW_END_FIN };
-            crate::flow_log::closed(&p.tuple, e, reason, now);
-        }
     }
     if changed || refresh {
         e.state = state;

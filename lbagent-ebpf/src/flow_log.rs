@@ -10,14 +10,47 @@
 //! halves of a flow may be handled on two CPUs at once. Only logged flows
 //! (`CT_F_LOGGED`, drawn at creation) pay for the lookup of their counts.
 
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_prandom_u32};
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{__sk_buff, BPF_NOEXIST},
+    helpers::bpf_get_prandom_u32,
+    programs::TcContext,
+};
 use lbagent_common::*;
 
 use crate::{
     conntrack::NewFlow,
     counters::count,
-    maps::{FLOW_ACCT, FLOW_EVENTS, FLOW_LOG_ZONES},
+    hdr::{tcp, udp},
+    maps::{FLOW_ACCT, FLOW_EVENTS, FLOW_LOG_SCRATCH, FLOW_LOG_ZONES},
+    parse::Packet,
 };
+
+/// A packet as flow records count it: (packets, bytes), the bytes of its
+/// IP header and payload (IPFIX's octet counts, not the Ethernet header
+/// the TC hook sees). A GSO packet counts as the segments it leaves as,
+/// each with its own headers (`gso_size`; a TCP or UDP header after the
+/// IP header).
+#[inline(always)]
+pub fn ip_bytes(ctx: &TcContext, p: &Packet) -> (u64, u64) {
+    let bytes = (ctx.len() as u64).saturating_sub(p.l3 as u64);
+    // SAFETY: the context pointer of a TC program is a valid __sk_buff.
+    let gso_size = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).gso_size } as u64;
+    if gso_size == 0 {
+        return (1, bytes);
+    }
+    let l4 = if p.tuple.proto == PROTO_TCP {
+        match ctx.load::<u8>(p.l4 + tcp::DOFF) {
+            Ok(b) => ((b >> 4) as u64) * 4,
+            Err(_) => tcp::MIN_LEN as u64,
+        }
+    } else {
+        udp::LEN as u64
+    };
+    let headers = (p.l4 - p.l3) as u64 + l4;
+    let segs = bytes.saturating_sub(headers).div_ceil(gso_size).max(1);
+    (segs, bytes + (segs - 1) * headers)
+}
 
 /// What a new flow of `zone` logs (`FLOW_LOG_*`; 0: nothing), its sample
 /// drawn.
@@ -41,28 +74,38 @@ fn acct_key(key: &Tuple, e: &CtEntry) -> FlowAcctKey {
     FlowAcctKey { orig, created_ms: e.created_ms, _pad0: 0 }
 }
 
-/// A logged flow was created by `f`: `orig` translated to `xlate`, created
-/// at `now` by a packet of `bytes`. Starts its counts (with
+/// A logged flow was created by `f` from packet `p`: its tuple translated
+/// to `xlate`, created at `now`. Starts its counts (with
 /// `FLOW_LOG_END`) and writes its start record (with `FLOW_LOG_START`).
 #[inline(always)]
-pub fn started(what: u32, orig: &Tuple, xlate: &Tuple, f: &NewFlow, bytes: u64, now: u64) {
-    let (flags, rules) = (f.flags, (f.dnat_rule, f.snat_rule));
+pub fn started(what: u32, xlate: &Tuple, f: &NewFlow, ctx: &TcContext, p: &Packet, now: u64) {
+    let (flags, rules, orig) = (f.flags, (f.dnat_rule, f.snat_rule), &p.tuple);
     if what & FLOW_LOG_END != 0 {
-        let acct = FlowAcct {
-            packets: [1, 0],
-            bytes: [bytes, 0],
-            last_ns: now,
-            start_ns: now,
-            xlate: *xlate,
-            dnat_rule: rules.0,
-            snat_rule: rules.1,
-            flags,
-            ended: 0,
-            _pad0: 0,
-            _pad1: 0,
-        };
-        let key = FlowAcctKey { orig: *orig, created_ms: ct_clock_ms(now), _pad0: 0 };
-        if FLOW_ACCT.insert(&key, &acct, BPF_NOEXIST as u64).is_err() {
+        // Built in this CPU's room, not on the stack: the new-flow path's
+        // frame has no 104 bytes to spare under Linux 5.10's limit.
+        let Some(room) = FLOW_LOG_SCRATCH.get_ptr_mut(0) else { return };
+        let first = ip_bytes(ctx, p);
+        // SAFETY: this CPU's slot of a per-CPU array, valid for the program
+        // run; only this program run touches it.
+        let room = unsafe { &mut *room };
+        room.key.orig = *orig;
+        room.key.created_ms = ct_clock_ms(now);
+        room.key._pad0 = 0;
+        let a = &mut room.acct;
+        a.packets[0] = first.0;
+        a.packets[1] = 0;
+        a.bytes[0] = first.1;
+        a.bytes[1] = 0;
+        a.last_ns = now;
+        a.start_ns = now;
+        a.xlate = *xlate;
+        a.dnat_rule = rules.0;
+        a.snat_rule = rules.1;
+        a.flags = flags;
+        a.ended = 0;
+        a._pad0 = 0;
+        a._pad1 = 0;
+        if FLOW_ACCT.insert(&room.key, &room.acct, BPF_NOEXIST as u64).is_err() {
             count(Counter::FlowLogAcctFull);
         }
     }
@@ -150,28 +193,31 @@ unsafe fn write_v4(to: *mut [u8; 16], a: [u8; 4]) {
     }
 }
 
-/// Counts a packet of `bytes` of a logged flow, hit under `key` (entry `e`).
+/// Counts packet `p` of a logged flow ([`ip_bytes`]), hit under its tuple
+/// (entry `e`).
 #[inline(always)]
-pub fn packet(key: &Tuple, e: &CtEntry, bytes: u64, now: u64) {
-    let k = acct_key(key, e);
+pub fn packet(ctx: &TcContext, p: &Packet, e: &CtEntry, now: u64) {
+    let k = acct_key(&p.tuple, e);
     let Some(a) = FLOW_ACCT.get_ptr_mut(&k) else { return };
+    let (packets, bytes) = ip_bytes(ctx, p);
     let dir = (e.flags & CT_F_REPLY != 0) as usize;
     // SAFETY: a map value pointer stays valid for the program run; the
     // counts are 8-byte aligned u64s added atomically (CPUs share them);
     // `last_ns` is a plain store (a lost update only ages it by a packet).
     unsafe {
-        crate::atomic::add(&raw mut (*a).packets[dir & 1], 1);
+        crate::atomic::add(&raw mut (*a).packets[dir & 1], packets);
         crate::atomic::add(&raw mut (*a).bytes[dir & 1], bytes);
         (*a).last_ns = now;
     }
 }
 
-/// A logged flow closed (FIN both ways, or an RST; `reason`): its end
-/// record, with its counts, and `ended` set so that the agent writes no
-/// second one when the entries go. `key` and `e` are the half the packet
-/// hit.
+/// A logged flow closed (FIN both ways, or an RST: `rst`): its end record,
+/// with its counts (the closing packet's too), and `ended` set so that the
+/// agent writes no second one when the entries go. `key` and `e` are the
+/// half the packet hit.
 #[inline(always)]
-pub fn closed(key: &Tuple, e: &CtEntry, reason: u8, now: u64) {
+pub fn closed(key: &Tuple, e: &CtEntry, rst: bool, now: u64) {
+    let reason = if rst { FLOW_END_RST } else { FLOW_END_FIN };
     let k = acct_key(key, e);
     let Some(a) = FLOW_ACCT.get_ptr_mut(&k) else { return };
     // SAFETY: a map value pointer stays valid for the program run.
@@ -179,11 +225,13 @@ pub fn closed(key: &Tuple, e: &CtEntry, reason: u8, now: u64) {
     if a.ended != 0 {
         return;
     }
-    a.ended = reason;
     let Some(mut slot) = FLOW_EVENTS.reserve(0) else {
+        // The agent writes it, with this reason, when the entries go.
+        a.ended = reason | FLOW_END_BY_AGENT;
         count(Counter::FlowLogRingFull);
         return;
     };
+    a.ended = reason;
     let r = slot.as_mut_ptr();
     // SAFETY: `r` points to a reserved record of the ring, ours until it
     // is submitted; every field is written before the submit.

@@ -166,3 +166,8 @@ pub static FLOW_ACCT: HashMap<FlowAcctKey, FlowAcct, { CT_MAX as usize }, MAP_F_
 /// Flow start and end records for the agent (`FlowEvent`).
 #[btf_map(name = "flow_events", pin_by_name)]
 pub static FLOW_EVENTS: RingBuf<FlowEvent, { FLOW_EVENTS_BYTES as usize }> = RingBuf::new();
+
+/// Per CPU: where a new logged flow's counts are built before their insert
+/// (the new-flow path's stack has no room). Written by the programs only.
+#[btf_map(name = "flow_log_scratch", pin_by_name)]
+pub static FLOW_LOG_SCRATCH: PerCpuArray<FlowLogScratch, 1> = PerCpuArray::new();

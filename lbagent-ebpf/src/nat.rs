@@ -7,7 +7,7 @@ use crate::{
     conntrack::{self, Lookup, NewFlow},
     counters::{count, count_flow, count_refused},
     flow_log, fragment,
-    hdr::ipv4,
+    hdr::{ipv4, tcp},
     icmp_error::{self, Side},
     parse::{Frag, Packet, Parsed, parse},
     qos,
@@ -52,7 +52,13 @@ fn flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
             count(if e.flags & CT_F_REPLY != 0 { Counter::TranslatedReply } else { Counter::TranslatedOriginal });
             count_flow(e.dnat_rule, e.snat_rule, ctx.len() as u64);
             if e.flags & CT_F_LOGGED != 0 {
-                flow_log::packet(&p.tuple, &e, ctx.len() as u64, now);
+                // Counted first: the packet that closes the flow is in its
+                // end record. A FIN or RST of a closing flow: the close, or
+                // a late one (the end record is written once).
+                flow_log::packet(ctx, p, &e, now);
+                if e.state == CT_CLOSING && p.tcp.flags & (tcp::FIN | tcp::RST) != 0 {
+                    flow_log::closed(&p.tuple, &e, p.tcp.flags & tcp::RST != 0, now);
+                }
             }
             apply(ctx, p, &e.xlate, Store::OneStore)
         }
@@ -121,7 +127,9 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
         return verdict(Counter::PassedUnmatched);
     }
     let log = flow_log::wanted(t.zone);
-    if log != 0 {
+    // Only flows with end records carry counts: the others' packets pay
+    // for no lookup.
+    if log & FLOW_LOG_END != 0 {
         f.flags |= CT_F_LOGGED;
     }
     match conntrack::create(p, &f, now) {
@@ -129,7 +137,7 @@ fn new_flow(ctx: &TcContext, p: &Packet, now: u64) -> i32 {
             let x = c.xlate;
             count(Counter::NewFlows);
             if log != 0 && c.here {
-                flow_log::started(log, t, &x, &f, ctx.len() as u64, now);
+                flow_log::started(log, &x, &f, ctx, p, now);
             }
             aya_log_ebpf::debug!(
                 ctx,

@@ -32,11 +32,24 @@ pub fn available() -> bool {
 impl Nfcapd {
     /// Starts a collector on a free loopback UDP port.
     pub fn start() -> Result<Nfcapd> {
+        Self::start_in(None)
+    }
+
+    /// Starts a collector on a loopback UDP port of network namespace `ns`
+    /// (`None`: this process's).
+    pub fn start_in(ns: Option<&str>) -> Result<Nfcapd> {
         let port = UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port();
         let dir = std::env::temp_dir().join(crate::unique("nfcapd"));
         std::fs::create_dir_all(&dir)?;
-        let child = Command::new("nfcapd")
-            .args(["-b", "127.0.0.1", "-p", &port.to_string(), "-t", "3600", "-w"])
+        let in_ns = |cmd: &str| {
+            let mut c = Command::new(if ns.is_some() { "ip" } else { cmd });
+            if let Some(ns) = ns {
+                c.args(["netns", "exec", ns, cmd]);
+            }
+            c
+        };
+        let child = in_ns("nfcapd")
+            .args(["-b", "127.0.0.1", "-p", &port.to_string(), "-t", "3600", "-B", "8388608", "-w"])
             .arg(&dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -46,7 +59,7 @@ impl Nfcapd {
         let c = Nfcapd { addr, dir, child: Some(child) };
         crate::wait_for(
             || {
-                let out = Command::new("ss").args(["-Hlun", &format!("sport = :{port}")]).output();
+                let out = in_ns("ss").args(["-Hlun", &format!("sport = :{port}")]).output();
                 out.is_ok_and(|o| !o.stdout.is_empty())
             },
             "nfcapd listening",

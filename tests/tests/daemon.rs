@@ -69,6 +69,7 @@ impl Env {
     fn spawn_daemon(&self) -> Daemon {
         let args = ["--state", self.state().to_str().unwrap(), "--repair-interval", "2"]
             .into_iter()
+            .chain(["--flow-log-dir", self.dir.to_str().unwrap()])
             .chain(["--metrics", &format!("127.0.0.1:{}", self.metrics_port)])
             .map(String::from)
             .collect::<Vec<_>>();
@@ -1761,13 +1762,14 @@ fn flow_logs_follow_the_state_file() {
         "[{id: b, address: 10.61.0.21, port: 9000}]",
     );
     let log = env.path("flows.jsonl");
+    assert_eq!(log.parent(), Some(env.dir.as_path()), "written in --flow-log-dir");
     let with_logs = |flow_logs: &str| {
         plain.replace(
             &format!("agent: {{integration_bridge: {}}}", bridge.name),
             &format!("agent: {{integration_bridge: {}, flow_logs: {flow_logs}}}", bridge.name),
         )
     };
-    let logging = with_logs(&format!("{{kinds: [listener], jsonl: {{path: {}}}}}", log.display()));
+    let logging = with_logs("{kinds: [listener], jsonl: {file: flows.jsonl}}");
     std::fs::write(env.state(), &logging).unwrap();
     let _daemon = env.start();
     wait(|| env.status().is_some_and(|s| s["flow_logs"]["running"] == true), "the flow logger running");
@@ -1778,7 +1780,8 @@ fn flow_logs_follow_the_state_file() {
     drop(conn);
     let records = || -> Vec<Value> {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        text.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|r| r["sport"] == 43100).collect()
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        whole.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()).filter(|r| r["sport"] == 43100).collect()
     };
     wait(|| records().len() == 2, "the flow's start and end records");
     let r = records();
@@ -1790,19 +1793,28 @@ fn flow_logs_follow_the_state_file() {
     assert_eq!(r[0]["dnat_rule"], format!("lb/{id}/listener/direct").as_str());
     assert_eq!((r[0]["xlate_dst"].as_str(), r[0]["xlate_dport"].as_u64()), (Some("10.61.0.21"), Some(9000)));
     wait(|| env.status().is_some_and(|s| s["flow_logs"]["jsonl_written"].as_u64() >= Some(2)), "the records counted");
+    let text = env.cli(&["status"]);
+    assert!(text.contains("flow logs: running; records: start 1 end 1"), "{text}");
     let metrics = env.metrics();
     assert!(metrics.contains("lbagent_flow_log_running 1"), "{metrics}");
     assert!(metrics.contains("lbagent_flow_log_dropped_total{kind=\"ring_full\"} 0"), "{metrics}");
 
-    // A bad path is refused by name; the logger keeps running as it was.
+    // A path instead of a file name is refused by name; the logger keeps
+    // running as it was, and keeps logging.
     let revision = env.status().unwrap()["revision_running"].clone();
-    std::fs::write(env.state(), with_logs("{jsonl: {path: flows.jsonl}}")).unwrap();
+    std::fs::write(env.state(), with_logs("{jsonl: {file: ../../etc/shadow}}")).unwrap();
     wait(
-        || env.status().is_some_and(|s| s["rejected_state"].to_string().contains("agent.flow_logs.jsonl.path")),
-        "the relative path refused",
+        || env.status().is_some_and(|s| s["rejected_state"].to_string().contains("agent.flow_logs.jsonl.file")),
+        "the path refused",
     );
     let s = env.status().unwrap();
     assert_eq!((s["revision_running"].clone(), s["flow_logs"]["running"].as_bool()), (revision, Some(true)));
+    let from2: std::net::SocketAddr = "10.61.0.10:43101".parse().unwrap();
+    drop(OpenConn::open_from(&client.ns.name, from2, vip).unwrap());
+    wait(
+        || std::fs::read_to_string(&log).unwrap_or_default().contains("\"sport\":43101"),
+        "records of a flow after the refusal",
+    );
 
     // The section removed: the logger stops and no zone logs.
     std::fs::write(env.state(), &plain).unwrap();

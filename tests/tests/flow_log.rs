@@ -6,7 +6,7 @@
 use std::{
     collections::BTreeSet,
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -18,7 +18,10 @@ use lbagent::{
 use lbagent_common::*;
 use lbagent_tests::{
     collector::{self, Nfcapd},
+    engine::TestZone,
+    fixture::{CLIENT, VIP, ZONE, engine, tcp},
     gateway::{GwBed, INTERNET_IP as INTERNET},
+    packet::{ACK, FIN, Ip, RST, SYN, frame},
     require_root,
     traffic::*,
     unique, wait_for,
@@ -51,7 +54,7 @@ fn bed() -> Option<GwBed> {
     Some(b)
 }
 
-fn spec(ipfix: Vec<IpfixSpec>, jsonl: Option<&Path>) -> FlowLogSpec {
+fn spec(ipfix: Vec<IpfixSpec>, jsonl: bool) -> FlowLogSpec {
     FlowLogSpec {
         start: true,
         end: true,
@@ -59,27 +62,34 @@ fn spec(ipfix: Vec<IpfixSpec>, jsonl: Option<&Path>) -> FlowLogSpec {
         kinds: BTreeSet::new(),
         sample: 1,
         ipfix,
-        jsonl: jsonl.map(|p| JsonlSpec::File { path: p.to_path_buf(), max_bytes: 1 << 20, keep: 2 }),
+        jsonl: jsonl.then(|| JsonlSpec::File { name: "flows.jsonl".into(), max_bytes: 1 << 20, keep: 2 }),
     }
 }
 
-/// A JSON Lines file in a directory of its own, removed on drop.
+/// The flow-log directory of a test, its JSON Lines file `flows.jsonl`;
+/// removed on drop.
 struct LogFile(PathBuf);
 
 impl LogFile {
     fn new() -> LogFile {
-        LogFile(std::env::temp_dir().join(unique("flowlog")).join("flows.jsonl"))
+        LogFile(std::env::temp_dir().join(unique("flowlog")))
     }
 
+    fn dir(&self) -> PathBuf {
+        self.0.clone()
+    }
+
+    /// Every whole line (one being written is left for the next read).
     fn lines(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(&self.0).unwrap_or_default();
-        text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
+        let text = std::fs::read_to_string(self.0.join("flows.jsonl")).unwrap_or_default();
+        let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+        whole.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect()
     }
 }
 
 impl Drop for LogFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -114,8 +124,8 @@ fn nat_flows_are_logged_as_ipfix_and_json_lines_with_every_end_reason() {
         IpfixSpec { collector: nfcapd.addr, template_refresh: Duration::from_secs(1), observation_domain: 7 };
     let status = Arc::new(Mutex::new(FlowLogStatus::default()));
     let seen = status.clone();
-    let mut logger = FlowLogger::new(bpffs.clone(), move |s| *seen.lock().unwrap() = s.clone());
-    logger.sync(Some(&spec(vec![collector], Some(&log.0))), &b.bed.reconciler.alloc).unwrap();
+    let mut logger = FlowLogger::new(bpffs.clone(), log.dir(), move |s| *seen.lock().unwrap() = s.clone());
+    logger.sync(Some(&spec(vec![collector], true)), &b.bed.reconciler.alloc).unwrap();
     let zone = b.zone();
     assert_eq!(t.flow_log_zones().unwrap().get(&zone), Some(&FlowLogZone { flags: 3, sample: 1 }));
     let (vpc1, inet) = (b.vpc[1].ns.name.clone(), b.internet.ns.name.clone());
@@ -187,7 +197,8 @@ fn nat_flows_are_logged_as_ipfix_and_json_lines_with_every_end_reason() {
     assert_eq!(st.ipfix_sent, st.jsonl_written, "{st:?}");
     assert_eq!(st.dropped, Default::default(), "{st:?}");
     for l in lines.iter().filter(|l| [41001, 41002, 41003, 41004].contains(&l["sport"].as_u64().unwrap())) {
-        let event = if l["event"] == "start" { "1" } else { "2" };
+        // RFC 8158's NAT44 session create and delete.
+        let event = if l["event"] == "start" { "4" } else { "5" };
         let found = decoded.iter().find(|d| {
             d["src_port"].as_u64() == l["sport"].as_u64()
                 && d["src4_addr"] == l["src"]
@@ -209,11 +220,12 @@ fn nat_flows_are_logged_as_ipfix_and_json_lines_with_every_end_reason() {
     // Counts are left only for flows still in the tables (closed ones
     // wait out their closing timeout there).
     let mut left = Vec::new();
-    t.each_flow_acct(|k, _| left.extend_from_slice(k)).unwrap();
-    for k in &left {
-        assert!(t.flow_alive(k).unwrap(), "counts of a flow gone are left: {k:?}");
+    t.each_flow_acct(|k, v| left.extend(k.iter().zip(v).map(|(k, v)| (*k, v.xlate)))).unwrap();
+    let alive = t.alive_checker().unwrap();
+    for (k, xlate) in &left {
+        assert!(alive.alive(k, xlate), "counts of a flow gone are left: {k:?}");
     }
-    assert!(left.iter().all(|k| k.orig.sport != 41002), "the UDP flow's counts went with its end record");
+    assert!(left.iter().all(|(k, _)| k.orig.sport != 41002), "the UDP flow's counts went with its end record");
 }
 
 #[test]
@@ -222,11 +234,11 @@ fn filters_sampling_and_turning_off() {
     let bpffs = b.bed.reconciler.realizer.engine.bpffs.clone();
     let t = b.bed.reconciler.realizer.engine.tables().unwrap();
     let log = LogFile::new();
-    let mut logger = FlowLogger::new(bpffs.clone(), |_| {});
+    let mut logger = FlowLogger::new(bpffs.clone(), log.dir(), |_| {});
     let vpc1 = b.vpc[1].ns.name.clone();
     let inet = b.internet.ns.name.clone();
     // Only FIP flows, only their end: SNAT flows are left out.
-    let mut only_fip = spec(vec![], Some(&log.0));
+    let mut only_fip = spec(vec![], true);
     only_fip.kinds = [RuleKind::Fip].into_iter().collect();
     only_fip.start = false;
     logger.sync(Some(&only_fip), &b.bed.reconciler.alloc).unwrap();
@@ -241,12 +253,12 @@ fn filters_sampling_and_turning_off() {
     assert!(of(&lines, 42001).is_empty(), "a SNAT flow passed the fip filter: {lines:?}");
     assert_eq!(of(&lines, 42002).len(), 1, "end only: {lines:?}");
     // Another object only: this gateway's zone logs nothing.
-    let mut other = spec(vec![], Some(&log.0));
+    let mut other = spec(vec![], true);
     other.objects = ["natgw/another".to_string()].into_iter().collect();
     logger.sync(Some(&other), &b.bed.reconciler.alloc).unwrap();
     assert_eq!(t.flow_log_zones().unwrap().get(&b.zone()), None);
     // One flow in 1 000 000: of 20 new flows, none logged (sampled out).
-    let mut sampled = spec(vec![], Some(&log.0));
+    let mut sampled = spec(vec![], true);
     sampled.sample = 1_000_000;
     logger.sync(Some(&sampled), &b.bed.reconciler.alloc).unwrap();
     for p in 43000..43020 {
@@ -263,4 +275,89 @@ fn filters_sampling_and_turning_off() {
         .into_iter()
         .filter(|(k, e)| (43000..43020).contains(&k.sport) && e.flags & CT_F_LOGGED != 0);
     assert_eq!(sampled_in.count(), 0, "flows of one in a million marked logged");
+}
+
+/// Every record the ring holds now.
+fn drain(ring: &mut aya::maps::RingBuf<aya::maps::MapData>) -> Vec<FlowEvent> {
+    let mut out = Vec::new();
+    while let Some(item) = ring.next() {
+        assert_eq!(item.len(), std::mem::size_of::<FlowEvent>());
+        // SAFETY: the program writes whole `FlowEvent`s (plain integers).
+        out.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<FlowEvent>()) });
+    }
+    out
+}
+
+/// Runs `l4` from `src` to `dst`; the bytes its IP packet counts.
+fn send(e: &mut TestZone, src: [u8; 4], dst: [u8; 4], l4: lbagent_tests::packet::L4) -> u64 {
+    let f = frame(&Ip::new(src, dst), &l4);
+    e.run(&f).unwrap();
+    f.len() as u64 - 14
+}
+
+/// The program's own records on crafted packets (no collector; this test
+/// runs on Linux 5.10 in the VM tier): nothing while the zone does not log;
+/// a start record with the translation; counts per direction in IP bytes;
+/// an end record at FIN both ways and at an RST, with the counts; a sampled
+/// zone that logs nothing.
+#[test]
+fn the_program_writes_start_and_close_records_with_counts_both_ways() {
+    let Some(mut e) = engine() else { return };
+    let mut ring = e.tables.flow_events().unwrap();
+    send(&mut e, CLIENT, VIP, tcp(SYN, 40000, 80, b""));
+    assert!(drain(&mut ring).is_empty(), "a zone that does not log writes nothing");
+    e.tables.set_flow_log_zone(ZONE, FlowLogZone { flags: FLOW_LOG_START | FLOW_LOG_END, sample: 1 }).unwrap();
+
+    let mut sent = [0u64; 2];
+    let mut packets = [0u64; 2];
+    sent[0] += send(&mut e, CLIENT, VIP, tcp(SYN, 40001, 80, b""));
+    packets[0] += 1;
+    let start = drain(&mut ring);
+    assert_eq!(start.len(), 1, "{start:?}");
+    let s = start[0];
+    assert_eq!((s.kind, s.family, s.proto, s.zone), (FLOW_EVENT_START, 4, PROTO_TCP, ZONE));
+    assert_eq!((v4_of(&s.orig_saddr), s.orig_sport, v4_of(&s.orig_daddr), s.orig_dport), (CLIENT, 40001, VIP, 80));
+    assert_eq!((v4_of(&s.xlate_daddr), s.xlate_dport, s.dnat_rule), (lbagent_tests::fixture::SERVER, 8080, 1));
+    assert_eq!(s.orig_saddr[..12], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff], "IPv4-mapped");
+    assert_ne!(s.flags & CT_F_LOGGED, 0);
+    // The reply goes to the translated source (the engine may SNAT too).
+    let (xs, xp) = (v4_of(&s.xlate_saddr), s.xlate_sport);
+    let server = v4_of(&s.xlate_daddr);
+    sent[1] += send(&mut e, server, xs, tcp(SYN | ACK, 8080, xp, b""));
+    sent[0] += send(&mut e, CLIENT, VIP, tcp(ACK, 40001, 80, b""));
+    sent[0] += send(&mut e, CLIENT, VIP, tcp(ACK, 40001, 80, b"hello, flow logs"));
+    sent[1] += send(&mut e, server, xs, tcp(ACK, 8080, xp, b"hi"));
+    sent[0] += send(&mut e, CLIENT, VIP, tcp(FIN | ACK, 40001, 80, b""));
+    packets = [packets[0] + 3, 2];
+    assert!(drain(&mut ring).is_empty(), "no record before the close");
+    sent[1] += send(&mut e, server, xs, tcp(FIN | ACK, 8080, xp, b""));
+    packets[1] += 1;
+    let end = drain(&mut ring);
+    assert_eq!(end.len(), 1, "{end:?}");
+    let end = end[0];
+    assert_eq!((end.kind, end.reason, end.created_ms), (FLOW_EVENT_END, FLOW_END_FIN, s.created_ms));
+    assert_eq!((end.packets, end.bytes), (packets, sent), "counts both ways, in IP bytes");
+    assert_eq!((end.start_ns, v4_of(&end.xlate_saddr), end.xlate_sport), (s.time_ns, xs, xp));
+    assert!(end.time_ns >= s.time_ns);
+    // A late ACK of the closed flow writes nothing more.
+    send(&mut e, CLIENT, VIP, tcp(ACK, 40001, 80, b""));
+    assert!(drain(&mut ring).is_empty());
+
+    // An RST ends a flow too.
+    send(&mut e, CLIENT, VIP, tcp(SYN, 40002, 80, b""));
+    let s = drain(&mut ring)[0];
+    send(&mut e, v4_of(&s.xlate_daddr), v4_of(&s.xlate_saddr), tcp(RST | ACK, 8080, s.xlate_sport, b""));
+    let end = drain(&mut ring);
+    assert_eq!((end.len(), end[0].reason, end[0].packets), (1, FLOW_END_RST, [1, 1]), "{end:?}");
+    let mut ended = Vec::new();
+    e.tables.each_flow_acct(|k, v| ended.extend(k.iter().zip(v).map(|(k, v)| (k.orig.sport, v.ended)))).unwrap();
+    ended.sort();
+    assert_eq!(ended, [(40001, FLOW_END_FIN), (40002, FLOW_END_RST)], "counts kept until the entries go");
+
+    // One flow in a million: 50 new flows, none logged.
+    e.tables.set_flow_log_zone(ZONE, FlowLogZone { flags: FLOW_LOG_START | FLOW_LOG_END, sample: 1_000_000 }).unwrap();
+    for p in 0..50 {
+        send(&mut e, CLIENT, VIP, tcp(SYN, 41000 + p, 80, b""));
+    }
+    assert!(drain(&mut ring).is_empty());
 }

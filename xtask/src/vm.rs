@@ -48,6 +48,8 @@ const SMOKE: &[(&str, &[&str])] = &[
     ("daemon", &["kill_9_and_restart_keep_established_connections"]),
     // The garbage collector is a program of its own, verified when run.
     ("conntrack", &["garbage_collection_frees_idle_flows_only"]),
+    // The ring buffer and the flow-log records on the oldest kernel.
+    ("flow_log", &["the_program_writes_start_and_close_records_with_counts_both_ways"]),
 ];
 
 const FULL_EXTRA: &[(&str, &[&str])] = &[

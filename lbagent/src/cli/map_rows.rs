@@ -44,7 +44,7 @@ type View = fn(&Tables, u64) -> Result<Shown>;
 
 /// Every map `lbagent maps` decodes from the tables (`meta` describes the
 /// pin directory instead: `maps::meta`).
-pub const VIEWS: [(&str, View); 33] = [
+pub const VIEWS: [(&str, View); 34] = [
     (MAP_CT.name, |t, now| rows(sorted_ct(t.conntrack_table(MAP_CT)?).iter().map(|(k, e)| CtRow::new(k, e, now)))),
     (MAP_CT_NEW.name, |t, now| {
         rows(sorted_ct(t.conntrack_table(MAP_CT_NEW)?).iter().map(|(k, e)| CtRow::new(k, e, now)))
@@ -110,6 +110,10 @@ pub const VIEWS: [(&str, View); 33] = [
         out.sort_by(|a, b| a.line.cmp(&b.line));
         rows(out)
     }),
+    (MAP_FLOW_LOG_SCRATCH.name, |t, _| {
+        t.per_cpu_array(MAP_FLOW_LOG_SCRATCH)?;
+        single(ScratchRow { cpus: crate::dataplane::tables::possible_cpus()? })
+    }),
     // A ring the logger consumes: records are not kept to be listed.
     (MAP_FLOW_EVENTS.name, |_, _| single(RingRow { bytes: FLOW_EVENTS_BYTES })),
 ];
@@ -155,7 +159,8 @@ impl Display for AdoptRow {
     }
 }
 
-/// `ct_adopt_scratch`: per-CPU room the programs convert entries in.
+/// `ct_adopt_scratch`, `flow_log_scratch`: per-CPU room the programs
+/// build values in.
 #[derive(Serialize)]
 struct ScratchRow {
     cpus: usize,
@@ -163,7 +168,7 @@ struct ScratchRow {
 
 impl Display for ScratchRow {
     fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
-        write!(f, "the programs' room to convert adopted entries, one per CPU ({} CPUs)", self.cpus)
+        write!(f, "the programs' room to build entries in, one per CPU ({} CPUs)", self.cpus)
     }
 }
 

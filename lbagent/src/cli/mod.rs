@@ -80,6 +80,10 @@ pub enum Command {
         /// Seconds between repair passes that re-ensure every object.
         #[arg(long, default_value_t = 11)]
         repair_interval: u64,
+        /// The directory flow logs' JSON Lines files are written in
+        /// (`agent.flow_logs.jsonl.file` names a file there; created 0750).
+        #[arg(long, default_value = crate::flow_log::DEFAULT_DIR)]
+        flow_log_dir: PathBuf,
         /// eBPF-side logs (off, error, warn, info, debug, trace), shown under
         /// the `lbagent_ebpf` target; `off` costs nothing per packet.
         #[arg(long, default_value = "off")]
@@ -128,8 +132,8 @@ pub enum Command {
     },
     /// Decode the pinned maps (works without the daemon).
     Maps {
-        /// Only this map (ct, ct_new, frags, dnat_rules, dnat_backends, snat_rules, acl_rules, nat_config,
-        /// counters, rule_stats, meta).
+        /// Only this map: any pinned map's name (docs/architecture.md, *Maps*; an unknown name is
+        /// answered with the list).
         name: Option<String>,
         #[arg(long)]
         json: bool,
@@ -175,6 +179,7 @@ pub fn main() -> Result<()> {
             attach,
             metrics,
             repair_interval,
+            flow_log_dir,
             conntrack_max,
             conntrack_new_max,
             max_removal,
@@ -207,6 +212,7 @@ pub fn main() -> Result<()> {
                 conntrack_max,
                 conntrack_new_max,
                 max_removal_percent: max_removal,
+                flow_log_dir,
             };
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

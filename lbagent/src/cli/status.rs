@@ -140,6 +140,26 @@ pub fn render(doc: &StatusDoc) -> String {
         }
     }
 
+    if let Some(f) = &doc.flow_logs {
+        let dropped: Vec<String> =
+            f.dropped.by_name().iter().filter(|(_, n)| *n > 0).map(|(k, n)| format!("{k} {n}")).collect();
+        out += &format!(
+            "flow logs: {}; records: start {} end {}, filtered {}; exported: ipfix {} jsonl {}; dropped: {}; logged flows {}\n",
+            if f.running {
+                "running".to_string()
+            } else {
+                format!("NOT running ({})", f.problem.as_deref().unwrap_or("stopped"))
+            },
+            f.start_records,
+            f.end_records,
+            f.filtered,
+            f.ipfix_sent,
+            f.jsonl_written,
+            if dropped.is_empty() { "none".to_string() } else { dropped.join(", ") },
+            f.logged_flows
+        );
+    }
+
     let no_stats = Default::default();
     let rule_stats = doc.rule_stats.as_ref().unwrap_or(&no_stats);
     for lb in &doc.load_balancers {

@@ -53,6 +53,8 @@ pub struct Options {
     /// The largest share (percent) of the running objects one document may
     /// remove without `allow_mass_removal` (`guard.rs`; 100: no guard).
     pub max_removal_percent: u8,
+    /// Where flow logs' JSON Lines files go (`--flow-log-dir`).
+    pub flow_log_dir: PathBuf,
 }
 
 struct Daemon {
@@ -468,7 +470,7 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
             status.lock().unwrap().document.flow_logs =
                 (r.running || r.problem.is_some() || r.start_records > 0).then(|| r.clone());
         };
-        crate::flow_log::FlowLogger::new(opts.bpffs.clone(), report)
+        crate::flow_log::FlowLogger::new(opts.bpffs.clone(), opts.flow_log_dir.clone(), report)
     };
     let mut d = Daemon {
         flow_log,

@@ -340,9 +340,14 @@ fn load_from(dir: &Path, zone: u16, sizes: CtSizes, log_level: u8) -> Result<Ebp
     for (name, size, _) in sizes.tables() {
         loader.map_max_entries(name, size);
     }
+    // Every flow both tables hold may be logged, with its counts in
+    // `flow_acct` (not preallocated: the size costs only its buckets).
+    loader.map_max_entries(lbagent_common::MAP_FLOW_ACCT.name, (sizes.established + sizes.new) / 2);
     // The previous layout's tables, pinned by an upgrade at their own size
-    // (`migrate`), are reused as they are.
-    for name in [lbagent_common::MAP_CT_PREV.name, lbagent_common::MAP_CT_NEW_PREV.name] {
+    // (`migrate`), and a pinned `flow_acct` are reused as they are.
+    for name in
+        [lbagent_common::MAP_CT_PREV.name, lbagent_common::MAP_CT_NEW_PREV.name, lbagent_common::MAP_FLOW_ACCT.name]
+    {
         if let Ok(info) = aya::maps::MapData::from_pin(dir.join(name)).and_then(|m| m.info()) {
             loader.map_max_entries(name, info.max_entries());
         }

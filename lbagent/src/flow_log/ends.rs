@@ -20,11 +20,12 @@ pub struct Scan {
     pub alive: u64,
 }
 
-/// The reason a gone flow ended: the agent's mark, else a timeout when it
+/// The reason a gone flow ended: the mark (the agent's deletion, or a
+/// close the program had no room in the ring for), else a timeout when it
 /// was idle at least its shortest timeout, else an eviction.
 fn reason(a: &FlowAcct, proto: u8, cfg: &NatConfig, now_ns: u64) -> u8 {
     if a.ended != 0 {
-        return a.ended;
+        return a.ended & !FLOW_END_BY_AGENT;
     }
     let shortest = cfg.timeout_s(proto, CT_NEW).min(cfg.timeout_s(proto, CT_ESTABLISHED));
     if now_ns.saturating_sub(a.last_ns) >= u64::from(shortest) * 1_000_000_000 {
@@ -37,15 +38,16 @@ fn reason(a: &FlowAcct, proto: u8, cfg: &NatConfig, now_ns: u64) -> u8 {
 /// One scan of `flow_acct` at `now_ns` (monotonic).
 pub fn scan(t: &Tables, now_ns: u64) -> Result<Scan> {
     let cfg = t.config()?;
+    let alive = t.alive_checker()?;
     let mut out = Scan::default();
     let mut gone = Vec::new();
-    let mut failed = None;
     t.each_flow_acct(|keys, values| {
         for (k, a) in keys.iter().zip(values) {
-            match t.flow_alive(k) {
-                Ok(true) => out.alive += 1,
-                Ok(false) => {
+            match alive.alive(k, &a.xlate) {
+                true => out.alive += 1,
+                false => {
                     gone.push(*k);
+                    // The program wrote its end record.
                     if matches!(a.ended, FLOW_END_FIN | FLOW_END_RST) {
                         continue;
                     }
@@ -61,15 +63,9 @@ pub fn scan(t: &Tables, now_ns: u64) -> Result<Scan> {
                     e.reason = why;
                     out.ended.push(e);
                 }
-                Err(err) => {
-                    failed.get_or_insert(err);
-                }
             }
         }
     })?;
-    if let Some(e) = failed {
-        return Err(e);
-    }
     t.remove_flow_acct(&gone)?;
     Ok(out)
 }
@@ -88,5 +84,7 @@ mod tests {
         assert_eq!(reason(&a(now - 5 * s, 0), PROTO_UDP, &cfg, now), FLOW_END_EVICTED);
         assert_eq!(reason(&a(now - 61 * s, 0), PROTO_TCP, &cfg, now), FLOW_END_TIMEOUT);
         assert_eq!(reason(&a(now - 5 * s, FLOW_END_FLUSH), PROTO_TCP, &cfg, now), FLOW_END_FLUSH);
+        // Closed by the program without room in the ring: its reason.
+        assert_eq!(reason(&a(now, FLOW_END_RST | FLOW_END_BY_AGENT), PROTO_TCP, &cfg, now), FLOW_END_RST);
     }
 }

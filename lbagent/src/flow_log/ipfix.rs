@@ -24,6 +24,11 @@ pub const TEMPLATE_V4: u16 = 256;
 pub const TEMPLATE_V6: u16 = 257;
 /// Largest message sent: fits a 1500-byte path with IPv6 and UDP headers.
 const MAX_MESSAGE: usize = 1400;
+/// The socket's send buffer (the kernel caps it at `wmem_max`).
+const SEND_BUFFER: usize = 4 << 20;
+/// The longest a send waits for room in the buffer before its records
+/// count as lost.
+const SEND_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// RFC 5103's private enterprise number for reverse information elements.
 const REVERSE_PEN: u32 = 29305;
 /// Enterprise bit of a field specifier's element id.
@@ -57,9 +62,10 @@ mod ie {
     pub const OBSERVATION_TIME_MILLISECONDS: u16 = 323;
 }
 
-/// `natEvent` values (RFC 8158, IANA): a NAT44 session created, deleted.
-pub const NAT_EVENT_CREATE: u8 = 1;
-pub const NAT_EVENT_DELETE: u8 = 2;
+/// `natEvent` values (RFC 8158, IANA's registry): a NAT44 session created,
+/// deleted (1 and 2 are the historic translation events).
+pub const NAT_EVENT_CREATE: u8 = 4;
+pub const NAT_EVENT_DELETE: u8 = 5;
 
 /// `flowEndReason` (RFC 5102) of an end reason.
 pub fn flow_end_reason(reason: u8) -> u8 {
@@ -183,8 +189,12 @@ pub fn data_record(r: &FlowRecord) -> (u16, Vec<u8>) {
         out.extend_from_slice(&v.to_be_bytes());
     }
     // Variable length (RFC 7011, 7): one byte below 255, else 255 and two.
-    let name = r.rule().map_or(&b""[..], |n| n.as_bytes());
-    let name = &name[..name.len().min(1024)];
+    let name: &str = r.rule().map_or("", |n| n);
+    let mut cut = name.len().min(1024);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let name = &name.as_bytes()[..cut];
     if name.len() < 255 {
         out.push(name.len() as u8);
     } else {
@@ -262,6 +272,24 @@ impl Encoder {
     }
 }
 
+/// Sets `SO_SNDBUF` on `socket`.
+fn set_send_buffer(socket: &UdpSocket, bytes: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v = bytes as libc::c_int;
+    // SAFETY: a valid socket descriptor for the call, and a pointer to an
+    // int with its size, as `setsockopt(SO_SNDBUF)` takes.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&raw const v).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
 /// One collector: its socket, its encoder, when templates went out last.
 pub struct Exporter {
     pub spec: IpfixSpec,
@@ -275,14 +303,17 @@ impl Exporter {
         let bind: SocketAddr = if spec.collector.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().unwrap();
         let socket = UdpSocket::bind(bind)?;
         socket.connect(spec.collector)?;
-        socket.set_nonblocking(true)?;
+        // A burst (a mass end: a flush, an object removed) fills the
+        // socket's buffer: sends wait a little for room, never long.
+        set_send_buffer(&socket, SEND_BUFFER)?;
+        socket.set_write_timeout(Some(SEND_WAIT))?;
         let encoder = Encoder::new(spec.observation_domain);
         Ok(Exporter { spec, socket, encoder, templates_sent: None })
     }
 
     /// Sends `records` (templates first when due). Returns the records
     /// sent and the records lost to send errors (a collector that refuses
-    /// them, a full socket buffer): never waits.
+    /// them, a socket buffer still full after [`SEND_WAIT`]).
     pub fn send(&mut self, records: &[FlowRecord]) -> (u64, u64) {
         let now = SystemTime::now();
         if self.templates_sent.is_none_or(|t| t.elapsed() >= self.spec.template_refresh) {

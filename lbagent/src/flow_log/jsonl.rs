@@ -78,12 +78,14 @@ pub fn line(r: &FlowRecord) -> String {
 /// Where lines go.
 pub struct Writer {
     spec: JsonlSpec,
+    /// The agent's flow-log directory (`--flow-log-dir`).
+    dir: PathBuf,
     file: Option<(File, u64)>,
 }
 
 impl Writer {
-    pub fn new(spec: JsonlSpec) -> Self {
-        Writer { spec, file: None }
+    pub fn new(spec: JsonlSpec, dir: PathBuf) -> Self {
+        Writer { spec, dir, file: None }
     }
 
     /// Writes `lines` (each with its newline); rotates the file first when
@@ -95,17 +97,22 @@ impl Writer {
                 out.write_all(lines.as_bytes())?;
                 out.flush()
             }
-            JsonlSpec::File { path, max_bytes, keep } => {
-                let (path, max_bytes, keep) = (path.clone(), *max_bytes, *keep);
-                if self.file.as_ref().is_some_and(|(_, size)| size + lines.len() as u64 > max_bytes) {
+            JsonlSpec::File { name, max_bytes, keep } => {
+                let (path, max_bytes, keep) = (self.dir.join(name), *max_bytes, *keep);
+                if self.file.as_ref().is_some_and(|(_, size)| *size > 0 && size + lines.len() as u64 > max_bytes) {
                     self.file = None;
                     rotate(&path, keep)?;
                 }
                 let (file, size) = match &mut self.file {
                     Some(f) => f,
-                    None => self.file.insert(open(&path)?),
+                    None => self.file.insert(open(&self.dir, &path)?),
                 };
-                file.write_all(lines.as_bytes())?;
+                if let Err(e) = file.write_all(lines.as_bytes()) {
+                    // Opened again for the next batch (a partial line stays
+                    // behind: the file is appended to, never rewritten).
+                    self.file = None;
+                    return Err(e);
+                }
                 *size += lines.len() as u64;
                 Ok(())
             }
@@ -113,34 +120,47 @@ impl Writer {
     }
 }
 
-/// Opens `path` for appending (created 0640, its directory 0750 if
-/// missing), with its size.
-fn open(path: &Path) -> io::Result<(File, u64)> {
+/// Opens `path` in `dir` for appending (the directory created 0750 if
+/// missing; the file 0640), with its size. A symlink is refused (at the
+/// file: `O_NOFOLLOW`), as is anything but a regular file.
+fn open(dir: &Path, path: &Path) -> io::Result<(File, u64)> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    if let Some(dir) = path.parent() {
-        fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)?;
+    fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)?;
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(io::Error::other(format!("{} is not a regular file", path.display())));
     }
-    let file = OpenOptions::new().create(true).append(true).mode(0o640).open(path)?;
-    let size = file.metadata()?.len();
-    Ok((file, size))
+    Ok((file, meta.len()))
 }
 
-/// `path` → `path.1` → … → `path.<keep>` (the oldest goes).
+/// `path` → `path.1` → … → `path.<keep>` (the oldest goes). Only regular
+/// files move or go: a symlink or a directory under a rotated name stays
+/// (and is not written through).
 fn rotate(path: &Path, keep: u32) -> io::Result<()> {
     let numbered = |n: u32| -> PathBuf {
         let mut p = path.as_os_str().to_owned();
         p.push(format!(".{n}"));
         PathBuf::from(p)
     };
-    let _ = fs::remove_file(numbered(keep));
+    let regular = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_file());
+    if regular(&numbered(keep)) {
+        fs::remove_file(numbered(keep))?;
+    }
     for n in (1..keep).rev() {
-        match fs::rename(numbered(n), numbered(n + 1)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+        if regular(&numbered(n)) && !fs::exists(numbered(n + 1))? {
+            fs::rename(numbered(n), numbered(n + 1))?;
         }
     }
-    fs::rename(path, numbered(1))
+    if regular(path) && !fs::exists(numbered(1))? {
+        fs::rename(path, numbered(1))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -201,8 +221,7 @@ mod tests {
     #[test]
     fn the_file_rotates_by_size_and_keeps_its_count() {
         let dir = std::env::temp_dir().join(format!("lbagent-jsonl-{}", std::process::id()));
-        let path = dir.join("flows.jsonl");
-        let mut w = Writer::new(JsonlSpec::File { path: path.clone(), max_bytes: 100, keep: 2 });
+        let mut w = Writer::new(JsonlSpec::File { name: "flows.jsonl".into(), max_bytes: 100, keep: 2 }, dir.clone());
         let line = format!("{}\n", "x".repeat(59));
         for _ in 0..7 {
             w.write(&line).unwrap();
@@ -213,6 +232,12 @@ mod tests {
         assert_eq!(read("flows.jsonl.1"), line);
         assert_eq!(read("flows.jsonl.2"), line);
         assert!(!dir.join("flows.jsonl.3").exists());
+        // A symlink planted under the file's name is not written through.
+        fs::remove_file(dir.join("flows.jsonl")).unwrap();
+        std::os::unix::fs::symlink(dir.join("target"), dir.join("flows.jsonl")).unwrap();
+        let mut w = Writer::new(JsonlSpec::File { name: "flows.jsonl".into(), max_bytes: 100, keep: 2 }, dir.clone());
+        assert!(w.write(&line).is_err());
+        assert!(!dir.join("target").exists());
         fs::remove_dir_all(&dir).unwrap();
     }
 }

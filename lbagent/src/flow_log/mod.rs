@@ -45,20 +45,36 @@ use crate::{
 };
 use record::{Clock, FlowRecord};
 
+/// The default directory of JSON Lines files (`--flow-log-dir`).
+pub const DEFAULT_DIR: &str = "/var/log/lbagent";
+
 /// Longest wait for records before the logger looks at its other work.
 const POLL: Duration = Duration::from_millis(100);
-/// Records taken from the ring before they are exported.
+/// Records taken from the ring, and exported, at a time.
 const BATCH: usize = 4096;
-/// Scans of `flow_acct` for ended flows: at least this far apart, and ten
-/// times as far apart as the last one took (a scan costs a lookup per
-/// logged flow: at a million flows about a second of CPU).
+/// Scans of `flow_acct` for ended flows (on a thread of their own): at
+/// least this far apart, and ten times as far apart as the last one took
+/// (a scan looks each logged flow up: at a million flows about a second).
 const SCAN_EVERY: Duration = Duration::from_secs(2);
+/// How long the names of removed rules stay for the records of their last
+/// flows (the flows a removal flushes end within a scan or two).
+const RETAIN: Duration = Duration::from_secs(600);
+/// A collector whose socket could not be made is tried again this often.
+const RETRY: Duration = Duration::from_secs(5);
+/// The longest `stop` waits for the thread (a write to a stuck file or a
+/// blocked standard output); it is left to finish on its own after.
+const STOP_WAIT: Duration = Duration::from_secs(3);
 
-/// Names of zones and rules for the records, from the allocations.
+/// Names of zones and rules for the records, from the allocations. Rule
+/// ids are never reused, so a removed rule's name is kept a while
+/// ([`RETAIN`]) for the records of its last flows; zone ids are reused, so
+/// a record's object is its rule's (a rule key starts with its object's
+/// key) and the zone's only when the rule has no name.
 #[derive(Debug, Default)]
 pub struct Names {
     pub zones: HashMap<u16, Arc<str>>,
     pub rules: HashMap<u32, Arc<str>>,
+    gone: HashMap<u32, (Arc<str>, Instant)>,
 }
 
 impl Names {
@@ -66,11 +82,35 @@ impl Names {
         Names {
             zones: alloc.zones.iter().map(|(k, z)| (*z, Arc::from(k.as_str()))).collect(),
             rules: alloc.rule_ids.iter().map(|(k, id)| (id, k.clone())).collect(),
+            gone: HashMap::new(),
         }
     }
 
+    /// The names of `alloc`, keeping those of rules removed since `self`
+    /// for [`RETAIN`].
+    pub fn after(&self, alloc: &Allocations) -> Names {
+        let mut next = Names::of(alloc);
+        let now = Instant::now();
+        let removed =
+            self.rules.iter().filter(|(id, _)| !next.rules.contains_key(id)).map(|(id, k)| (*id, (k.clone(), now)));
+        let kept = self.gone.iter().filter(|(id, (_, at))| !next.rules.contains_key(id) && at.elapsed() < RETAIN);
+        next.gone = kept.map(|(id, v)| (*id, v.clone())).chain(removed).collect();
+        next
+    }
+
     pub fn rule(&self, id: u32) -> Option<Arc<str>> {
-        if id == 0 { None } else { self.rules.get(&id).cloned() }
+        if id == 0 {
+            return None;
+        }
+        self.rules.get(&id).or_else(|| self.gone.get(&id).map(|(k, _)| k)).cloned()
+    }
+
+    /// A record's object: its rule's, else its zone's.
+    pub fn object(&self, zone: u16, rule: Option<&Arc<str>>) -> Option<Arc<str>> {
+        match rule {
+            Some(key) => Some(Arc::from(crate::naming::rule_object(key).trim_end_matches('/'))),
+            None => self.zones.get(&zone).cloned(),
+        }
     }
 }
 
@@ -125,6 +165,8 @@ type Report = Arc<dyn Fn(&FlowLogStatus) + Send + Sync>;
 /// exports.
 pub struct FlowLogger {
     bpffs: PathBuf,
+    /// Where JSON Lines files go (`--flow-log-dir`).
+    dir: PathBuf,
     report: Report,
     names: Arc<Mutex<Arc<Names>>>,
     /// What `flow_log_zones` holds (read once, then kept equal).
@@ -141,9 +183,10 @@ struct Running {
 }
 
 impl FlowLogger {
-    pub fn new(bpffs: PathBuf, report: impl Fn(&FlowLogStatus) + Send + Sync + 'static) -> Self {
+    pub fn new(bpffs: PathBuf, dir: PathBuf, report: impl Fn(&FlowLogStatus) + Send + Sync + 'static) -> Self {
         FlowLogger {
             bpffs,
+            dir,
             report: Arc::new(report),
             names: Arc::default(),
             zones: None,
@@ -156,7 +199,10 @@ impl FlowLogger {
     /// zones in `alloc`. Writes `flow_log_zones` where it differs, and
     /// (re)starts or stops the thread when the spec changed.
     pub fn sync(&mut self, spec: Option<&FlowLogSpec>, alloc: &Allocations) -> Result<()> {
-        *self.names.lock().unwrap() = Arc::new(Names::of(alloc));
+        if spec.is_some() {
+            let next = self.names.lock().unwrap().after(alloc);
+            *self.names.lock().unwrap() = Arc::new(next);
+        }
         if crate::dataplane::pins::versioned_dir(&self.bpffs).join(MAP_CT.name).exists() {
             let t = Tables::open(&self.bpffs)?;
             if t.has_flow_log() {
@@ -213,6 +259,7 @@ impl FlowLogger {
         let stop = Arc::new(AtomicBool::new(false));
         let mut logger = Logger {
             bpffs: self.bpffs.clone(),
+            dir: self.dir.clone(),
             spec: spec.clone(),
             names: self.names.clone(),
             report: self.report.clone(),
@@ -228,12 +275,19 @@ impl FlowLogger {
     }
 
     /// Stops the thread (the ring keeps what it did not read, for the
-    /// next one).
+    /// next one), waiting at most [`STOP_WAIT`].
     pub fn stop(&mut self) {
-        if let Some(r) = self.running.take() {
-            r.stop.store(true, Ordering::Relaxed);
-            let _ = r.thread.join();
+        let Some(r) = self.running.take() else { return };
+        r.stop.store(true, Ordering::Relaxed);
+        let began = Instant::now();
+        while !r.thread.is_finished() {
+            if began.elapsed() > STOP_WAIT {
+                warn!("flow logs: the logger is stuck (a write that does not return); left to finish on its own");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
+        let _ = r.thread.join();
     }
 }
 
@@ -246,6 +300,7 @@ impl Drop for FlowLogger {
 /// The thread's state.
 struct Logger {
     bpffs: PathBuf,
+    dir: PathBuf,
     spec: FlowLogSpec,
     names: Arc<Mutex<Arc<Names>>>,
     report: Report,
@@ -253,10 +308,27 @@ struct Logger {
     stop: Arc<AtomicBool>,
 }
 
+/// An IPFIX collector: its exporter once its socket is made.
+struct Collector {
+    spec: crate::state::flow_log::IpfixSpec,
+    exporter: Option<ipfix::Exporter>,
+    retry_at: Instant,
+}
+
 impl Logger {
     fn run(&mut self) {
+        // End records of flows that ended otherwise come from a scan on a
+        // thread of its own: the ring is read on while it runs.
+        let (ended_tx, ended) = std::sync::mpsc::sync_channel::<Vec<FlowEvent>>(4);
+        let scanner = self.spec.end.then(|| {
+            let (bpffs, stop, status) = (self.bpffs.clone(), self.stop.clone(), self.status.clone());
+            std::thread::Builder::new()
+                .name("flow-log-scan".into())
+                .spawn(move || scan_until_stopped(&bpffs, &stop, &ended_tx, &status))
+                .expect("spawning the flow-log scan")
+        });
         while !self.stop.load(Ordering::Relaxed) {
-            if let Err(e) = self.export_until_stopped() {
+            if let Err(e) = self.export_until_stopped(&ended) {
                 let why = format!("{e:#}");
                 warn!("flow logs: {why}; retrying in 1 s");
                 let st = {
@@ -269,6 +341,10 @@ impl Logger {
                 std::thread::sleep(Duration::from_secs(1));
             }
         }
+        drop(ended);
+        if let Some(s) = scanner {
+            let _ = s.join();
+        }
         let st = {
             let mut st = self.status.lock().unwrap();
             st.running = false;
@@ -277,26 +353,35 @@ impl Logger {
         (self.report)(&st);
     }
 
-    fn export_until_stopped(&mut self) -> Result<()> {
+    fn export_until_stopped(&mut self, ended: &std::sync::mpsc::Receiver<Vec<FlowEvent>>) -> Result<()> {
         let tables = Tables::open(&self.bpffs)?;
         anyhow::ensure!(tables.has_flow_log(), "the pinned maps have no flow_events (an older layout's pins)");
         let mut ring = tables.flow_events()?;
-        let mut exporters = Vec::new();
-        for c in &self.spec.ipfix {
-            exporters.push(
-                ipfix::Exporter::new(c.clone()).map_err(|e| anyhow::anyhow!("IPFIX collector {}: {e}", c.collector))?,
-            );
-        }
-        let mut jsonl = self.spec.jsonl.clone().map(jsonl::Writer::new);
+        let mut collectors: Vec<Collector> = self
+            .spec
+            .ipfix
+            .iter()
+            .map(|c| Collector { spec: c.clone(), exporter: None, retry_at: Instant::now() })
+            .collect();
+        let mut jsonl = self.spec.jsonl.clone().map(|j| jsonl::Writer::new(j, self.dir.clone()));
         {
             let mut st = self.status.lock().unwrap();
             st.running = true;
             st.problem = None;
         }
-        let mut next_scan = Instant::now();
         let mut reported = Instant::now() - Duration::from_secs(1);
         let mut events: Vec<FlowEvent> = Vec::with_capacity(BATCH);
         while !self.stop.load(Ordering::Relaxed) {
+            let mut problems = Vec::new();
+            for c in collectors.iter_mut().filter(|c| c.exporter.is_none() && Instant::now() >= c.retry_at) {
+                match ipfix::Exporter::new(c.spec.clone()) {
+                    Ok(x) => c.exporter = Some(x),
+                    Err(e) => {
+                        c.retry_at = Instant::now() + RETRY;
+                        problems.push(format!("IPFIX collector {}: {e}", c.spec.collector));
+                    }
+                }
+            }
             let mut pfd = libc::pollfd { fd: ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd for the call's duration.
             unsafe { libc::poll(&mut pfd, 1, POLL.as_millis() as i32) };
@@ -309,30 +394,14 @@ impl Logger {
                     events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<FlowEvent>()) });
                 }
             }
-            let mut scanned = None;
-            if self.spec.end && Instant::now() >= next_scan {
-                let began = Instant::now();
-                let scan = ends::scan(&tables, monotonic_ns())?;
-                let took = began.elapsed();
-                next_scan = Instant::now() + SCAN_EVERY.max(took * 10);
-                events.extend_from_slice(&scan.ended);
-                scanned = Some((scan.alive, took));
-            }
-            let exported = self.export(&events, &mut exporters, jsonl.as_mut());
+            let mut exported = self.export(&events, &mut collectors, jsonl.as_mut());
             events.clear();
-            let mut st = self.status.lock().unwrap();
-            st.start_records += exported.starts;
-            st.end_records += exported.ends;
-            st.filtered += exported.filtered;
-            st.ipfix_sent += exported.ipfix_sent;
-            st.dropped.ipfix_send_failed += exported.ipfix_lost;
-            st.jsonl_written += exported.jsonl_written;
-            st.dropped.jsonl_write_failed += exported.jsonl_lost;
-            if let Some((alive, took)) = scanned {
-                st.logged_flows = alive;
-                st.last_scan = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).ok().map(|d| d.as_secs());
-                st.last_scan_ms = took.as_millis() as u64;
+            while let Ok(batch) = ended.try_recv() {
+                exported.add(&self.export(&batch, &mut collectors, jsonl.as_mut()));
             }
+            let mut st = self.status.lock().unwrap();
+            exported.into_status(&mut st);
+            st.problem = (!problems.is_empty()).then(|| problems.join("; "));
             if reported.elapsed() >= Duration::from_secs(1) {
                 if let Ok(counters) = tables.counters() {
                     for (c, v) in counters {
@@ -350,54 +419,108 @@ impl Logger {
         Ok(())
     }
 
-    /// Names, filters and exports `events`.
+    /// Names, filters and exports `events`, [`BATCH`] records at a time.
     fn export(
         &self,
         events: &[FlowEvent],
-        exporters: &mut [ipfix::Exporter],
-        jsonl: Option<&mut jsonl::Writer>,
+        collectors: &mut [Collector],
+        mut jsonl: Option<&mut jsonl::Writer>,
     ) -> Exported {
         let mut out = Exported::default();
         let names = self.names.lock().unwrap().clone();
         let clock = Clock::now();
-        let records: Vec<FlowRecord> = events
-            .iter()
-            .map(|e| FlowRecord::of(e, &clock, &names))
-            .filter(|r| {
-                let keep = self.spec.kinds.is_empty() || r.kinds().any(|k| self.spec.kinds.contains(&k));
-                out.filtered += u64::from(!keep);
-                keep
-            })
-            .collect();
-        for r in &records {
-            match r.event {
-                record::Event::Start => out.starts += 1,
-                record::Event::End(_) => out.ends += 1,
-            }
-        }
-        for x in exporters {
-            // Templates go out on time even without records.
-            let (sent, lost) = x.send(&records);
-            out.ipfix_sent += sent;
-            out.ipfix_lost += lost;
-        }
-        if let Some(w) = jsonl
-            && !records.is_empty()
-        {
-            let mut lines = String::with_capacity(records.len() * 400);
+        for chunk in events.chunks(BATCH) {
+            let records: Vec<FlowRecord> = chunk
+                .iter()
+                .map(|e| FlowRecord::of(e, &clock, &names))
+                .filter(|r| {
+                    // A record whose rules have no name any more is kept.
+                    let mut kinds = r.kinds().peekable();
+                    let keep = self.spec.kinds.is_empty()
+                        || kinds.peek().is_none()
+                        || kinds.any(|k| self.spec.kinds.contains(&k));
+                    out.filtered += u64::from(!keep);
+                    keep
+                })
+                .collect();
             for r in &records {
-                lines.push_str(&jsonl::line(r));
-                lines.push('\n');
+                match r.event {
+                    record::Event::Start => out.starts += 1,
+                    record::Event::End(_) => out.ends += 1,
+                }
             }
-            match w.write(&lines) {
-                Ok(()) => out.jsonl_written += records.len() as u64,
-                Err(e) => {
-                    out.jsonl_lost += records.len() as u64;
-                    warn!("flow logs: writing JSON Lines: {e}");
+            for c in collectors.iter_mut() {
+                match &mut c.exporter {
+                    Some(x) => {
+                        let (sent, lost) = x.send(&records);
+                        out.ipfix_sent += sent;
+                        out.ipfix_lost += lost;
+                    }
+                    None => out.ipfix_lost += records.len() as u64,
+                }
+            }
+            if let Some(w) = jsonl.as_deref_mut()
+                && !records.is_empty()
+            {
+                let mut lines = String::with_capacity(records.len() * 400);
+                for r in &records {
+                    lines.push_str(&jsonl::line(r));
+                    lines.push('\n');
+                }
+                match w.write(&lines) {
+                    Ok(()) => out.jsonl_written += records.len() as u64,
+                    Err(e) => {
+                        out.jsonl_lost += records.len() as u64;
+                        warn!("flow logs: writing JSON Lines: {e}");
+                    }
                 }
             }
         }
+        // Templates go out on time even without records.
+        if events.is_empty() {
+            for x in collectors.iter_mut().filter_map(|c| c.exporter.as_mut()) {
+                x.send(&[]);
+            }
+        }
         out
+    }
+}
+
+/// The scan's loop: every [`SCAN_EVERY`] (or ten times what the last scan
+/// took), the end records of the flows gone, handed to the exporting
+/// thread in batches (it waits while the exporter is behind).
+fn scan_until_stopped(
+    bpffs: &std::path::Path,
+    stop: &AtomicBool,
+    ended: &std::sync::mpsc::SyncSender<Vec<FlowEvent>>,
+    status: &Mutex<FlowLogStatus>,
+) {
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(POLL);
+        if Instant::now() < next {
+            continue;
+        }
+        let began = Instant::now();
+        let scan = Tables::open(bpffs).and_then(|t| ends::scan(&t, monotonic_ns()));
+        let took = began.elapsed();
+        next = Instant::now() + SCAN_EVERY.max(took * 10);
+        match scan {
+            Ok(scan) => {
+                {
+                    let mut st = status.lock().unwrap();
+                    st.logged_flows = scan.alive;
+                    st.last_scan = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).ok().map(|d| d.as_secs());
+                    st.last_scan_ms = took.as_millis() as u64;
+                }
+                for batch in scan.ended.chunks(BATCH) {
+                    if ended.send(batch.to_vec()).is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(e) => warn!("flow logs: scanning for ended flows: {e:#}"),
+        }
     }
 }
 
@@ -410,4 +533,26 @@ struct Exported {
     ipfix_lost: u64,
     jsonl_written: u64,
     jsonl_lost: u64,
+}
+
+impl Exported {
+    fn add(&mut self, o: &Exported) {
+        self.starts += o.starts;
+        self.ends += o.ends;
+        self.filtered += o.filtered;
+        self.ipfix_sent += o.ipfix_sent;
+        self.ipfix_lost += o.ipfix_lost;
+        self.jsonl_written += o.jsonl_written;
+        self.jsonl_lost += o.jsonl_lost;
+    }
+
+    fn into_status(self, st: &mut FlowLogStatus) {
+        st.start_records += self.starts;
+        st.end_records += self.ends;
+        st.filtered += self.filtered;
+        st.ipfix_sent += self.ipfix_sent;
+        st.dropped.ipfix_send_failed += self.ipfix_lost;
+        st.jsonl_written += self.jsonl_written;
+        st.dropped.jsonl_write_failed += self.jsonl_lost;
+    }
 }

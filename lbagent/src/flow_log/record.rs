@@ -13,9 +13,11 @@ use super::Names;
 use crate::state::flow_log::RuleKind;
 
 /// CLOCK_MONOTONIC (the programs' `bpf_ktime_get_ns`) to wall-clock time:
-/// the offset between the two clocks read together. It is read again for
-/// each batch of records, so a step of the wall clock (NTP) shows from the
-/// next batch on; records of one batch share one offset.
+/// the offset between the two clocks, read between two monotonic reads
+/// (the closest of three tries: a thread preempted between its reads
+/// would shift every record of the batch by the pause). It is read again
+/// for each batch of records, so a step of the wall clock (NTP) shows from
+/// the next batch on; records of one batch share one offset.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
     /// Wall-clock ns since the epoch minus monotonic ns.
@@ -24,9 +26,17 @@ pub struct Clock {
 
 impl Clock {
     pub fn now() -> Clock {
-        let mono = crate::dataplane::tables::monotonic_ns() as i128;
-        let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as i128;
-        Clock { offset_ns: wall - mono }
+        let mut best: Option<(i128, i128)> = None;
+        for _ in 0..3 {
+            let before = crate::dataplane::tables::monotonic_ns() as i128;
+            let wall = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as i128;
+            let after = crate::dataplane::tables::monotonic_ns() as i128;
+            let gap = after - before;
+            if best.is_none_or(|(g, _)| gap < g) {
+                best = Some((gap, wall - (before + after) / 2));
+            }
+        }
+        Clock { offset_ns: best.map_or(0, |(_, o)| o) }
     }
 
     /// The wall-clock time of monotonic `ns`.
@@ -85,7 +95,7 @@ impl FlowRecord {
             time: clock.wall(e.time_ns),
             start: clock.wall(e.start_ns),
             zone: e.zone,
-            object: names.zones.get(&e.zone).cloned(),
+            object: names.object(e.zone, names.rule(e.snat_rule).or_else(|| names.rule(e.dnat_rule)).as_ref()),
             dnat_rule: names.rule(e.dnat_rule),
             snat_rule: names.rule(e.snat_rule),
             proto: e.proto,

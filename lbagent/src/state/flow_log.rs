@@ -1,12 +1,7 @@
 //! `agent.flow_logs`: checked once into [`FlowLogSpec`], the form the flow
 //! logger (`crate::flow_log`) runs from.
 
-use std::{
-    collections::BTreeSet,
-    net::SocketAddr,
-    path::{Component, Path, PathBuf},
-    time::Duration,
-};
+use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
 
 use super::{Problem, model::FlowLogs};
 
@@ -35,7 +30,14 @@ pub struct IpfixSpec {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JsonlSpec {
     Stdout,
-    File { path: PathBuf, max_bytes: u64, keep: u32 },
+    /// `name`: a plain file name, in the agent's flow-log directory (the
+    /// state file never names a path: it could name any file root may
+    /// write).
+    File {
+        name: String,
+        max_bytes: u64,
+        keep: u32,
+    },
 }
 
 /// The kind of rule a flow was made by, as its rule key names it
@@ -84,9 +86,8 @@ pub const DEFAULT_KEEP: u32 = 5;
 pub const MAX_KEEP: u32 = 1000;
 pub const MAX_SAMPLE: u32 = 1_000_000;
 pub const MAX_COLLECTORS: usize = 8;
-/// Directories a flow log may not be written under (kernel and device
-/// trees: a path there is a mistake or an attack).
-const FORBIDDEN_DIRS: [&str; 4] = ["/proc", "/sys", "/dev", "/boot"];
+/// Longest JSON Lines file name (the rotation adds `.<n>` to it).
+const MAX_FILE_NAME: usize = 200;
 
 /// Checks `f` (at `agent.flow_logs`) against the document's `objects`.
 pub fn check(f: &FlowLogs, objects: &BTreeSet<String>) -> (Option<FlowLogSpec>, Vec<Problem>) {
@@ -135,7 +136,7 @@ pub fn check(f: &FlowLogs, objects: &BTreeSet<String>) -> (Option<FlowLogSpec>, 
                 err(format!("{p}.ipfix[{i}].address"), format!("{:?}: port 0", c.address));
                 continue;
             }
-            Ok(a) if a.ip().is_unspecified() || a.ip().is_multicast() => {
+            Ok(a) if a.ip().is_unspecified() || a.ip().is_multicast() || a.ip() == std::net::Ipv4Addr::BROADCAST => {
                 err(format!("{p}.ipfix[{i}].address"), format!("{:?} is not a collector's address", c.address));
                 continue;
             }
@@ -162,25 +163,20 @@ pub fn check(f: &FlowLogs, objects: &BTreeSet<String>) -> (Option<FlowLogSpec>, 
         });
     }
     let jsonl = f.jsonl.as_ref().map(|j| {
-        if j.path == "-" {
+        if j.file == "-" {
             return JsonlSpec::Stdout;
         }
-        let path = Path::new(&j.path);
-        let bad = if !path.is_absolute() {
-            Some("is not an absolute path (or - for standard output)")
-        } else if j.path.contains('\0') || j.path.len() > 4096 {
-            Some("is not a usable path")
-        } else if path.components().any(|c| matches!(c, Component::ParentDir)) {
-            Some("has a .. component")
-        } else if path.file_name().is_none() {
-            Some("names no file")
-        } else if FORBIDDEN_DIRS.iter().any(|d| path.starts_with(d)) {
-            Some("is under /proc, /sys, /dev or /boot")
+        let bad = if j.file.is_empty() || j.file == "." || j.file == ".." {
+            Some("is not a file name")
+        } else if j.file.contains('/') {
+            Some("is a path: give a file name (it is written in the agent's --flow-log-dir)")
+        } else if j.file.contains('\0') || j.file.len() > MAX_FILE_NAME || j.file.chars().any(char::is_control) {
+            Some("is not a usable file name")
         } else {
             None
         };
         if let Some(why) = bad {
-            err(format!("{p}.jsonl.path"), format!("{:?} {why}", j.path));
+            err(format!("{p}.jsonl.file"), format!("{:?} {why}", j.file));
         }
         let max_bytes = j.max_bytes.unwrap_or(DEFAULT_MAX_BYTES);
         if max_bytes < MIN_MAX_BYTES {
@@ -190,7 +186,7 @@ pub fn check(f: &FlowLogs, objects: &BTreeSet<String>) -> (Option<FlowLogSpec>, 
         if !(1..=MAX_KEEP).contains(&keep) {
             err(format!("{p}.jsonl.keep"), format!("{keep} is out of range (1-{MAX_KEEP} files)"));
         }
-        JsonlSpec::File { path: path.to_path_buf(), max_bytes, keep }
+        JsonlSpec::File { name: j.file.clone(), max_bytes, keep }
     });
     if ipfix.is_empty() && jsonl.is_none() && f.ipfix.is_empty() {
         err(p.to_string(), "no destination: set ipfix collectors, a jsonl file, or both".into());
@@ -216,7 +212,7 @@ mod tests {
             kinds: vec!["snat".into(), "fip".into()],
             sample: Some(10),
             ipfix: vec![IpfixCollector { address: "192.0.2.1:4739".into(), ..Default::default() }],
-            jsonl: Some(JsonlSink { path: "/var/log/lbagent/flows.jsonl".into(), max_bytes: None, keep: Some(3) }),
+            jsonl: Some(JsonlSink { file: "flows.jsonl".into(), max_bytes: None, keep: Some(3) }),
         };
         let (spec, problems) = check(&f, &objects());
         assert!(problems.is_empty(), "{problems:?}");
@@ -226,11 +222,7 @@ mod tests {
         assert_eq!(spec.ipfix[0].template_refresh, Duration::from_secs(60));
         assert_eq!(
             spec.jsonl,
-            Some(JsonlSpec::File {
-                path: "/var/log/lbagent/flows.jsonl".into(),
-                max_bytes: DEFAULT_MAX_BYTES,
-                keep: 3
-            })
+            Some(JsonlSpec::File { name: "flows.jsonl".into(), max_bytes: DEFAULT_MAX_BYTES, keep: 3 })
         );
     }
 
@@ -246,7 +238,7 @@ mod tests {
                 IpfixCollector { address: "192.0.2.1:0".into(), ..Default::default() },
                 IpfixCollector { address: "192.0.2.1:4739".into(), template_refresh_s: Some(0), ..Default::default() },
             ],
-            jsonl: Some(JsonlSink { path: "/proc/self/mem".into(), max_bytes: Some(10), keep: Some(0) }),
+            jsonl: Some(JsonlSink { file: "../../etc/shadow".into(), max_bytes: Some(10), keep: Some(0) }),
         };
         let (_, problems) = check(&f, &objects());
         let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
@@ -260,16 +252,16 @@ mod tests {
                 "agent.flow_logs.ipfix[0].address",
                 "agent.flow_logs.ipfix[1].address",
                 "agent.flow_logs.ipfix[2].template_refresh_s",
-                "agent.flow_logs.jsonl.path",
+                "agent.flow_logs.jsonl.file",
                 "agent.flow_logs.jsonl.max_bytes",
                 "agent.flow_logs.jsonl.keep",
             ]
         );
-        for (path, bad) in [("relative.jsonl", "absolute"), ("/var/log/../etc/passwd", ".."), ("/", "names no file")] {
+        for (file, bad) in [("/etc/shadow", "is a path"), ("..", "not a file name"), ("a\nb", "not a usable")] {
             let f =
-                FlowLogs { jsonl: Some(JsonlSink { path: path.into(), ..Default::default() }), ..Default::default() };
+                FlowLogs { jsonl: Some(JsonlSink { file: file.into(), ..Default::default() }), ..Default::default() };
             let (_, problems) = check(&f, &objects());
-            assert!(problems[0].message.contains(bad), "{path}: {problems:?}");
+            assert!(problems[0].message.contains(bad), "{file}: {problems:?}");
         }
         let (_, problems) = check(&FlowLogs::default(), &objects());
         assert!(problems[0].message.contains("no destination"), "{problems:?}");

@@ -114,12 +114,13 @@ pub struct IpfixCollector {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JsonlSink {
-    /// An absolute file path, or `-` for standard output.
-    pub path: String,
+    /// A file name in the agent's flow-log directory (`--flow-log-dir`),
+    /// or `-` for standard output.
+    pub file: String,
     /// Rotate when the file reaches this size (bytes); default 100 MiB.
     #[serde(default, deserialize_with = "optional_integer")]
     pub max_bytes: Option<u64>,
-    /// Rotated files kept (`<path>.1` newest … `<path>.<keep>`); default 5.
+    /// Rotated files kept (`<file>.1` newest … `<file>.<keep>`); default 5.
     #[serde(default, deserialize_with = "optional_integer")]
     pub keep: Option<u32>,
 }

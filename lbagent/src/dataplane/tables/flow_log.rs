@@ -75,15 +75,28 @@ impl Tables {
         Ok(())
     }
 
-    /// Whether the flow of `key` still has its original half (in `ct`,
-    /// `ct_new`, or `ct` again: a promotion between the first two lookups
-    /// moves it).
-    pub fn flow_alive(&self, key: &FlowAcctKey) -> Result<bool> {
-        let (ct, new) = (self.hash(MAP_CT)?, self.hash(MAP_CT_NEW)?);
+    /// The conntrack tables, opened once for many [`Alive::alive`] checks.
+    pub fn alive_checker(&self) -> Result<Alive> {
+        Ok(Alive { ct: self.hash(MAP_CT)?, new: self.hash(MAP_CT_NEW)? })
+    }
+}
+
+/// Looks logged flows up in `ct` and `ct_new`.
+pub struct Alive {
+    ct: aya::maps::HashMap<MapData, Tuple, CtEntry>,
+    new: aya::maps::HashMap<MapData, Tuple, CtEntry>,
+}
+
+impl Alive {
+    /// Whether the flow of `key` (translated to `xlate`) still has a half:
+    /// its original one, or its reply one (a lost half is re-created from
+    /// its pair by the next packet). Each is looked for in `ct`, `ct_new`,
+    /// and `ct` again (a promotion between the first two lookups moves it).
+    pub fn alive(&self, key: &FlowAcctKey, xlate: &Tuple) -> bool {
         let same = |e: CtEntry| e.created_ms == key.created_ms;
-        Ok(ct.get(&key.orig, 0).is_ok_and(same)
-            || new.get(&key.orig, 0).is_ok_and(same)
-            || ct.get(&key.orig, 0).is_ok_and(same))
+        [key.orig, xlate.reversed()].iter().any(|k| {
+            self.ct.get(k, 0).is_ok_and(same) || self.new.get(k, 0).is_ok_and(same) || self.ct.get(k, 0).is_ok_and(same)
+        })
     }
 }
 

@@ -35,14 +35,17 @@
 //!     17. up to a million flows: memory per flow, GC and listings, beside
 //!     Linux conntrack filled with the same mix; 18. the agent at 100 000
 //!     rules and a million flows: RSS, scrapes, a change during a GC pass
-//!     (`flows.rs`).
+//!     (`flows.rs`). 20. flow logs: a new flow's cost with logging on and
+//!     off, and the new flows/s logged without loss beside iptables with
+//!     ulogd2 (`flow_log.rs`).
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart,lru,flows,full-table,agent-scale`
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart,lru,flows,full-table,agent-scale,flow-log`
 //! picks sections; `profile` (only when named) records where the time of a
 //! TCP stream without TSO, 64-byte UDP and new connections goes (`profile.rs`).
 
 mod fleet;
+mod flow_log;
 mod flows;
 mod full_table;
 mod load;
@@ -970,6 +973,9 @@ fn main() -> Result<()> {
     }
     if want("agent-scale") {
         flows::daemon_at_scale(quick, &mut out)?;
+    }
+    if want("flow-log") {
+        flow_log::flow_log(quick, &mut out)?;
     }
     // Opt-in only: it needs `perf` and prints profiles, not figures.
     if only.split(',').any(|s| s == "profile") {

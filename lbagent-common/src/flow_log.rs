@@ -28,7 +28,8 @@ pub const FLOW_LOG_START: u32 = 1;
 /// `flow_acct` for them).
 pub const FLOW_LOG_END: u32 = 2;
 
-/// Size of `flow_events` in bytes (a power of two, pages): 32 768 records.
+/// Size of `flow_events` in bytes (a power of two, pages): about 27 600
+/// records (144 bytes and the ring's 8-byte header each).
 pub const FLOW_EVENTS_BYTES: u32 = 4 << 20;
 /// Size of `flow_log_zones`: every zone id.
 pub const FLOW_LOG_ZONES_MAX: u32 = 65_536;

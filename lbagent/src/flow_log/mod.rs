@@ -3,9 +3,9 @@
 //! The programs write a start record when a logged flow is created and an
 //! end record when it closes (FIN both ways, RST) into the ring
 //! `flow_events`, and count each logged flow's packets and bytes in
-//! `flow_acct` (`lbagent-ebpf/src/flow_log.rs`). The logger, a thread of
-//! the daemon, consumes the ring, scans `flow_acct` for flows that ended
-//! otherwise (`ends.rs`), names each record's object and rules
+//! `flow_acct` (`lbagent-ebpf/src/flow_log.rs`). The logger, threads of
+//! the daemon (`export.rs`), consumes the ring, scans `flow_acct` for
+//! flows that ended otherwise (`ends.rs`), names each record's object and rules
 //! (`record.rs`), filters them by rule kind and exports them: IPFIX to each
 //! collector (`ipfix.rs`), JSON Lines to a file or standard output
 //! (`jsonl.rs`).
@@ -17,20 +17,20 @@
 //! ([`FlowLogger::sync`]).
 
 pub mod ends;
+mod export;
 pub mod ipfix;
 pub mod jsonl;
 pub mod record;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    os::fd::AsRawFd,
     path::PathBuf,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use anyhow::Result;
@@ -38,29 +38,24 @@ use lbagent_common::*;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use crate::{
-    alloc::Allocations,
-    dataplane::tables::{Tables, monotonic_ns},
-    state::flow_log::FlowLogSpec,
-};
-use record::{Clock, FlowRecord};
+use crate::{alloc::Allocations, dataplane::tables::Tables, state::flow_log::FlowLogSpec};
 
 /// The default directory of JSON Lines files (`--flow-log-dir`).
 pub const DEFAULT_DIR: &str = "/var/log/lbagent";
 
 /// Longest wait for records before the logger looks at its other work.
-const POLL: Duration = Duration::from_millis(100);
+pub(crate) const POLL: Duration = Duration::from_millis(100);
 /// Records taken from the ring, and exported, at a time.
-const BATCH: usize = 4096;
+pub(crate) const BATCH: usize = 4096;
 /// Scans of `flow_acct` for ended flows (on a thread of their own): at
 /// least this far apart, and ten times as far apart as the last one took
 /// (a scan looks each logged flow up: at a million flows about a second).
-const SCAN_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const SCAN_EVERY: Duration = Duration::from_secs(2);
 /// How long the names of removed rules stay for the records of their last
 /// flows (the flows a removal flushes end within a scan or two).
 const RETAIN: Duration = Duration::from_secs(600);
 /// A collector whose socket could not be made is tried again this often.
-const RETRY: Duration = Duration::from_secs(5);
+pub(crate) const RETRY: Duration = Duration::from_secs(5);
 /// The longest `stop` waits for the thread (a write to a stuck file or a
 /// blocked standard output); it is left to finish on its own after.
 const STOP_WAIT: Duration = Duration::from_secs(3);
@@ -159,7 +154,7 @@ impl FlowLogDrops {
     }
 }
 
-type Report = Arc<dyn Fn(&FlowLogStatus) + Send + Sync>;
+pub(crate) type Report = Arc<dyn Fn(&FlowLogStatus) + Send + Sync>;
 
 /// The daemon's flow logger: the zones it configured and the thread that
 /// exports.
@@ -257,7 +252,7 @@ impl FlowLogger {
 
     fn start(&mut self, spec: FlowLogSpec) {
         let stop = Arc::new(AtomicBool::new(false));
-        let mut logger = Logger {
+        let mut logger = export::Logger {
             bpffs: self.bpffs.clone(),
             dir: self.dir.clone(),
             spec: spec.clone(),
@@ -294,265 +289,5 @@ impl FlowLogger {
 impl Drop for FlowLogger {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// The thread's state.
-struct Logger {
-    bpffs: PathBuf,
-    dir: PathBuf,
-    spec: FlowLogSpec,
-    names: Arc<Mutex<Arc<Names>>>,
-    report: Report,
-    status: Arc<Mutex<FlowLogStatus>>,
-    stop: Arc<AtomicBool>,
-}
-
-/// An IPFIX collector: its exporter once its socket is made.
-struct Collector {
-    spec: crate::state::flow_log::IpfixSpec,
-    exporter: Option<ipfix::Exporter>,
-    retry_at: Instant,
-}
-
-impl Logger {
-    fn run(&mut self) {
-        // End records of flows that ended otherwise come from a scan on a
-        // thread of its own: the ring is read on while it runs.
-        let (ended_tx, ended) = std::sync::mpsc::sync_channel::<Vec<FlowEvent>>(4);
-        let scanner = self.spec.end.then(|| {
-            let (bpffs, stop, status) = (self.bpffs.clone(), self.stop.clone(), self.status.clone());
-            std::thread::Builder::new()
-                .name("flow-log-scan".into())
-                .spawn(move || scan_until_stopped(&bpffs, &stop, &ended_tx, &status))
-                .expect("spawning the flow-log scan")
-        });
-        while !self.stop.load(Ordering::Relaxed) {
-            if let Err(e) = self.export_until_stopped(&ended) {
-                let why = format!("{e:#}");
-                warn!("flow logs: {why}; retrying in 1 s");
-                let st = {
-                    let mut st = self.status.lock().unwrap();
-                    st.running = false;
-                    st.problem = Some(why);
-                    st.clone()
-                };
-                (self.report)(&st);
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        }
-        drop(ended);
-        if let Some(s) = scanner {
-            let _ = s.join();
-        }
-        let st = {
-            let mut st = self.status.lock().unwrap();
-            st.running = false;
-            st.clone()
-        };
-        (self.report)(&st);
-    }
-
-    fn export_until_stopped(&mut self, ended: &std::sync::mpsc::Receiver<Vec<FlowEvent>>) -> Result<()> {
-        let tables = Tables::open(&self.bpffs)?;
-        anyhow::ensure!(tables.has_flow_log(), "the pinned maps have no flow_events (an older layout's pins)");
-        let mut ring = tables.flow_events()?;
-        let mut collectors: Vec<Collector> = self
-            .spec
-            .ipfix
-            .iter()
-            .map(|c| Collector { spec: c.clone(), exporter: None, retry_at: Instant::now() })
-            .collect();
-        let mut jsonl = self.spec.jsonl.clone().map(|j| jsonl::Writer::new(j, self.dir.clone()));
-        {
-            let mut st = self.status.lock().unwrap();
-            st.running = true;
-            st.problem = None;
-        }
-        let mut reported = Instant::now() - Duration::from_secs(1);
-        let mut events: Vec<FlowEvent> = Vec::with_capacity(BATCH);
-        while !self.stop.load(Ordering::Relaxed) {
-            let mut problems = Vec::new();
-            for c in collectors.iter_mut().filter(|c| c.exporter.is_none() && Instant::now() >= c.retry_at) {
-                match ipfix::Exporter::new(c.spec.clone()) {
-                    Ok(x) => c.exporter = Some(x),
-                    Err(e) => {
-                        c.retry_at = Instant::now() + RETRY;
-                        problems.push(format!("IPFIX collector {}: {e}", c.spec.collector));
-                    }
-                }
-            }
-            let mut pfd = libc::pollfd { fd: ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd for the call's duration.
-            unsafe { libc::poll(&mut pfd, 1, POLL.as_millis() as i32) };
-            while events.len() < BATCH {
-                let Some(item) = ring.next() else { break };
-                if item.len() >= std::mem::size_of::<FlowEvent>() {
-                    // SAFETY: the ring holds `FlowEvent`s the programs wrote
-                    // whole (any bytes are a valid `FlowEvent`); read
-                    // unaligned from the ring's memory.
-                    events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<FlowEvent>()) });
-                }
-            }
-            let mut exported = self.export(&events, &mut collectors, jsonl.as_mut());
-            events.clear();
-            while let Ok(batch) = ended.try_recv() {
-                exported.add(&self.export(&batch, &mut collectors, jsonl.as_mut()));
-            }
-            let mut st = self.status.lock().unwrap();
-            exported.into_status(&mut st);
-            st.problem = (!problems.is_empty()).then(|| problems.join("; "));
-            if reported.elapsed() >= Duration::from_secs(1) {
-                if let Ok(counters) = tables.counters() {
-                    for (c, v) in counters {
-                        match c {
-                            Counter::FlowLogRingFull => st.dropped.ring_full = v,
-                            Counter::FlowLogAcctFull => st.dropped.acct_full = v,
-                            _ => {}
-                        }
-                    }
-                }
-                (self.report)(&st);
-                reported = Instant::now();
-            }
-        }
-        Ok(())
-    }
-
-    /// Names, filters and exports `events`, [`BATCH`] records at a time.
-    fn export(
-        &self,
-        events: &[FlowEvent],
-        collectors: &mut [Collector],
-        mut jsonl: Option<&mut jsonl::Writer>,
-    ) -> Exported {
-        let mut out = Exported::default();
-        let names = self.names.lock().unwrap().clone();
-        let clock = Clock::now();
-        for chunk in events.chunks(BATCH) {
-            let records: Vec<FlowRecord> = chunk
-                .iter()
-                .map(|e| FlowRecord::of(e, &clock, &names))
-                .filter(|r| {
-                    // A record whose rules have no name any more is kept.
-                    let mut kinds = r.kinds().peekable();
-                    let keep = self.spec.kinds.is_empty()
-                        || kinds.peek().is_none()
-                        || kinds.any(|k| self.spec.kinds.contains(&k));
-                    out.filtered += u64::from(!keep);
-                    keep
-                })
-                .collect();
-            for r in &records {
-                match r.event {
-                    record::Event::Start => out.starts += 1,
-                    record::Event::End(_) => out.ends += 1,
-                }
-            }
-            for c in collectors.iter_mut() {
-                match &mut c.exporter {
-                    Some(x) => {
-                        let (sent, lost) = x.send(&records);
-                        out.ipfix_sent += sent;
-                        out.ipfix_lost += lost;
-                    }
-                    None => out.ipfix_lost += records.len() as u64,
-                }
-            }
-            if let Some(w) = jsonl.as_deref_mut()
-                && !records.is_empty()
-            {
-                let mut lines = String::with_capacity(records.len() * 400);
-                for r in &records {
-                    lines.push_str(&jsonl::line(r));
-                    lines.push('\n');
-                }
-                match w.write(&lines) {
-                    Ok(()) => out.jsonl_written += records.len() as u64,
-                    Err(e) => {
-                        out.jsonl_lost += records.len() as u64;
-                        warn!("flow logs: writing JSON Lines: {e}");
-                    }
-                }
-            }
-        }
-        // Templates go out on time even without records.
-        if events.is_empty() {
-            for x in collectors.iter_mut().filter_map(|c| c.exporter.as_mut()) {
-                x.send(&[]);
-            }
-        }
-        out
-    }
-}
-
-/// The scan's loop: every [`SCAN_EVERY`] (or ten times what the last scan
-/// took), the end records of the flows gone, handed to the exporting
-/// thread in batches (it waits while the exporter is behind).
-fn scan_until_stopped(
-    bpffs: &std::path::Path,
-    stop: &AtomicBool,
-    ended: &std::sync::mpsc::SyncSender<Vec<FlowEvent>>,
-    status: &Mutex<FlowLogStatus>,
-) {
-    let mut next = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(POLL);
-        if Instant::now() < next {
-            continue;
-        }
-        let began = Instant::now();
-        let scan = Tables::open(bpffs).and_then(|t| ends::scan(&t, monotonic_ns()));
-        let took = began.elapsed();
-        next = Instant::now() + SCAN_EVERY.max(took * 10);
-        match scan {
-            Ok(scan) => {
-                {
-                    let mut st = status.lock().unwrap();
-                    st.logged_flows = scan.alive;
-                    st.last_scan = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).ok().map(|d| d.as_secs());
-                    st.last_scan_ms = took.as_millis() as u64;
-                }
-                for batch in scan.ended.chunks(BATCH) {
-                    if ended.send(batch.to_vec()).is_err() {
-                        return;
-                    }
-                }
-            }
-            Err(e) => warn!("flow logs: scanning for ended flows: {e:#}"),
-        }
-    }
-}
-
-#[derive(Default)]
-struct Exported {
-    starts: u64,
-    ends: u64,
-    filtered: u64,
-    ipfix_sent: u64,
-    ipfix_lost: u64,
-    jsonl_written: u64,
-    jsonl_lost: u64,
-}
-
-impl Exported {
-    fn add(&mut self, o: &Exported) {
-        self.starts += o.starts;
-        self.ends += o.ends;
-        self.filtered += o.filtered;
-        self.ipfix_sent += o.ipfix_sent;
-        self.ipfix_lost += o.ipfix_lost;
-        self.jsonl_written += o.jsonl_written;
-        self.jsonl_lost += o.jsonl_lost;
-    }
-
-    fn into_status(self, st: &mut FlowLogStatus) {
-        st.start_records += self.starts;
-        st.end_records += self.ends;
-        st.filtered += self.filtered;
-        st.ipfix_sent += self.ipfix_sent;
-        st.dropped.ipfix_send_failed += self.ipfix_lost;
-        st.jsonl_written += self.jsonl_written;
-        st.dropped.jsonl_write_failed += self.jsonl_lost;
     }
 }

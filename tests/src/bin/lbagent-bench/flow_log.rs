@@ -69,6 +69,7 @@ fn cost(reps: usize, out: &mut String) -> Result<()> {
         eprint!(".");
     }
     let (off, on) = (median(off), median(on));
+    let capacity = capacity(&mut e)?;
     writeln!(
         out,
         "\n## 20. Flow logs\n\nA new flow's first packet in the program (BPF_PROG_TEST_RUN, each of {FLOWS} new UDP flows through a DNAT rule timed once; median of {reps} rounds):\n"
@@ -76,7 +77,64 @@ fn cost(reps: usize, out: &mut String) -> Result<()> {
     writeln!(out, "| flow logs | ns per new flow |\n|---|---:|")?;
     writeln!(out, "| off | {off:.0} |\n| start and end (start record, counts created) | {on:.0} |")?;
     writeln!(out, "\nLogging adds {:.0} ns to a new flow.", on - off)?;
+    let (offered, logged, lost) = capacity;
+    writeln!(
+        out,
+        "\nThe logger's capacity: new flows made as fast as one core runs the program (BPF_PROG_TEST_RUN, {CAPACITY_SECS} s), their start records consumed by the agent's logger on the other core and written as JSON Lines: {offered:.0} new flows/s offered, {logged:.0} records/s logged, {lost} lost (`flow_log_ring_full`).",
+    )?;
     Ok(())
+}
+
+const CAPACITY_SECS: u64 = 3;
+
+/// New flows through `e`'s DNAT rule, as fast as this thread runs the
+/// program, for [`CAPACITY_SECS`], with a logger consuming their start
+/// records (JSON Lines in a temporary directory): (flows/s offered,
+/// records/s logged, records lost to a full ring).
+fn capacity(e: &mut TestZone) -> Result<(f64, f64, u64)> {
+    let dir = std::env::temp_dir().join(lbagent_tests::unique("flowcap"));
+    let mut alloc = Allocations::default();
+    alloc.zones.insert("natgw/bench".into(), ZONE);
+    let status = Arc::new(Mutex::new(FlowLogStatus::default()));
+    let seen = status.clone();
+    let mut logger = FlowLogger::new(e.pins.root.clone(), dir.clone(), move |s| *seen.lock().unwrap() = s.clone());
+    let spec = FlowLogSpec {
+        start: true,
+        end: false,
+        objects: BTreeSet::new(),
+        kinds: BTreeSet::new(),
+        sample: 1,
+        ipfix: vec![],
+        jsonl: Some(JsonlSpec::File { name: "flows.jsonl".into(), max_bytes: 1 << 32, keep: 1 }),
+    };
+    logger.sync(Some(&spec), &alloc)?;
+    let lost_before = e.tables.counter(Counter::FlowLogRingFull)?;
+    let started = Instant::now();
+    let mut flows = 0u32;
+    while started.elapsed() < Duration::from_secs(CAPACITY_SECS) {
+        let src = [10, 100 + (flows >> 24) as u8 % 100, (flows >> 16) as u8, (flows >> 8) as u8];
+        let f = frame(
+            &Ip::new(src, [198, 51, 100, 10]),
+            &L4::Udp { sport: 1024 + (flows as u16 & 0xff), dport: 53, payload: vec![0; 64], zero_csum: false },
+        );
+        e.time(&f, 1)?;
+        flows += 1;
+        if flows % 50_000 == 0 {
+            // Keep `ct_new` from filling (its LRU would evict, not refuse).
+            e.tables.flush_conntrack(|_, _| true)?;
+        }
+    }
+    let took = started.elapsed().as_secs_f64();
+    let lost = e.tables.counter(Counter::FlowLogRingFull)? - lost_before;
+    let limit = Instant::now() + Duration::from_secs(30);
+    while status.lock().unwrap().jsonl_written + lost < u64::from(flows) && Instant::now() < limit {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let logged = status.lock().unwrap().jsonl_written;
+    logger.sync(None, &alloc)?;
+    e.tables.flush_conntrack(|_, _| true)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((f64::from(flows) / took, logged as f64 / took, lost))
 }
 
 /// ulogd2 in `ns`: conntrack new and destroy events (NFCT) exported as
@@ -158,11 +216,7 @@ fn rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
     }
     let mut alloc = Allocations::default();
     alloc.zones.insert("natgw/bench".into(), ZONE);
-    let status = Arc::new(Mutex::new(FlowLogStatus::default()));
-    let seen = status.clone();
     let log_dir = std::env::temp_dir().join(lbagent_tests::unique("flowlogs"));
-    let mut logger =
-        FlowLogger::new(ebpf.pins.root.clone(), log_dir.clone(), move |s| *seen.lock().unwrap() = s.clone());
     // Rows: (name, flows/s, expected records, exported records, lost records).
     let mut rows: Vec<(&str, Vec<f64>, u64, u64, u64)> = vec![
         ("eBPF engine, no flow logs", vec![], 0, 0, 0),
@@ -171,9 +225,13 @@ fn rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
         ("iptables + ulogd2 (NFCT new and destroy events, IPFIX to nfcapd)", vec![], 0, 0, 0),
     ];
     for _ in 0..reps {
-        // eBPF without, then with logs.
-        logger.sync(None, &alloc)?;
+        // eBPF without, then with logs (a logger of its own each round:
+        // its counts start at zero).
         rows[0].1.push(udp_flow_rate(&ebpf.client.name, resolver, dur)?.0);
+        let status = Arc::new(Mutex::new(FlowLogStatus::default()));
+        let seen = status.clone();
+        let mut logger =
+            FlowLogger::new(ebpf.pins.root.clone(), log_dir.clone(), move |s| *seen.lock().unwrap() = s.clone());
         let collector = Nfcapd::start()?;
         let spec = FlowLogSpec {
             start: true,
@@ -188,7 +246,6 @@ fn rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
             }],
             jsonl: Some(JsonlSpec::File { name: "flows.jsonl".into(), max_bytes: 1 << 30, keep: 1 }),
         };
-        *status.lock().unwrap() = FlowLogStatus::default();
         let new_before = ebpf.tables.counter(Counter::NewFlows)?;
         logger.sync(Some(&spec), &alloc)?;
         rows[1].1.push(udp_flow_rate(&ebpf.client.name, resolver, dur)?.0);
@@ -206,10 +263,7 @@ fn rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
         rows[1].2 += 2 * flows;
         rows[1].3 += got;
         rows[1].4 += (2 * flows).saturating_sub(got);
-        eprintln!(
-            "flow logs: {flows} flows, {} start and {} end records, {got} decoded, dropped {:?}",
-            st.start_records, st.end_records, st.dropped
-        );
+        eprintln!("flow logs: {flows} flows, {} end records, {got} decoded, dropped {:?}", st.end_records, st.dropped);
         let _ = std::fs::remove_dir_all(&log_dir);
         // iptables without, then with ulogd2 (from an empty table: the
         // first run's flows would end during the second and be logged).
@@ -221,8 +275,14 @@ fn rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
         let (rate, lost) = udp_flow_rate(&ipt.client.name, resolver, dur)?;
         rows[3].1.push(rate);
         let flows = (rate * started.elapsed().as_secs_f64()) as u64 + u64::from(lost);
-        // The destroy events: the flows' timeout, then the kernel's GC.
-        std::thread::sleep(Duration::from_secs(u64::from(UDP_BENCH_TIMEOUT_S) + 10));
+        // The destroy events: the flows' timeout, then the kernel's GC,
+        // until the table is empty.
+        std::thread::sleep(Duration::from_secs(u64::from(UDP_BENCH_TIMEOUT_S)));
+        let limit = Instant::now() + Duration::from_secs(90);
+        while Instant::now() < limit && ipt.nat.exec(&["conntrack", "-C"])?.trim() != "0" {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        std::thread::sleep(Duration::from_secs(2));
         let log = ulogd.log();
         drop(ulogd);
         let got = decoded(collector)? as u64;

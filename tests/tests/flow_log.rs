@@ -189,7 +189,7 @@ fn nat_flows_are_logged_as_ipfix_and_json_lines_with_every_end_reason() {
     assert_eq!((fip[0]["xlate_dst"].as_str(), fip[0]["xlate_dport"].as_u64()), (Some("10.10.0.21"), Some(7000)));
     assert_eq!(fip[0]["dnat_rule"], format!("natgw/{}/fip/198.51.100.10", b.gw).as_str());
     // Every record the logger wrote, the collector decoded the same.
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_secs(1));
     logger.stop();
     drop(held);
     let decoded = nfcapd.records().unwrap();

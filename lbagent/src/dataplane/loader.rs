@@ -342,7 +342,10 @@ fn load_from(dir: &Path, zone: u16, sizes: CtSizes, log_level: u8) -> Result<Ebp
     }
     // Every flow both tables hold may be logged, with its counts in
     // `flow_acct` (not preallocated: the size costs only its buckets).
-    loader.map_max_entries(lbagent_common::MAP_FLOW_ACCT.name, (sizes.established + sizes.new) / 2);
+    // Counts outlive their entries until the next scan (an evicted
+    // `ct_new` flow's): room for a flow per entry of both tables.
+    let acct = (u64::from(sizes.established) + u64::from(sizes.new)).min(u64::from(u32::MAX)) as u32;
+    loader.map_max_entries(lbagent_common::MAP_FLOW_ACCT.name, acct);
     // The previous layout's tables, pinned by an upgrade at their own size
     // (`migrate`), and a pinned `flow_acct` are reused as they are.
     for name in

@@ -6,6 +6,8 @@
 //! from its counts, and its counts go. A flow the program closed (FIN, RST)
 //! had its end record then: its counts only go.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::Result;
 use lbagent_common::*;
 
@@ -35,35 +37,43 @@ fn reason(a: &FlowAcct, proto: u8, cfg: &NatConfig, now_ns: u64) -> u8 {
     }
 }
 
-/// One scan of `flow_acct` at `now_ns` (monotonic).
-pub fn scan(t: &Tables, now_ns: u64) -> Result<Scan> {
+/// One scan of `flow_acct` at `now_ns` (monotonic). A set `stop` ends it
+/// between two batches, with what it found so far (counts are removed
+/// only for the end records it returns).
+pub fn scan(t: &Tables, now_ns: u64, stop: &AtomicBool) -> Result<Scan> {
     let cfg = t.config()?;
     let alive = t.alive_checker()?;
+    let acct = t.hash(MAP_FLOW_ACCT)?;
     let mut out = Scan::default();
     let mut gone = Vec::new();
     t.each_flow_acct(|keys, values| {
-        for (k, a) in keys.iter().zip(values) {
-            match alive.alive(k, &a.xlate) {
-                true => out.alive += 1,
-                false => {
-                    gone.push(*k);
-                    // The program wrote its end record.
-                    if matches!(a.ended, FLOW_END_FIN | FLOW_END_RST) {
-                        continue;
-                    }
-                    let why = reason(a, k.orig.proto, &cfg, now_ns);
-                    let mut e = FlowEvent::ipv4(FLOW_EVENT_END, &k.orig, &a.xlate, a.flags, a.dnat_rule, a.snat_rule);
-                    // An agent's deletion ends the flow now; any other end
-                    // is the flow's last packet.
-                    e.time_ns = if matches!(why, FLOW_END_FLUSH | FLOW_END_RULE_REMOVED) { now_ns } else { a.last_ns };
-                    e.start_ns = a.start_ns;
-                    e.created_ms = k.created_ms;
-                    e.packets = a.packets;
-                    e.bytes = a.bytes;
-                    e.reason = why;
-                    out.ended.push(e);
-                }
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        for (k, read) in keys.iter().zip(values) {
+            if alive.alive(k, &read.xlate) {
+                out.alive += 1;
+                continue;
             }
+            // Read again now that the flow is gone: the batch's copy may
+            // predate the agent's mark (a flush) or the program's close.
+            let Ok(a) = acct.get(k, 0) else { continue };
+            gone.push(*k);
+            // The program wrote its end record.
+            if matches!(a.ended, FLOW_END_FIN | FLOW_END_RST) {
+                continue;
+            }
+            let why = reason(&a, k.orig.proto, &cfg, now_ns);
+            let mut e = FlowEvent::ipv4(FLOW_EVENT_END, &k.orig, &a.xlate, a.flags, a.dnat_rule, a.snat_rule);
+            // An agent's deletion ends the flow now; any other end is the
+            // flow's last packet.
+            e.time_ns = if matches!(why, FLOW_END_FLUSH | FLOW_END_RULE_REMOVED) { now_ns } else { a.last_ns };
+            e.start_ns = a.start_ns;
+            e.created_ms = k.created_ms;
+            e.packets = a.packets;
+            e.bytes = a.bytes;
+            e.reason = why;
+            out.ended.push(e);
         }
     })?;
     t.remove_flow_acct(&gone)?;

@@ -42,6 +42,8 @@ struct Collector {
     spec: IpfixSpec,
     exporter: Option<ipfix::Exporter>,
     retry_at: Instant,
+    /// Why its socket could not be made (shown until it can).
+    problem: Option<String>,
 }
 
 impl Logger {
@@ -56,21 +58,34 @@ impl Logger {
                 .spawn(move || scan_until_stopped(&bpffs, &stop, &ended_tx, &status))
                 .expect("spawning the flow-log scan")
         });
-        while !self.stop.load(Ordering::Relaxed) {
-            if let Err(e) = self.export_until_stopped(&ended) {
-                let why = format!("{e:#}");
-                warn!("flow logs: {why}; retrying in 1 s");
-                let st = {
-                    let mut st = self.status.lock().unwrap();
-                    st.running = false;
-                    st.problem = Some(why);
-                    st.clone()
-                };
-                (self.report)(&st);
-                std::thread::sleep(Duration::from_secs(1));
+        let mut done = false;
+        while !done {
+            match self.export_until_stopped(&ended) {
+                Ok(()) => done = true,
+                Err(e) if self.stop.load(Ordering::Relaxed) => {
+                    warn!("flow logs: {e:#}");
+                    done = true;
+                }
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    warn!("flow logs: {why}; retrying in 1 s");
+                    let st = {
+                        let mut st = self.status.lock().unwrap();
+                        st.running = false;
+                        st.problem = Some(why);
+                        st.clone()
+                    };
+                    (self.report)(&st);
+                    std::thread::sleep(Duration::from_secs(1));
+                }
             }
         }
-        drop(ended);
+        // Whatever the scan still hands over is lost: count it.
+        let mut lost = 0;
+        while let Ok(batch) = ended.recv() {
+            lost += batch.len() as u64;
+        }
+        self.status.lock().unwrap().dropped.stopped += lost;
         if let Some(s) = scanner {
             let _ = s.join();
         }
@@ -90,7 +105,7 @@ impl Logger {
             .spec
             .ipfix
             .iter()
-            .map(|c| Collector { spec: c.clone(), exporter: None, retry_at: Instant::now() })
+            .map(|c| Collector { spec: c.clone(), exporter: None, retry_at: Instant::now(), problem: None })
             .collect();
         let mut jsonl = self.spec.jsonl.clone().map(|j| jsonl::Writer::new(j, self.dir.clone()));
         {
@@ -100,17 +115,30 @@ impl Logger {
         }
         let mut reported = Instant::now() - Duration::from_secs(1);
         let mut events: Vec<FlowEvent> = Vec::with_capacity(BATCH);
-        while !self.stop.load(Ordering::Relaxed) {
-            let mut problems = Vec::new();
+        // Until stopped and the scan has handed over its last records.
+        let mut scan_over = false;
+        while !(self.stop.load(Ordering::Relaxed) && scan_over) {
             for c in collectors.iter_mut().filter(|c| c.exporter.is_none() && Instant::now() >= c.retry_at) {
                 match ipfix::Exporter::new(c.spec.clone()) {
-                    Ok(x) => c.exporter = Some(x),
+                    Ok(x) => {
+                        c.exporter = Some(x);
+                        c.problem = None;
+                    }
                     Err(e) => {
+                        if c.problem.is_none() {
+                            warn!(
+                                "flow logs: IPFIX collector {}: {e}; retrying every {} s",
+                                c.spec.collector,
+                                RETRY.as_secs()
+                            );
+                        }
                         c.retry_at = Instant::now() + RETRY;
-                        problems.push(format!("IPFIX collector {}: {e}", c.spec.collector));
+                        c.problem = Some(format!("IPFIX collector {}: {e}", c.spec.collector));
                     }
                 }
             }
+            let problems: Vec<&str> = collectors.iter().filter_map(|c| c.problem.as_deref()).collect();
+            let problem = (!problems.is_empty()).then(|| problems.join("; "));
             let mut pfd = libc::pollfd { fd: ring.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd for the call's duration.
             unsafe { libc::poll(&mut pfd, 1, POLL.as_millis() as i32) };
@@ -125,12 +153,19 @@ impl Logger {
             }
             let mut exported = self.export(&events, &mut collectors, jsonl.as_mut());
             events.clear();
-            while let Ok(batch) = ended.try_recv() {
-                exported.add(&self.export(&batch, &mut collectors, jsonl.as_mut()));
+            loop {
+                match ended.try_recv() {
+                    Ok(batch) => exported.add(&self.export(&batch, &mut collectors, jsonl.as_mut())),
+                    Err(std::sync::mpsc::TryRecvError::Empty) => break,
+                    Err(std::sync::mpsc::TryRecvError::Disconnected) => {
+                        scan_over = true;
+                        break;
+                    }
+                }
             }
             let mut st = self.status.lock().unwrap();
             exported.into_status(&mut st);
-            st.problem = (!problems.is_empty()).then(|| problems.join("; "));
+            st.problem = problem;
             if reported.elapsed() >= Duration::from_secs(1) {
                 if let Ok(counters) = tables.counters() {
                     for (c, v) in counters {
@@ -231,7 +266,7 @@ fn scan_until_stopped(
             continue;
         }
         let began = Instant::now();
-        let scan = Tables::open(bpffs).and_then(|t| ends::scan(&t, monotonic_ns()));
+        let scan = Tables::open(bpffs).and_then(|t| ends::scan(&t, monotonic_ns(), stop));
         let took = began.elapsed();
         next = Instant::now() + SCAN_EVERY.max(took * 10);
         match scan {

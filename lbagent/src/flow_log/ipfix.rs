@@ -326,10 +326,20 @@ impl Exporter {
             return (0, 0);
         }
         let (mut sent, mut lost) = (0, 0);
+        let mut full = false;
         for (msg, n) in self.encoder.messages(records, now) {
+            // After one send waited in vain, the batch's rest is lost
+            // without waiting again.
+            if full {
+                lost += u64::from(n);
+                continue;
+            }
             match self.socket.send(&msg) {
                 Ok(_) => sent += u64::from(n),
-                Err(_) => lost += u64::from(n),
+                Err(e) => {
+                    full = matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
+                    lost += u64::from(n);
+                }
             }
         }
         (sent, lost)

@@ -101,7 +101,11 @@ impl Writer {
                 let (path, max_bytes, keep) = (self.dir.join(name), *max_bytes, *keep);
                 if self.file.as_ref().is_some_and(|(_, size)| *size > 0 && size + lines.len() as u64 > max_bytes) {
                     self.file = None;
-                    rotate(&path, keep)?;
+                    // A rotation that fails leaves the file to grow: the
+                    // records are kept.
+                    if let Err(e) = rotate(&path, keep) {
+                        tracing::warn!("flow logs: rotating {}: {e}", path.display());
+                    }
                 }
                 let (file, size) = match &mut self.file {
                     Some(f) => f,
@@ -126,17 +130,32 @@ impl Writer {
 fn open(dir: &Path, path: &Path) -> io::Result<(File, u64)> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)?;
-    let file = OpenOptions::new()
+    // O_NONBLOCK: a FIFO under the name would block the open (refused
+    // below; a regular file ignores the flag).
+    let mut file = OpenOptions::new()
         .create(true)
+        .read(true)
         .append(true)
         .mode(0o640)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(io::Error::other(format!("{} is not a regular file", path.display())));
     }
-    Ok((file, meta.len()))
+    // A partial line a failed write left (a full disk) ends here: the
+    // next line starts on its own.
+    let mut size = meta.len();
+    if size > 0 {
+        use std::os::unix::fs::FileExt;
+        let mut last = [0u8; 1];
+        file.read_exact_at(&mut last, size - 1)?;
+        if last[0] != b'\n' {
+            file.write_all(b"\n")?;
+            size += 1;
+        }
+    }
+    Ok((file, size))
 }
 
 /// `path` → `path.1` → … → `path.<keep>` (the oldest goes). Only regular
@@ -232,6 +251,11 @@ mod tests {
         assert_eq!(read("flows.jsonl.1"), line);
         assert_eq!(read("flows.jsonl.2"), line);
         assert!(!dir.join("flows.jsonl.3").exists());
+        // A partial line (a write that failed half way) ends before the next.
+        fs::write(dir.join("flows.jsonl"), "{\"partial").unwrap();
+        let mut w = Writer::new(JsonlSpec::File { name: "flows.jsonl".into(), max_bytes: 1000, keep: 2 }, dir.clone());
+        w.write(&line).unwrap();
+        assert_eq!(read("flows.jsonl"), format!("{{\"partial\n{line}"));
         // A symlink planted under the file's name is not written through.
         fs::remove_file(dir.join("flows.jsonl")).unwrap();
         std::os::unix::fs::symlink(dir.join("target"), dir.join("flows.jsonl")).unwrap();

@@ -100,10 +100,13 @@ impl Names {
         self.rules.get(&id).or_else(|| self.gone.get(&id).map(|(k, _)| k)).cloned()
     }
 
-    /// A record's object: its rule's, else its zone's.
-    pub fn object(&self, zone: u16, rule: Option<&Arc<str>>) -> Option<Arc<str>> {
+    /// A record's object: its rule's, else its zone's when it has no rule
+    /// (`ruled`: it has one, named or not; a rule without a name here is
+    /// another object's for all the zone says: its zone id may be reused).
+    pub fn object(&self, zone: u16, ruled: bool, rule: Option<&Arc<str>>) -> Option<Arc<str>> {
         match rule {
             Some(key) => Some(Arc::from(crate::naming::rule_object(key).trim_end_matches('/'))),
+            None if ruled => None,
             None => self.zones.get(&zone).cloned(),
         }
     }
@@ -134,22 +137,28 @@ pub struct FlowLogStatus {
 
 /// Records lost, by reason: the ring was full (the program's count), a
 /// logged flow had no room for its counts (so no end record), a send to a
-/// collector failed, a write to the file failed.
+/// collector failed, a write to the file failed, the logger stopped (a
+/// change of `agent.flow_logs`, the daemon's stop) with end records of a
+/// scan not exported.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct FlowLogDrops {
     pub ring_full: u64,
     pub acct_full: u64,
     pub ipfix_send_failed: u64,
     pub jsonl_write_failed: u64,
+    /// End records a scan made that the logger, stopping, did not export.
+    #[serde(default)]
+    pub stopped: u64,
 }
 
 impl FlowLogDrops {
-    pub fn by_name(&self) -> [(&'static str, u64); 4] {
+    pub fn by_name(&self) -> [(&'static str, u64); 5] {
         [
             ("ring_full", self.ring_full),
             ("acct_full", self.acct_full),
             ("ipfix_send_failed", self.ipfix_send_failed),
             ("jsonl_write_failed", self.jsonl_write_failed),
+            ("stopped", self.stopped),
         ]
     }
 }

@@ -95,7 +95,11 @@ impl FlowRecord {
             time: clock.wall(e.time_ns),
             start: clock.wall(e.start_ns),
             zone: e.zone,
-            object: names.object(e.zone, names.rule(e.snat_rule).or_else(|| names.rule(e.dnat_rule)).as_ref()),
+            object: names.object(
+                e.zone,
+                e.dnat_rule | e.snat_rule != 0,
+                names.rule(e.snat_rule).or_else(|| names.rule(e.dnat_rule)).as_ref(),
+            ),
             dnat_rule: names.rule(e.dnat_rule),
             snat_rule: names.rule(e.snat_rule),
             proto: e.proto,

@@ -10,46 +10,25 @@
 //! halves of a flow may be handled on two CPUs at once. Only logged flows
 //! (`CT_F_LOGGED`, drawn at creation) pay for the lookup of their counts.
 
-use aya_ebpf::{
-    EbpfContext,
-    bindings::{__sk_buff, BPF_NOEXIST},
-    helpers::bpf_get_prandom_u32,
-    programs::TcContext,
-};
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_get_prandom_u32, programs::TcContext};
 use lbagent_common::*;
 
 use crate::{
     conntrack::NewFlow,
     counters::count,
-    hdr::{tcp, udp},
     maps::{FLOW_ACCT, FLOW_EVENTS, FLOW_LOG_SCRATCH, FLOW_LOG_ZONES},
     parse::Packet,
 };
 
 /// A packet as flow records count it: (packets, bytes), the bytes of its
 /// IP header and payload (IPFIX's octet counts, not the Ethernet header
-/// the TC hook sees). A GSO packet counts as the segments it leaves as,
-/// each with its own headers (`gso_size`; a TCP or UDP header after the
-/// IP header).
+/// the TC hook sees). A GSO packet counts as one packet (its segments'
+/// headers are not counted): the segment arithmetic on both the new-flow
+/// and the hit path took the program past the verifier's million
+/// instructions with eBPF logs on.
 #[inline(always)]
 pub fn ip_bytes(ctx: &TcContext, p: &Packet) -> (u64, u64) {
-    let bytes = (ctx.len() as u64).saturating_sub(p.l3 as u64);
-    // SAFETY: the context pointer of a TC program is a valid __sk_buff.
-    let gso_size = unsafe { (*(ctx.as_ptr() as *const __sk_buff)).gso_size } as u64;
-    if gso_size == 0 {
-        return (1, bytes);
-    }
-    let l4 = if p.tuple.proto == PROTO_TCP {
-        match ctx.load::<u8>(p.l4 + tcp::DOFF) {
-            Ok(b) => ((b >> 4) as u64) * 4,
-            Err(_) => tcp::MIN_LEN as u64,
-        }
-    } else {
-        udp::LEN as u64
-    };
-    let headers = (p.l4 - p.l3) as u64 + l4;
-    let segs = bytes.saturating_sub(headers).div_ceil(gso_size).max(1);
-    (segs, bytes + (segs - 1) * headers)
+    (1, (ctx.len() as u64).saturating_sub(p.l3 as u64))
 }
 
 /// What a new flow of `zone` logs (`FLOW_LOG_*`; 0: nothing), its sample

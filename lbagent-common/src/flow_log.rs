@@ -27,6 +27,10 @@ pub const FLOW_LOG_START: u32 = 1;
 /// End records (the program counts each logged flow's packets and bytes in
 /// `flow_acct` for them).
 pub const FLOW_LOG_END: u32 = 2;
+/// A start record of every new flow of the zone, whatever the sample, for
+/// the HA pair's sync (`lbagent/src/ha/`); the record says whether it is
+/// also logged ([`FlowEvent::serves`]).
+pub const FLOW_LOG_SYNC: u32 = 4;
 
 /// Size of `flow_events` in bytes (a power of two, pages): about 27 600
 /// records (144 bytes and the ring's 8-byte header each).
@@ -154,7 +158,10 @@ pub struct FlowEvent {
     pub family: u8,
     /// `CT_F_*` of the original direction.
     pub flags: u8,
-    pub _pad0: u8,
+    /// The `FLOW_LOG_*` bits of the consumers the record is for: a start
+    /// record is logged with `FLOW_LOG_START`, synced to the HA peer with
+    /// `FLOW_LOG_SYNC`; end records carry `FLOW_LOG_END`.
+    pub serves: u8,
     pub _pad1: u32,
 }
 
@@ -188,6 +195,7 @@ impl FlowEvent {
             proto: orig.proto,
             family: 4,
             flags,
+            serves: if kind == FLOW_EVENT_END { FLOW_LOG_END as u8 } else { FLOW_LOG_START as u8 },
             dnat_rule,
             snat_rule,
             ..FlowEvent::default()

@@ -32,7 +32,7 @@ pub fn ip_bytes(ctx: &TcContext, p: &Packet) -> (u64, u64) {
 }
 
 /// What a new flow of `zone` logs (`FLOW_LOG_*`; 0: nothing), its sample
-/// drawn.
+/// drawn. The HA sync (`FLOW_LOG_SYNC`) takes every flow.
 #[inline(always)]
 pub fn wanted(zone: u16) -> u32 {
     let Some(z) = FLOW_LOG_ZONES.get(zone as u32) else { return 0 };
@@ -41,7 +41,7 @@ pub fn wanted(zone: u16) -> u32 {
     }
     // SAFETY: bpf_get_prandom_u32 has no preconditions.
     if z.sample > 1 && unsafe { bpf_get_prandom_u32() } % z.sample != 0 {
-        return 0;
+        return z.flags & FLOW_LOG_SYNC;
     }
     z.flags
 }
@@ -88,7 +88,7 @@ pub fn started(what: u32, xlate: &Tuple, f: &NewFlow, ctx: &TcContext, p: &Packe
             count(Counter::FlowLogAcctFull);
         }
     }
-    if what & FLOW_LOG_START == 0 {
+    if what & (FLOW_LOG_START | FLOW_LOG_SYNC) == 0 {
         return;
     }
     let Some(mut slot) = FLOW_EVENTS.reserve(0) else {
@@ -109,6 +109,7 @@ pub fn started(what: u32, xlate: &Tuple, f: &NewFlow, ctx: &TcContext, p: &Packe
         (*r).kind = FLOW_EVENT_START;
         (*r).reason = 0;
         (*r).flags = flags;
+        (*r).serves = (what & (FLOW_LOG_START | FLOW_LOG_SYNC)) as u8;
     }
     slot.submit(0);
 }
@@ -133,7 +134,6 @@ unsafe fn write_tuples(r: *mut FlowEvent, orig: &Tuple, xlate: &Tuple) {
         (*r).zone = orig.zone;
         (*r).proto = orig.proto;
         (*r).family = 4;
-        (*r)._pad0 = 0;
         (*r)._pad1 = 0;
     }
 }
@@ -225,6 +225,7 @@ pub fn closed(key: &Tuple, e: &CtEntry, rst: bool, now: u64) {
         (*r).kind = FLOW_EVENT_END;
         (*r).reason = reason;
         (*r).flags = a.flags;
+        (*r).serves = FLOW_LOG_END as u8;
     }
     slot.submit(0);
 }

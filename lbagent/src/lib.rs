@@ -27,6 +27,7 @@ pub mod dataplane;
 pub mod files;
 pub mod fleet;
 pub mod flow_log;
+pub mod ha;
 pub mod lb;
 pub mod naming;
 pub mod natgw;

@@ -3,17 +3,53 @@
 //! name objects and rules in the allocation store, reports, status,
 //! metrics and logs.
 
-use std::net::Ipv4Addr;
+use std::{net::Ipv4Addr, sync::OnceLock};
 
 use crate::proto::Protocol;
 
-/// Network namespace of load balancer `id`.
-pub fn lb_netns(id: &str) -> String {
-    format!("lb-{id}")
+static INSTANCE: OnceLock<String> = OnceLock::new();
+
+/// The agent's instance tag (`lbagent run --instance`), set once at start:
+/// two agents on one host (the two halves of an HA pair on one test
+/// machine) name their namespaces and links apart with it. Empty (the
+/// default): the names below. Object and rule keys never carry it: both
+/// halves of a pair name the same objects the same.
+pub fn set_instance(tag: &str) -> Result<(), String> {
+    if tag.len() > MAX_INSTANCE || !tag.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+        return Err(format!("instance {tag:?}: at most {MAX_INSTANCE} characters a-z, 0-9"));
+    }
+    INSTANCE.set(tag.to_string()).map_err(|_| "the instance tag is already set".to_string())
 }
 
-fn short(id: &str) -> &str {
-    &id[..id.len().min(13)]
+/// Longest instance tag.
+pub const MAX_INSTANCE: usize = 8;
+
+fn instance() -> &'static str {
+    INSTANCE.get().map(String::as_str).unwrap_or("")
+}
+
+/// `name`, tagged with `instance` for the hashed link names.
+fn tagged(instance: &str, name: &str) -> String {
+    if instance.is_empty() { name.to_string() } else { format!("{instance}/{name}") }
+}
+
+/// Network namespace of load balancer `id`.
+pub fn lb_netns(id: &str) -> String {
+    lb_netns_of(instance(), id)
+}
+
+/// [`lb_netns`] of the agent with instance tag `instance`.
+pub fn lb_netns_of(instance: &str, id: &str) -> String {
+    if instance.is_empty() { format!("lb-{id}") } else { format!("{instance}-lb-{id}") }
+}
+
+/// `id[:13]`, or with an instance tag the hash of both (link names fit
+/// IFNAMSIZ).
+fn short(id: &str) -> String {
+    match instance() {
+        "" => id[..id.len().min(13)].to_string(),
+        i => short_hash(&tagged(i, id)),
+    }
 }
 
 /// The OVN-side veth pair: `o<id[:13]>0` (in the namespace) / `…1` (host, OVS port).
@@ -33,7 +69,12 @@ pub fn lb_iface_id(id: &str) -> String {
 
 /// Network namespace of NAT gateway `name`.
 pub fn gw_netns(name: &str) -> String {
-    format!("natgw-{name}")
+    gw_netns_of(instance(), name)
+}
+
+/// [`gw_netns`] of the agent with instance tag `instance`.
+pub fn gw_netns_of(instance: &str, name: &str) -> String {
+    if instance.is_empty() { format!("natgw-{name}") } else { format!("{instance}-natgw-{name}") }
 }
 
 /// A gateway's interface toward the VPC, inside its namespace (the name
@@ -47,7 +88,12 @@ pub const GW_EXT_IF: &str = "net1";
 /// `ngw<hash>x`, where `<hash>` is `short_hash(name)` (names fit IFNAMSIZ
 /// and depend on nothing but the name, so any agent can find them).
 pub fn gw_host_veths(name: &str) -> (String, String) {
-    let h = short_hash(name);
+    gw_host_veths_of(instance(), name)
+}
+
+/// [`gw_host_veths`] of the agent with instance tag `instance`.
+pub fn gw_host_veths_of(instance: &str, name: &str) -> (String, String) {
+    let h = short_hash(&tagged(instance, name));
     (format!("ngw{h}l"), format!("ngw{h}x"))
 }
 
@@ -64,7 +110,7 @@ pub fn gw_ext_iface_id(name: &str) -> String {
 /// Temporary peer names used while a gateway's `eth0`/`net1` are created in
 /// the host (those names may exist there): `ngw<hash>lp` / `ngw<hash>xp`.
 pub fn gw_tmp_peers(name: &str) -> (String, String) {
-    let h = short_hash(name);
+    let h = short_hash(&tagged(instance(), name));
     (format!("ngw{h}lp"), format!("ngw{h}xp"))
 }
 
@@ -77,7 +123,10 @@ pub fn haproxy_proxy(lb_id: &str, listener_id: &str) -> String {
 /// Alias (IFLA_IFALIAS) the agent writes on every host-side link it creates:
 /// the proof of ownership checked before it deletes a link of that name.
 pub fn link_owner_alias(zone_key: &str) -> String {
-    format!("lbagent {zone_key}")
+    match instance() {
+        "" => format!("lbagent {zone_key}"),
+        i => format!("lbagent[{i}] {zone_key}"),
+    }
 }
 
 /// 8 hex digits of FNV-1a of `s`: a short, stable tag for link names.

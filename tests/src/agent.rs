@@ -25,6 +25,8 @@ pub struct AgentDirs {
     /// The release build ran the agent here: it tears down too (a debug
     /// build took ~20 min to tear 500 zones down).
     release_ran: std::sync::atomic::AtomicBool,
+    /// `--instance` of the agent (two agents on one host: an HA pair).
+    pub instance: Option<String>,
 }
 
 impl AgentDirs {
@@ -39,6 +41,7 @@ impl AgentDirs {
             bpffs: PathBuf::from("/sys/fs/bpf").join(tag),
             envs: Vec::new(),
             release_ran: Default::default(),
+            instance: None,
         }
     }
 
@@ -54,6 +57,9 @@ impl AgentDirs {
             "--api-socket".into(),
             p(self.dir.join("api.sock")),
         ]
+        .into_iter()
+        .chain(self.instance.iter().flat_map(|i| ["--instance".to_string(), i.clone()]))
+        .collect()
     }
 
     /// A file of the test in the agent's directory.

@@ -660,3 +660,75 @@ pub fn send_split(ns: &str, ifname: &str, frame: Vec<u8>, linear: u16) -> Result
     .join()
     .map_err(|_| anyhow::anyhow!("sender thread panicked"))?
 }
+
+/// A UDP probe: one flow from `ns` to a `udp_echo_forever` server, a
+/// datagram every `every`, each answer timed. [`UdpProbe::finish`] tells
+/// the longest gap between two answers and how many probes went
+/// unanswered: what a failover costs a flow.
+pub struct UdpProbe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: std::sync::mpsc::Receiver<(Duration, u64, u64, std::collections::BTreeSet<String>)>,
+}
+
+/// What a [`UdpProbe`] saw.
+#[derive(Debug)]
+pub struct ProbeReport {
+    pub longest_gap: Duration,
+    pub sent: u64,
+    pub lost: u64,
+    /// Every answer's text (the echo server answers with the sender's
+    /// address: one external address and port, if the flow kept it).
+    pub seen: std::collections::BTreeSet<String>,
+}
+
+impl UdpProbe {
+    pub fn start(ns: &str, to: SocketAddr, every: Duration) -> Result<UdpProbe> {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tx, done) = std::sync::mpsc::channel();
+        let halt = stop.clone();
+        spawn_in(ns, move || {
+            let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+            s.connect(to)?;
+            s.set_read_timeout(Some(every))?;
+            let (mut sent, mut answered) = (0u64, 0u64);
+            let mut seen = std::collections::BTreeSet::new();
+            let mut last: Option<std::time::Instant> = None;
+            let mut longest = Duration::ZERO;
+            let mut buf = [0u8; 256];
+            let mut next = std::time::Instant::now();
+            while !halt.load(std::sync::atomic::Ordering::Relaxed) {
+                if std::time::Instant::now() >= next {
+                    s.send(&sent.to_be_bytes())?;
+                    sent += 1;
+                    next += every;
+                }
+                if let Ok(n) = s.recv(&mut buf) {
+                    let now = std::time::Instant::now();
+                    if let Some(l) = last {
+                        longest = longest.max(now - l);
+                    }
+                    last = Some(now);
+                    answered += 1;
+                    seen.insert(String::from_utf8_lossy(&buf[..n]).into_owned());
+                }
+            }
+            // Answers still on their way are not lost.
+            let until = std::time::Instant::now() + Duration::from_millis(100);
+            while std::time::Instant::now() < until {
+                if let Ok(n) = s.recv(&mut buf) {
+                    answered += 1;
+                    seen.insert(String::from_utf8_lossy(&buf[..n]).into_owned());
+                }
+            }
+            tx.send((longest, sent, sent.saturating_sub(answered), seen)).ok();
+            Ok(())
+        });
+        Ok(UdpProbe { stop, done })
+    }
+
+    pub fn finish(self) -> ProbeReport {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (longest_gap, sent, lost, seen) = self.done.recv_timeout(Duration::from_secs(10)).expect("the probe");
+        ProbeReport { longest_gap, sent, lost, seen }
+    }
+}

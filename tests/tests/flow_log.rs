@@ -125,7 +125,7 @@ fn nat_flows_are_logged_as_ipfix_and_json_lines_with_every_end_reason() {
     let status = Arc::new(Mutex::new(FlowLogStatus::default()));
     let seen = status.clone();
     let mut logger = FlowLogger::new(bpffs.clone(), log.dir(), move |s| *seen.lock().unwrap() = s.clone());
-    logger.sync(Some(&spec(vec![collector], true)), &b.bed.reconciler.alloc).unwrap();
+    logger.sync(Some(&spec(vec![collector], true)), &b.bed.reconciler.alloc, None).unwrap();
     let zone = b.zone();
     assert_eq!(t.flow_log_zones().unwrap().get(&zone), Some(&FlowLogZone { flags: 3, sample: 1 }));
     let (vpc1, inet) = (b.vpc[1].ns.name.clone(), b.internet.ns.name.clone());
@@ -241,7 +241,7 @@ fn filters_sampling_and_turning_off() {
     let mut only_fip = spec(vec![], true);
     only_fip.kinds = [RuleKind::Fip].into_iter().collect();
     only_fip.start = false;
-    logger.sync(Some(&only_fip), &b.bed.reconciler.alloc).unwrap();
+    logger.sync(Some(&only_fip), &b.bed.reconciler.alloc, None).unwrap();
     assert_eq!(t.flow_log_zones().unwrap().get(&b.zone()), Some(&FlowLogZone { flags: FLOW_LOG_END, sample: 1 }));
     drop(OpenConn::open_from(&vpc1, at("10.10.0.22", 42001), at(INTERNET, 9000)).unwrap());
     let c = OpenConn::open_from(&inet, at(INTERNET, 42002), at("198.51.100.10", 7000)).unwrap();
@@ -255,17 +255,17 @@ fn filters_sampling_and_turning_off() {
     // Another object only: this gateway's zone logs nothing.
     let mut other = spec(vec![], true);
     other.objects = ["natgw/another".to_string()].into_iter().collect();
-    logger.sync(Some(&other), &b.bed.reconciler.alloc).unwrap();
+    logger.sync(Some(&other), &b.bed.reconciler.alloc, None).unwrap();
     assert_eq!(t.flow_log_zones().unwrap().get(&b.zone()), None);
     // One flow in 1 000 000: of 20 new flows, none logged (sampled out).
     let mut sampled = spec(vec![], true);
     sampled.sample = 1_000_000;
-    logger.sync(Some(&sampled), &b.bed.reconciler.alloc).unwrap();
+    logger.sync(Some(&sampled), &b.bed.reconciler.alloc, None).unwrap();
     for p in 43000..43020 {
         drop(OpenConn::open_from(&vpc1, at("10.10.0.22", p), at(INTERNET, 9000)).unwrap());
     }
     // Off: the zone is cleared and the logger stops.
-    logger.sync(None, &b.bed.reconciler.alloc).unwrap();
+    logger.sync(None, &b.bed.reconciler.alloc, None).unwrap();
     assert!(t.flow_log_zones().unwrap().is_empty());
     let lines = log.lines();
     assert!(lines.iter().all(|l| !(43000..43020).contains(&l["sport"].as_u64().unwrap())), "sampled: {lines:?}");

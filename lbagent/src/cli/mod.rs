@@ -51,6 +51,12 @@ pub struct Common {
     /// Unix socket of the daemon's API.
     #[arg(long, default_value = DEFAULT_API_SOCKET)]
     pub api_socket: PathBuf,
+    /// A tag in the names of the namespaces and links this agent creates
+    /// (at most 8 characters a-z, 0-9), for two agents on one host: the
+    /// two halves of an HA pair on one test machine. Object and rule keys
+    /// do not carry it.
+    #[arg(long, default_value = "")]
+    pub instance: String,
 }
 
 #[derive(Subcommand)]
@@ -126,9 +132,11 @@ pub enum Command {
         /// Unix socket of the daemon's API.
         #[arg(long, default_value = DEFAULT_API_SOCKET)]
         api_socket: PathBuf,
-        /// Accepted like every command's; `status` does not use it.
+        /// Accepted like every command's; `status` does not use them.
         #[arg(long, hide = true)]
         state_dir: Option<PathBuf>,
+        #[arg(long, hide = true)]
+        instance: Option<String>,
     },
     /// Decode the pinned maps (works without the daemon).
     Maps {
@@ -156,11 +164,63 @@ pub enum Command {
         #[command(flatten)]
         etcd: crate::fleet::conn::EtcdArgs,
     },
+    /// The HA pair's role (`agent.ha`, docs/ha.md): status, promote,
+    /// demote, switchover.
+    Ha {
+        #[command(subcommand)]
+        action: HaAction,
+        /// Unix socket of the daemon's API.
+        #[arg(long, default_value = DEFAULT_API_SOCKET, global = true)]
+        api_socket: PathBuf,
+    },
     /// Remove everything the agent created (stop the daemon first).
     Teardown {
         #[command(flatten)]
         common: Common,
     },
+}
+
+#[derive(Subcommand, Clone, Copy, Debug)]
+pub enum HaAction {
+    /// The role, the peer, the sync (lag, flows synced, dropped, bulk passes).
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take the active role: bring every gateway's links up and announce
+    /// its addresses (what keepalived's notify script runs on MASTER).
+    Promote,
+    /// Give up the active role: every gateway's links down (BACKUP, FAULT).
+    Demote,
+    /// On the active: hand the role to the ready peer over the sync link,
+    /// then step down once the peer announces.
+    Switchover,
+}
+
+fn ha(action: HaAction, api_socket: &std::path::Path) -> Result<()> {
+    let req = match action {
+        HaAction::Status { .. } => "ha status",
+        HaAction::Promote => "ha promote",
+        HaAction::Demote => "ha demote",
+        HaAction::Switchover => "ha switchover",
+    };
+    let v = daemon::api::request(api_socket, req)?;
+    if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+        anyhow::bail!("{e}");
+    }
+    match action {
+        HaAction::Status { json: true } => println!("{}", serde_json::to_string_pretty(&v)?),
+        HaAction::Status { json: false } => {
+            let st: crate::ha::HaStatus = serde_json::from_value(v)?;
+            print!("{}", status::ha_lines(&st).join("\n") + "\n");
+        }
+        _ => println!("{}", v.get("ok").and_then(|m| m.as_str()).unwrap_or("done")),
+    }
+    Ok(())
+}
+
+fn set_instance(common: &Common) -> Result<()> {
+    crate::naming::set_instance(&common.instance).map_err(|e| anyhow::anyhow!("--instance: {e}"))
 }
 
 pub fn main() -> Result<()> {
@@ -187,6 +247,7 @@ pub fn main() -> Result<()> {
             common,
         } => {
             crate::dataplane::logs::set_level(ebpf_log);
+            set_instance(&common)?;
             let source: Box<dyn daemon::source::Source> = match host {
                 None if etcd.endpoints.is_empty() => Box::new(daemon::source::FileSource::new(state)),
                 None => anyhow::bail!("--etcd needs --host NAME (whose desired state to follow)"),
@@ -245,7 +306,11 @@ pub fn main() -> Result<()> {
         Command::Maps { name, json, common } => maps::run(&common.bpffs, name.as_deref(), json),
         Command::Conntrack { action } => conntrack::run(action),
         Command::Fleet { action, etcd } => fleet::run(action, &etcd),
-        Command::Teardown { common } => daemon::teardown(&common.state_dir, &common.bpffs, &common.api_socket),
+        Command::Ha { action, api_socket } => ha(action, &api_socket),
+        Command::Teardown { common } => {
+            set_instance(&common)?;
+            daemon::teardown(&common.state_dir, &common.bpffs, &common.api_socket)
+        }
     }
 }
 

@@ -160,6 +160,13 @@ pub fn render(doc: &StatusDoc) -> String {
         );
     }
 
+    if let Some(h) = &doc.ha {
+        for l in ha_lines(h) {
+            out += &l;
+            out.push('\n');
+        }
+    }
+
     let no_stats = Default::default();
     let rule_stats = doc.rule_stats.as_ref().unwrap_or(&no_stats);
     for lb in &doc.load_balancers {
@@ -259,4 +266,46 @@ fn serde_name<T: serde::Serialize>(v: &T) -> String {
         Ok(serde_json::Value::String(s)) => s,
         _ => "-".into(),
     }
+}
+
+/// The HA pair's lines (`lbagent status`, `lbagent ha status`).
+pub fn ha_lines(h: &crate::ha::HaStatus) -> Vec<String> {
+    let ms = |v: Option<f64>| v.map(|v| format!("{v:.1} ms")).unwrap_or_else(|| "-".into());
+    let peer = match h.peer.last_heard_ms {
+        Some(ms) => format!(
+            "{} {}{}, heard {ms} ms ago",
+            h.peer.address,
+            if h.peer.active { "active" } else { "standby" },
+            if h.peer.ready { " (ready)" } else { "" }
+        ),
+        None => format!("{} never heard", h.peer.address),
+    };
+    let d = &h.dropped;
+    let mut lines = vec![
+        format!(
+            "ha: {}{} on {}; peer {peer}",
+            h.role,
+            if h.ready { " (ready)" } else { " (NOT ready: no complete bulk pass)" },
+            h.listen
+        ),
+        format!(
+            "  synced out {} in {}; bulk passes sent {} received {} (last {}, swept {}); lag p50 {} p99 {}",
+            h.synced_out,
+            h.synced_in,
+            h.bulk_passes_sent,
+            h.bulk_passes_received,
+            h.last_bulk_received.map(|t| format!("unix {t}")).unwrap_or_else(|| "never".into()),
+            h.swept,
+            ms(h.lag_ms_p50),
+            ms(h.lag_ms_p99)
+        ),
+        format!(
+            "  dropped: feed_full {} send_failed {} refused {} unknown {} table_full {}",
+            d.feed_full, d.send_failed, d.refused, d.unknown, d.table_full
+        ),
+    ];
+    if let Some(p) = &h.problem {
+        lines.push(format!("  problem: {p}"));
+    }
+    lines
 }

@@ -1,5 +1,7 @@
 //! The unix-socket API: a client writes one request line, the daemon answers
-//! with one JSON document and closes. Requests: `status`.
+//! with one JSON document and closes. Requests: `status`; `ha status`,
+//! `ha promote`, `ha demote`, `ha switchover` (the HA pair's role:
+//! `crate::ha`).
 //!
 //! Only root or the daemon's own user may ask: the socket is 0600 in a
 //! directory that is the daemon's and not writable by others, and every
@@ -24,6 +26,8 @@ use tokio::{
 use tracing::warn;
 
 use super::status::Status;
+
+const NOT_A_PAIR: &str = "this host is not one of an HA pair (agent.ha in the state file)";
 
 /// Longest request line read.
 pub const MAX_REQUEST: u64 = 256;
@@ -56,7 +60,7 @@ fn allowed(stream: &tokio::net::UnixStream) -> Result<(), String> {
     }
 }
 
-pub async fn serve(listener: UnixListener, status: Arc<Mutex<Status>>) {
+pub async fn serve(listener: UnixListener, status: Arc<Mutex<Status>>, ha: Arc<crate::ha::Shared>) {
     let slots = Arc::new(Semaphore::new(MAX_CLIENTS));
     let mut backoff = Duration::from_millis(10);
     loop {
@@ -74,15 +78,15 @@ pub async fn serve(listener: UnixListener, status: Arc<Mutex<Status>>) {
                 continue;
             }
         };
-        let status = status.clone();
+        let (status, ha) = (status.clone(), ha.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            let _ = tokio::time::timeout(IO_TIMEOUT, answer(stream, status)).await;
+            let _ = tokio::time::timeout(IO_TIMEOUT, answer(stream, status, ha)).await;
         });
     }
 }
 
-async fn answer(stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>) {
+async fn answer(stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>, ha: Arc<crate::ha::Shared>) {
     let refused = allowed(&stream).err();
     let (r, mut w) = stream.into_split();
     let mut line = String::new();
@@ -105,6 +109,33 @@ async fn answer(stream: tokio::net::UnixStream, status: Arc<Mutex<Status>>) {
             // created when that limit is reached.)
             "status" => {
                 let doc = status.lock().unwrap().document.clone();
+                serde_json::to_writer(&mut reply, &doc)
+            }
+            "ha status" => {
+                let st = ha.is_configured().then(|| ha.status.lock().unwrap().clone());
+                match st {
+                    Some(st) => serde_json::to_writer(&mut reply, &st),
+                    None => serde_json::to_writer(&mut reply, &serde_json::json!({ "error": NOT_A_PAIR })),
+                }
+            }
+            req @ ("ha promote" | "ha demote" | "ha switchover") => {
+                let req = req.to_string();
+                let done = tokio::task::spawn_blocking(move || -> Result<String, String> {
+                    if !ha.is_configured() {
+                        return Err(NOT_A_PAIR.into());
+                    }
+                    match req.as_str() {
+                        "ha promote" => ha.promote("asked").map_err(|e| format!("{e:#}")),
+                        "ha demote" => ha.demote("asked").map_err(|e| format!("{e:#}")),
+                        _ => ha.switchover(),
+                    }
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("{e}")));
+                let doc = match done {
+                    Ok(m) => serde_json::json!({ "ok": m }),
+                    Err(e) => serde_json::json!({ "error": e }),
+                };
                 serde_json::to_writer(&mut reply, &doc)
             }
             other => {

@@ -112,6 +112,7 @@ pub fn render(bpffs: &Path, status: &Status) -> Result<String> {
     gauge(&mut r, "health_probes_in_flight", "Health probes waiting for their answer.", p.in_flight as i64);
     gauge(&mut r, "health_backends_down", "Backends their health checks hold down.", doc.backends_down.len() as i64);
     flow_logs(&mut r, doc);
+    ha(&mut r, doc);
     let mut out = String::new();
     encode(&mut out, &r).context("encoding the metrics")?;
     Ok(out)
@@ -124,16 +125,56 @@ struct ByLabel {
 
 /// The flow logger's records, exports and losses (only while it is
 /// configured).
+fn ha(r: &mut Registry, doc: &super::status::StatusDoc) {
+    let Some(h) = &doc.ha else { return };
+    gauge(r, "ha_active", "Whether this host is the active one of its HA pair.", i64::from(h.role == "active"));
+    gauge(r, "ha_ready", "Whether this host holds every flow of its peer (a bulk pass completed).", i64::from(h.ready));
+    gauge(r, "ha_peer_active", "Whether the peer says it is active.", i64::from(h.peer.active));
+    gauge(
+        r,
+        "ha_peer_heard_ms",
+        "Milliseconds since the peer's last hello (-1: never heard).",
+        h.peer.last_heard_ms.map(|v| v as i64).unwrap_or(-1),
+    );
+    counter(r, "ha_synced_out", "Flow records sent to the peer.", h.synced_out);
+    counter(r, "ha_synced_in", "Flow records from the peer written into the conntrack tables.", h.synced_in);
+    counter(r, "ha_bulk_passes_sent", "Bulk passes (every flow) sent to the peer.", h.bulk_passes_sent);
+    counter(r, "ha_bulk_passes_received", "Complete bulk passes received from the peer.", h.bulk_passes_received);
+    gauge(
+        r,
+        "ha_last_bulk_received",
+        "Unix time of the last complete bulk pass received (0: never).",
+        h.last_bulk_received.unwrap_or(0) as i64,
+    );
+    gauge(r, "ha_sync_lag_p50_us", "Sync lag of new flows, median (µs; -1: no sample).", lag_us(h.lag_ms_p50));
+    gauge(r, "ha_sync_lag_p99_us", "Sync lag of new flows, 99th percentile (µs; -1: no sample).", lag_us(h.lag_ms_p99));
+    let d = &h.dropped;
+    let by_reason = [
+        ("feed_full", d.feed_full),
+        ("send_failed", d.send_failed),
+        ("refused", d.refused),
+        ("unknown", d.unknown),
+        ("table_full", d.table_full),
+    ];
+    r.register("ha_dropped", "Sync records or datagrams lost or refused, by reason.", by(&by_reason));
+}
+
+/// Counters labelled `kind`.
+fn by(pairs: &[(&'static str, u64)]) -> Family<ByLabel, Counter<u64>> {
+    let family = Family::<ByLabel, Counter<u64>>::default();
+    for (kind, v) in pairs {
+        family.get_or_create(&ByLabel { kind }).inc_by(*v);
+    }
+    family
+}
+
+fn lag_us(ms: Option<f64>) -> i64 {
+    ms.map(|v| (v * 1000.0) as i64).unwrap_or(-1)
+}
+
 fn flow_logs(r: &mut Registry, doc: &super::status::StatusDoc) {
     let Some(f) = &doc.flow_logs else { return };
     gauge(r, "flow_log_running", "Whether the flow logger runs (0: the status says why).", f.running as i64);
-    let by = |pairs: &[(&'static str, u64)]| {
-        let family = Family::<ByLabel, Counter<u64>>::default();
-        for (kind, v) in pairs {
-            family.get_or_create(&ByLabel { kind }).inc_by(*v);
-        }
-        family
-    };
     r.register(
         "flow_log_records",
         "Flow records taken for export, by event (start, end).",

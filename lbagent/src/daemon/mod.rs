@@ -77,6 +77,8 @@ struct Daemon {
     changed: Arc<tokio::sync::Notify>,
     /// The flow logger (`agent.flow_logs`), configured after every apply.
     flow_log: crate::flow_log::FlowLogger,
+    /// This host's side of an HA pair (`agent.ha`): the role, the sync link.
+    ha: crate::ha::Ha,
     /// The last conntrack garbage collection pass's thread; it hands back
     /// the collector it loaded, for the next pass.
     gc: Option<std::thread::JoinHandle<Option<Collector>>>,
@@ -136,6 +138,7 @@ impl Daemon {
                 if let Some(accepted) = update.on_accept.take() {
                     accepted();
                 }
+                self.ha.settle(desired.ha.as_ref(), &self.reconciler.applied);
                 self.last_good = Some(desired);
                 self.apply(Some(update.revision));
             }
@@ -289,8 +292,10 @@ impl Daemon {
                 st.document.revision_running = Some(r);
             }
         }
+        let ha = self.last_good.as_ref().and_then(|g| g.ha.as_ref());
+        let feed = self.ha.sync(ha, &self.reconciler.applied, &self.reconciler.alloc);
         let spec = self.last_good.as_ref().and_then(|g| g.flow_log.as_ref());
-        if let Err(e) = self.flow_log.sync(spec, &self.reconciler.alloc) {
+        if let Err(e) = self.flow_log.sync(spec, &self.reconciler.alloc, feed.as_ref()) {
             warn!("flow logs: {e:#}");
         }
         self.publish();
@@ -447,8 +452,15 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     let status = Arc::new(Mutex::new(status));
     status.lock().unwrap().refresh(&reconciler.applied, &reconciler.alloc);
 
+    let ha = {
+        let status = status.clone();
+        let report = move |r: &crate::ha::HaStatus| {
+            status.lock().unwrap().document.ha = (!r.role.is_empty()).then(|| r.clone());
+        };
+        crate::ha::Ha::new(&opts.state_dir, &opts.bpffs, report)
+    };
     let api = api::bind(&opts.api_socket)?;
-    tokio::spawn(api::serve(api, status.clone()));
+    tokio::spawn(api::serve(api, status.clone(), ha.shared.clone()));
     if let Some(addr) = opts.metrics {
         let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding metrics on {addr}"))?;
         info!("metrics on http://{}/metrics", l.local_addr()?);
@@ -474,6 +486,7 @@ pub async fn run(opts: Options, source: Box<dyn source::Source>) -> Result<()> {
     };
     let mut d = Daemon {
         flow_log,
+        ha,
         opts: opts.clone(),
         reconciler,
         status,

@@ -73,6 +73,9 @@ pub struct StatusDoc {
     /// The flow logger (`agent.flow_logs`): its records and what it lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flow_logs: Option<crate::flow_log::FlowLogStatus>,
+    /// This host's side of an HA pair (`agent.ha`): role, peer, sync.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ha: Option<crate::ha::HaStatus>,
 }
 
 /// SNAT port usage: what each EIP's SNAT'ed flows hold, what each SNAT rule

@@ -30,7 +30,11 @@ use crate::{
 pub(super) struct Logger {
     pub(super) bpffs: PathBuf,
     pub(super) dir: PathBuf,
+    /// `spec` was asked for: without it the thread only feeds `feed`
+    /// (nothing exported, no scan, no status).
+    pub(super) logs: bool,
     pub(super) spec: FlowLogSpec,
+    pub(super) feed: Option<super::Feed>,
     pub(super) names: Arc<Mutex<Arc<Names>>>,
     pub(super) report: Report,
     pub(super) status: Arc<Mutex<FlowLogStatus>>,
@@ -75,7 +79,9 @@ impl Logger {
                         st.problem = Some(why);
                         st.clone()
                     };
-                    (self.report)(&st);
+                    if self.logs {
+                        (self.report)(&st);
+                    }
                     std::thread::sleep(Duration::from_secs(1));
                 }
             }
@@ -94,7 +100,9 @@ impl Logger {
             st.running = false;
             st.clone()
         };
-        (self.report)(&st);
+        if self.logs {
+            (self.report)(&st);
+        }
     }
 
     fn export_until_stopped(&mut self, ended: &Receiver<Vec<FlowEvent>>) -> Result<()> {
@@ -151,6 +159,17 @@ impl Logger {
                     events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<FlowEvent>()) });
                 }
             }
+            if let Some(f) = &self.feed {
+                let synced: Vec<FlowEvent> =
+                    events.iter().filter(|e| u32::from(e.serves) & FLOW_LOG_SYNC != 0).copied().collect();
+                if !synced.is_empty() {
+                    let n = synced.len() as u64;
+                    if f.tx.try_send(synced).is_err() {
+                        f.lost.fetch_add(n, Ordering::Relaxed);
+                    }
+                }
+                events.retain(|e| u32::from(e.serves) & (FLOW_LOG_START | FLOW_LOG_END) != 0);
+            }
             let mut exported = self.export(&events, &mut collectors, jsonl.as_mut());
             events.clear();
             loop {
@@ -166,7 +185,7 @@ impl Logger {
             let mut st = self.status.lock().unwrap();
             exported.into_status(&mut st);
             st.problem = problem;
-            if reported.elapsed() >= Duration::from_secs(1) {
+            if self.logs && reported.elapsed() >= Duration::from_secs(1) {
                 if let Ok(counters) = tables.counters() {
                     for (c, v) in counters {
                         match c {

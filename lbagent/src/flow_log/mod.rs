@@ -165,6 +165,16 @@ impl FlowLogDrops {
 
 pub(crate) type Report = Arc<dyn Fn(&FlowLogStatus) + Send + Sync>;
 
+/// Another consumer of the records (the HA pair's sync, `crate::ha`): the
+/// ring has one reader, the logger's thread, which hands each batch of
+/// start records with `FLOW_LOG_SYNC` to it. A batch it has no room for is
+/// counted in `lost`, never waited for (the next bulk pass repairs it).
+#[derive(Clone)]
+pub struct Feed {
+    pub tx: std::sync::mpsc::SyncSender<Vec<FlowEvent>>,
+    pub lost: Arc<std::sync::atomic::AtomicU64>,
+}
+
 /// The daemon's flow logger: the zones it configured and the thread that
 /// exports.
 pub struct FlowLogger {
@@ -181,7 +191,8 @@ pub struct FlowLogger {
 }
 
 struct Running {
-    spec: FlowLogSpec,
+    spec: Option<FlowLogSpec>,
+    fed: bool,
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
 }
@@ -200,17 +211,18 @@ impl FlowLogger {
     }
 
     /// After every apply: logs what `spec` asks for (`None`: nothing) of the
-    /// zones in `alloc`. Writes `flow_log_zones` where it differs, and
-    /// (re)starts or stops the thread when the spec changed.
-    pub fn sync(&mut self, spec: Option<&FlowLogSpec>, alloc: &Allocations) -> Result<()> {
-        if spec.is_some() {
+    /// zones in `alloc`, and hands every new flow's start record to `feed`
+    /// when there is one. Writes `flow_log_zones` where it differs, and
+    /// (re)starts or stops the thread when either changed.
+    pub fn sync(&mut self, spec: Option<&FlowLogSpec>, alloc: &Allocations, feed: Option<&Feed>) -> Result<()> {
+        if spec.is_some() || feed.is_some() {
             let next = self.names.lock().unwrap().after(alloc);
             *self.names.lock().unwrap() = Arc::new(next);
         }
         if crate::dataplane::pins::versioned_dir(&self.bpffs).join(MAP_CT.name).exists() {
             let t = Tables::open(&self.bpffs)?;
             if t.has_flow_log() {
-                self.write_zones(&t, spec, alloc)?;
+                self.write_zones(&t, spec, alloc, feed.is_some())?;
                 if spec.is_none_or(|s| !s.end) {
                     // Counts nobody will write an end record from.
                     let mut keys = Vec::new();
@@ -219,25 +231,29 @@ impl FlowLogger {
                 }
             }
         }
-        if self.running.as_ref().map(|r| &r.spec) != spec {
+        let running = self.running.as_ref().map(|r| (r.spec.as_ref(), r.fed));
+        if running != Some((spec, feed.is_some())) && (running.is_some() || spec.is_some() || feed.is_some()) {
             self.stop();
-            if let Some(spec) = spec {
-                self.start(spec.clone());
-            } else {
+            if spec.is_some() || feed.is_some() {
+                self.start(spec.cloned(), feed.cloned());
+            }
+            if spec.is_none() {
                 (self.report)(&FlowLogStatus::default());
             }
         }
         Ok(())
     }
 
-    fn write_zones(&mut self, t: &Tables, spec: Option<&FlowLogSpec>, alloc: &Allocations) -> Result<()> {
+    fn write_zones(&mut self, t: &Tables, spec: Option<&FlowLogSpec>, alloc: &Allocations, sync: bool) -> Result<()> {
         let mut want = BTreeMap::new();
-        if let Some(s) = spec {
-            let flags = (u32::from(s.start) * FLOW_LOG_START) | (u32::from(s.end) * FLOW_LOG_END);
-            for (key, zone) in &alloc.zones {
-                if s.objects.is_empty() || s.objects.contains(key) {
-                    want.insert(*zone, FlowLogZone { flags, sample: s.sample });
-                }
+        for (key, zone) in &alloc.zones {
+            let mut z = FlowLogZone { flags: u32::from(sync) * FLOW_LOG_SYNC, sample: 1 };
+            if let Some(s) = spec.filter(|s| s.objects.is_empty() || s.objects.contains(key)) {
+                z.flags |= (u32::from(s.start) * FLOW_LOG_START) | (u32::from(s.end) * FLOW_LOG_END);
+                z.sample = s.sample;
+            }
+            if z.flags != 0 {
+                want.insert(*zone, z);
             }
         }
         let have = match self.zones.take() {
@@ -259,12 +275,15 @@ impl FlowLogger {
         Ok(())
     }
 
-    fn start(&mut self, spec: FlowLogSpec) {
+    fn start(&mut self, spec: Option<FlowLogSpec>, feed: Option<Feed>) {
         let stop = Arc::new(AtomicBool::new(false));
+        let fed = feed.is_some();
         let mut logger = export::Logger {
             bpffs: self.bpffs.clone(),
             dir: self.dir.clone(),
-            spec: spec.clone(),
+            logs: spec.is_some(),
+            spec: spec.clone().unwrap_or_default(),
+            feed,
             names: self.names.clone(),
             report: self.report.clone(),
             status: self.carried.clone(),
@@ -274,8 +293,13 @@ impl FlowLogger {
             .name("flow-log".into())
             .spawn(move || logger.run())
             .expect("spawning the flow logger");
-        info!("flow logs: started ({} IPFIX collectors, JSON Lines: {})", spec.ipfix.len(), spec.jsonl.is_some());
-        self.running = Some(Running { spec, stop, thread });
+        match &spec {
+            Some(s) => {
+                info!("flow logs: started ({} IPFIX collectors, JSON Lines: {})", s.ipfix.len(), s.jsonl.is_some())
+            }
+            None => info!("flow events: read for the HA sync only"),
+        }
+        self.running = Some(Running { spec, fed, stop, thread });
     }
 
     /// Stops the thread (the ring keeps what it did not read, for the

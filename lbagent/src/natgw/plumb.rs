@@ -41,11 +41,15 @@ pub fn ensure(gw: &Gw, integration_bridge: &str, changes: &mut Changes) -> Resul
     veth::ensure_pair(&ns, &lan_host, LAN_IF, Some(&lan_tmp), &owner, changes)?;
     veth::ensure_pair(&ns, &ext_host, EXT_IF, Some(&ext_tmp), &owner, changes)?;
 
-    // Host ends: up, on their bridges.
+    // Host ends: up, on their bridges; down on the standby of an HA pair
+    // (it neither answers ARP for the gateway's addresses nor takes its
+    // traffic until promoted: `crate::ha`).
+    let announcing = crate::ha::announcing();
     netns::run_in(None, || {
         let nl = Nl::new()?;
         for h in [&lan_host, &ext_host] {
-            nl.set_up(nl.must_index(h)?)?;
+            let i = nl.must_index(h)?;
+            if announcing { nl.set_up(i)? } else { nl.set_down(i)? }
         }
         Ok(())
     })?;
@@ -74,7 +78,9 @@ pub fn ensure(gw: &Gw, integration_bridge: &str, changes: &mut Changes) -> Resul
         let eip_changes = nl.sync_addresses(ext, &want, false)?;
         for (ip, len) in &eip_changes.added {
             ch.push(format!("EIP {ip}/{len} on {EXT_IF}"));
-            if let Err(e) = garp::announce(ext, ext_mac, *ip) {
+            if !announcing {
+                ch.push(format!("{ip} not announced (HA standby)"));
+            } else if let Err(e) = garp::announce(ext, ext_mac, *ip) {
                 ch.push(format!("gratuitous ARP for {ip} failed: {e:#}"));
             } else {
                 ch.push(format!("gratuitous ARP for {ip}"));

@@ -216,6 +216,12 @@ impl Nl {
             .context("setting link up")
     }
 
+    pub fn set_down(&self, index: u32) -> Result<()> {
+        self.rt
+            .block_on(self.h.link().set(LinkUnspec::new_with_index(index).down().build()).execute())
+            .context("setting link down")
+    }
+
     pub fn set_master(&self, index: u32, master: u32) -> Result<()> {
         self.rt
             .block_on(self.h.link().set(LinkUnspec::new_with_index(index).controller(master).build()).execute())

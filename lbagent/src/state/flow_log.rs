@@ -5,8 +5,8 @@ use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
 
 use super::{Problem, model::FlowLogs};
 
-/// What is logged and where it goes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What is logged and where it goes (the default logs nothing).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FlowLogSpec {
     pub start: bool,
     pub end: bool,

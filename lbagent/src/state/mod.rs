@@ -2,6 +2,7 @@
 
 pub mod decimal;
 pub mod flow_log;
+pub mod ha;
 pub mod limits;
 pub mod load;
 pub mod model;

@@ -57,6 +57,38 @@ pub struct AgentConfig {
     /// as IPFIX and/or JSON Lines (docs/flow-logs.md). Absent: none.
     #[serde(default)]
     pub flow_logs: Option<FlowLogs>,
+    /// This host is one of an active/standby pair (docs/ha.md). Absent: it
+    /// runs alone, always active.
+    #[serde(default)]
+    pub ha: Option<HaPair>,
+}
+
+/// `agent.ha` as written (validated into `ha::HaSpec`).
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HaPair {
+    /// `address:port` this host's sync link listens on (UDP).
+    pub listen: String,
+    /// `address:port` of the peer's sync link.
+    pub peer: String,
+    /// The shared secret that authenticates the sync link: 32 to 128 hex
+    /// digits (16 to 64 bytes), the same on both hosts.
+    pub secret: String,
+    /// Seconds between the active's bulk passes over every flow (which
+    /// repair what a lost datagram or a full ring left out); default 10.
+    #[serde(default, deserialize_with = "optional_integer")]
+    pub bulk_every_s: Option<u32>,
+}
+
+impl std::fmt::Debug for HaPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HaPair")
+            .field("listen", &self.listen)
+            .field("peer", &self.peer)
+            .field("secret", &"<hidden>")
+            .field("bulk_every_s", &self.bulk_every_s)
+            .finish()
+    }
 }
 
 impl Default for AgentConfig {
@@ -67,6 +99,7 @@ impl Default for AgentConfig {
             fast_path: true,
             conntrack_limits: ConntrackLimits::default(),
             flow_logs: None,
+            ha: None,
         }
     }
 }

@@ -46,6 +46,8 @@ pub struct Desired {
     pub gws: BTreeMap<String, Arc<Gw>>,
     /// `agent.flow_logs`, checked; `None`: no flow logs.
     pub flow_log: Option<super::flow_log::FlowLogSpec>,
+    /// `agent.ha`, checked; `None`: no pair.
+    pub ha: Option<super::ha::HaSpec>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

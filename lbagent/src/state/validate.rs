@@ -200,9 +200,14 @@ pub fn check_after(s: &StateFile, earlier: Option<&Desired>) -> (Desired, Vec<Pr
         c.problems.extend(problems);
         spec
     });
+    let ha = s.agent.ha.as_ref().and_then(|h| {
+        let (spec, problems) = super::ha::check(h);
+        c.problems.extend(problems);
+        spec
+    });
     c.problems.extend(limits::object_limits(s));
     c.problems.extend(limits::host_budget(s));
-    (Desired { agent: s.agent.clone(), lbs, gws, flow_log }, c.problems)
+    (Desired { agent: s.agent.clone(), lbs, gws, flow_log, ha }, c.problems)
 }
 
 /// A `conntrack_limits` section at `path`: each limit in flows, 0 for none.

@@ -45,6 +45,104 @@ impl FlowWriter {
     }
 }
 
+/// What writing a whole flow did ([`FlowWriter::put_flow`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowPut {
+    Inserted,
+    /// Both halves were there: their state and last packet time moved
+    /// forward (and the flow moved to `ct` once established).
+    Refreshed,
+    /// A half under one of its keys belonged to another flow: that flow's
+    /// halves were replaced.
+    Replaced,
+    Full,
+}
+
+impl FlowWriter {
+    fn find(&self, key: &Tuple) -> Option<(bool, CtEntry)> {
+        if let Ok(e) = self.established.get(key, 0) {
+            return Some((true, e));
+        }
+        self.new.get(key, 0).ok().map(|e| (false, e))
+    }
+
+    fn table(&mut self, established: bool) -> &mut HashMap<MapData, Tuple, CtEntry> {
+        if established { &mut self.established } else { &mut self.new }
+    }
+
+    /// Writes a whole flow, both halves, from its original half (`key`,
+    /// `e`; the reply half is derived): a peer's copy of a flow, which is
+    /// the truth for its keys. A flow already here keeps its entries (and
+    /// what the program learnt of its sequence numbers); its state and last
+    /// packet time only move forward, and it moves to `ct` once
+    /// `established`. Halves under either key that belong to another flow
+    /// are removed first. Writes race with this host's programs only
+    /// while both hosts are active (a switchover's moment); the program's
+    /// pair check repairs a half either side tore.
+    pub fn put_flow(&mut self, key: &Tuple, e: &CtEntry, established: bool) -> FlowPut {
+        let rkey = e.xlate.reversed();
+        let mut r = CtEntry {
+            xlate: key.reversed(),
+            flags: (e.flags & (CT_F_SNAT | CT_F_DNAT | CT_F_LOCAL)) | CT_F_REPLY,
+            ..*e
+        };
+        let here = (self.find(key), self.find(&rkey));
+        let same = |h: &Option<(bool, CtEntry)>, want: &Tuple| h.as_ref().is_some_and(|(_, x)| x.xlate == *want);
+        if same(&here.0, &e.xlate) && same(&here.1, &r.xlate) {
+            let ((t0, mut o), (t1, mut p)) = (here.0.unwrap(), here.1.unwrap());
+            for x in [&mut o, &mut p] {
+                x.state = x.state.max(e.state);
+                x.last_seen_ns = x.last_seen_ns.max(e.last_seen_ns);
+            }
+            let to = t0 || established;
+            let (ok0, ok1) = (self.table(to).insert(key, &o, 0).is_ok(), self.table(to).insert(&rkey, &p, 0).is_ok());
+            if !(ok0 && ok1) {
+                return FlowPut::Full;
+            }
+            for (was, k) in [(t0, key), (t1, &rkey)] {
+                if was != to {
+                    let _ = self.table(was).remove(k);
+                }
+            }
+            return FlowPut::Refreshed;
+        }
+        let mut replaced = false;
+        for (k, h) in [(key, &here.0), (&rkey, &here.1)] {
+            if let Some((t, x)) = h {
+                // The other flow's pair goes too (it would repair this one).
+                let _ = self.table(*t).remove(k);
+                let pk = x.xlate.reversed();
+                if let Some((pt, px)) = self.find(&pk)
+                    && px.xlate.reversed() == *k
+                {
+                    let _ = self.table(pt).remove(&pk);
+                }
+                replaced = true;
+            }
+        }
+        r.seq_end = 0;
+        r.max_win = 0;
+        let t = self.table(established);
+        if t.insert(key, e, NOEXIST).is_err() || t.insert(&rkey, &r, NOEXIST).is_err() {
+            let _ = t.remove(key);
+            return FlowPut::Full;
+        }
+        if replaced { FlowPut::Replaced } else { FlowPut::Inserted }
+    }
+
+    /// Removes a flow's halves (from its original half), if they are still
+    /// this flow's.
+    pub fn remove_flow(&mut self, key: &Tuple, e: &CtEntry) {
+        for (k, want) in [(*key, e.xlate), (e.xlate.reversed(), key.reversed())] {
+            if let Some((t, x)) = self.find(&k)
+                && x.xlate == want
+            {
+                let _ = self.table(t).remove(&k);
+            }
+        }
+    }
+}
+
 impl Tables {
     /// A writer of flow halves into both conntrack tables.
     pub fn flow_writer(&self) -> Result<FlowWriter> {

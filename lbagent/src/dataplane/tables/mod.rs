@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use aya::maps::{Array, HashMap, HashOfMaps, LpmTrie, Map, MapData, PerCpuArray, PerCpuHashMap, PerCpuValues};
-pub use conntrack::{FlowWriter, HalfWritten};
+pub use conntrack::{FlowPut, FlowWriter, HalfWritten};
 use lbagent_common::*;
 pub use ports::{PerProto, PortCensus, PortCounter, RuleCount};
 pub use rules::{AclSpec, DnatSpec, RuleSnat, SchedKind, SchedSpec, SnatSpec};

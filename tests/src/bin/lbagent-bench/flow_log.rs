@@ -107,7 +107,7 @@ fn capacity(e: &mut TestZone) -> Result<(f64, f64, u64)> {
         ipfix: vec![],
         jsonl: Some(JsonlSpec::File { name: "flows.jsonl".into(), max_bytes: 1 << 32, keep: 1 }),
     };
-    logger.sync(Some(&spec), &alloc)?;
+    logger.sync(Some(&spec), &alloc, None)?;
     let lost_before = e.tables.counter(Counter::FlowLogRingFull)?;
     let started = Instant::now();
     let mut flows = 0u32;
@@ -131,7 +131,7 @@ fn capacity(e: &mut TestZone) -> Result<(f64, f64, u64)> {
         std::thread::sleep(Duration::from_millis(200));
     }
     let logged = status.lock().unwrap().jsonl_written;
-    logger.sync(None, &alloc)?;
+    logger.sync(None, &alloc, None)?;
     e.tables.flush_conntrack(|_, _| true)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok((f64::from(flows) / took, logged as f64 / took, lost))
@@ -247,7 +247,7 @@ fn rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
             jsonl: Some(JsonlSpec::File { name: "flows.jsonl".into(), max_bytes: 1 << 30, keep: 1 }),
         };
         let new_before = ebpf.tables.counter(Counter::NewFlows)?;
-        logger.sync(Some(&spec), &alloc)?;
+        logger.sync(Some(&spec), &alloc, None)?;
         rows[1].1.push(udp_flow_rate(&ebpf.client.name, resolver, dur)?.0);
         let flows = ebpf.tables.counter(Counter::NewFlows)? - new_before;
         // Every flow's end: its timeout, then a scan of the counts.
@@ -258,7 +258,7 @@ fn rates(reps: usize, dur: Duration, out: &mut String) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(1500));
         let st = status.lock().unwrap().clone();
-        logger.sync(None, &alloc)?;
+        logger.sync(None, &alloc, None)?;
         let got = decoded(collector)? as u64;
         rows[1].2 += 2 * flows;
         rows[1].3 += got;

@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod fixture;
 pub mod gateway;
 pub mod hosts;
+pub mod keepalived;
 pub mod net;
 pub mod ovn;
 pub mod ovs;

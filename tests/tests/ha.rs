@@ -19,6 +19,7 @@ use lbagent_tests::{
     agent::{AgentDirs, AgentProcess},
     gateway::{INTERNET_IP, LAN_GW_IP},
     hosts::TestHost,
+    keepalived::{Drives, Keepalived},
     lbagent_bin,
     net::sh,
     ovs::{LinuxBridge, OvsBridge},
@@ -157,31 +158,95 @@ fn wait_synced(side: &Side, at_least: u64) {
     );
 }
 
+/// The two agents' world: bridges, the internet host and a VPC host with
+/// their servers, the gateway's name, and both sides.
+struct Bed {
+    lan: OvsBridge,
+    ext: LinuxBridge,
+    internet: TestHost,
+    vpc: TestHost,
+    gw: String,
+    a: Side,
+    b: Side,
+}
+
+impl Bed {
+    fn new() -> Bed {
+        let lan = OvsBridge::new(&unique("brv")).unwrap();
+        let ext = LinuxBridge::new(&unique("bre")).unwrap();
+        let ext_name = ext.name.clone();
+        let internet =
+            TestHost::on(|p| sh(&["ip", "link", "set", p, "master", &ext_name]).map(|_| ()), INTERNET_IP, 24, "")
+                .unwrap();
+        let vpc = TestHost::on(|p| lan.add_port(p), "10.10.0.22", 24, LAN_GW_IP).unwrap();
+        line_echo_server(&internet.ns.name, 9000, "inet").unwrap();
+        udp_echo_forever(&internet.ns.name, 9001).unwrap();
+        line_echo_server(&vpc.ns.name, 8080, "vpc").unwrap();
+        Bed { lan, ext, internet, vpc, gw: unique("gw"), a: Side::new("a"), b: Side::new("b") }
+    }
+
+    fn state(&self, me: &Side, peer: &Side) -> String {
+        state(&self.gw, &self.lan.name, &self.ext.name, me, peer)
+    }
+
+    fn start(&self, side: &Side) -> AgentProcess {
+        let peer = if side.tag == "a" { &self.b } else { &self.a };
+        side.start(&self.state(side, peer))
+    }
+
+    fn wait_applied(&self) {
+        for side in [&self.a, &self.b] {
+            wait_for(|| side.ha(&["status", "--json"]).0, &format!("{} up", side.tag));
+            wait_for(
+                || side.dirs.status().is_some_and(|s| s["last_apply"]["ok"] == true),
+                &format!("{} applied", side.tag),
+            );
+        }
+    }
+
+    /// 20 outbound and 10 inbound (DNAT) TCP connections, 20 UDP flows.
+    fn flows(&self) -> Flows {
+        let (vns, ins) = (self.vpc.ns.name.clone(), self.internet.ns.name.clone());
+        let mut flows = Flows {
+            out: (0..20).map(|_| OpenConn::open(&vns, at(INTERNET_IP, 9000)).unwrap()).collect(),
+            inbound: (0..10).map(|_| OpenConn::open(&ins, at("198.51.100.12", 80)).unwrap()).collect(),
+            udp: (0..20).map(|_| UdpFlow::open(&vns, 0, at(INTERNET_IP, 9001)).unwrap()).collect(),
+            udp_seen: Vec::new(),
+        };
+        flows.udp_seen = flows.udp.iter().map(|f| f.ask("hi").unwrap()).collect();
+        assert!(flows.udp_seen.iter().all(|s| s.starts_with("198.51.100.11:")), "{:?}", flows.udp_seen);
+        flows
+    }
+
+    fn probe(&self) -> UdpProbe {
+        let p = UdpProbe::start(&self.vpc.ns.name, at(INTERNET_IP, 9001), Duration::from_millis(2)).unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        p
+    }
+
+    /// A host's death: its agent killed, its gateway's links down.
+    fn kill(&self, side: &Side, agent: &mut AgentProcess) {
+        agent.end_with(nix::sys::signal::Signal::SIGKILL);
+        for l in side.host_links(&self.gw) {
+            sh(&["ip", "link", "set", &l, "down"]).unwrap();
+        }
+    }
+}
+
 #[test]
 fn flows_keep_their_translation_through_a_switchover_and_a_hard_failure() {
     if !require_root() {
         return;
     }
-    let lan = OvsBridge::new(&unique("brv")).unwrap();
-    let ext = LinuxBridge::new(&unique("bre")).unwrap();
-    let ext_name = ext.name.clone();
-    let internet =
-        TestHost::on(|p| sh(&["ip", "link", "set", p, "master", &ext_name]).map(|_| ()), INTERNET_IP, 24, "").unwrap();
-    let vpc = TestHost::on(|p| lan.add_port(p), "10.10.0.22", 24, LAN_GW_IP).unwrap();
-    line_echo_server(&internet.ns.name, 9000, "inet").unwrap();
-    udp_echo_forever(&internet.ns.name, 9001).unwrap();
-    line_echo_server(&vpc.ns.name, 8080, "vpc").unwrap();
-    let gw = unique("gw");
-    let (a, b) = (Side::new("a"), Side::new("b"));
-    let mut agent_a = a.start(&state(&gw, &lan.name, &ext.name, &a, &b));
-    let mut agent_b = b.start(&state(&gw, &lan.name, &ext.name, &b, &a));
+    let bed = Bed::new();
+    let (a, b, gw) = (&bed.a, &bed.b, &bed.gw);
+    let mut agent_a = bed.start(a);
+    let mut agent_b = bed.start(b);
     // New hosts start as standby: nothing announced, links down.
-    wait_for(|| a.ha(&["status", "--json"]).0 && b.ha(&["status", "--json"]).0, "both agents up");
+    bed.wait_applied();
     assert_eq!(a.status()["role"], "standby");
     assert_eq!(b.status()["role"], "standby");
-    wait_for(|| a.dirs.status().is_some_and(|s| s["last_apply"]["ok"] == true), "a applied");
-    wait_for(|| b.dirs.status().is_some_and(|s| s["last_apply"]["ok"] == true), "b applied");
-    for l in b.host_links(&gw) {
+    for l in b.host_links(gw) {
         let flags = sh(&["ip", "-o", "link", "show", &l]).unwrap();
         assert!(!flags.contains(",UP"), "the standby's {l} is down: {flags}");
     }
@@ -191,29 +256,20 @@ fn flows_keep_their_translation_through_a_switchover_and_a_hard_failure() {
     let (ok, msg) = b.ha(&["switchover"]);
     assert!(!ok && msg.contains("standby"), "{msg}");
 
-    let vns = vpc.ns.name.clone();
-    let ins = internet.ns.name.clone();
-    let mut flows = Flows {
-        out: (0..20).map(|_| OpenConn::open(&vns, at(INTERNET_IP, 9000)).unwrap()).collect(),
-        inbound: (0..10).map(|_| OpenConn::open(&ins, at("198.51.100.12", 80)).unwrap()).collect(),
-        udp: (0..20).map(|_| UdpFlow::open(&vns, 0, at(INTERNET_IP, 9001)).unwrap()).collect(),
-        udp_seen: Vec::new(),
-    };
-    flows.udp_seen = flows.udp.iter().map(|f| f.ask("hi").unwrap()).collect();
-    assert!(flows.udp_seen.iter().all(|s| s.starts_with("198.51.100.11:")), "{:?}", flows.udp_seen);
+    let vns = bed.vpc.ns.name.clone();
+    let mut flows = bed.flows();
     flows.check("on a");
     wait_synced(&b, 50);
 
     // Planned switchover, asked on the active.
-    let probe = UdpProbe::start(&vns, at(INTERNET_IP, 9001), Duration::from_millis(2)).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let probe = bed.probe();
     let (ok, msg) = a.ha(&["switchover"]);
     assert!(ok, "switchover: {msg}");
     std::thread::sleep(Duration::from_millis(500));
     probed("planned switchover a -> b", probe);
     assert_eq!(a.status()["role"], "standby");
     assert_eq!(b.status()["role"], "active");
-    for l in a.host_links(&gw) {
+    for l in a.host_links(gw) {
         let flags = sh(&["ip", "-o", "link", "show", &l]).unwrap();
         assert!(!flags.contains(",UP"), "the new standby's {l} is down: {flags}");
     }
@@ -233,12 +289,8 @@ fn flows_keep_their_translation_through_a_switchover_and_a_hard_failure() {
 
     // Hard failure of b: its agent killed, its links down; a promoted by
     // the arbiter (here: the test).
-    let probe = UdpProbe::start(&vns, at(INTERNET_IP, 9001), Duration::from_millis(2)).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    agent_b.end_with(nix::sys::signal::Signal::SIGKILL);
-    for l in b.host_links(&gw) {
-        sh(&["ip", "link", "set", &l, "down"]).unwrap();
-    }
+    let probe = bed.probe();
+    bed.kill(b, &mut agent_b);
     let (ok, msg) = a.ha(&["promote"]);
     assert!(ok, "promote a: {msg}");
     std::thread::sleep(Duration::from_millis(500));
@@ -261,20 +313,105 @@ fn flows_keep_their_translation_through_a_switchover_and_a_hard_failure() {
     // its links are down, so it starts as standby, gets a bulk pass, and
     // takes the role back in a switchover.
     drop(forged);
-    let mut agent_b = b.start(&state(&gw, &lan.name, &ext.name, &b, &a));
+    let mut agent_b = bed.start(b);
     wait_for(|| b.ha(&["status", "--json"]).0, "b up again");
     let kept: BTreeMap<String, Value> = serde_json::from_value(b.status()).unwrap();
     assert_eq!(kept["role"], "standby", "b's links were down: it comes back as standby");
     wait_synced(&b, 1);
-    let probe = UdpProbe::start(&vns, at(INTERNET_IP, 9001), Duration::from_millis(2)).unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let probe = bed.probe();
     let (ok, msg) = a.ha(&["switchover"]);
     assert!(ok, "failback: {msg}");
     std::thread::sleep(Duration::from_millis(500));
     probed("failback a -> b", probe);
     flows.check("after the failback to b");
     assert!(agent_a.running() && agent_b.running());
-    for (side, p) in [(&a, &mut agent_a), (&b, &mut agent_b)] {
+    for (side, p) in [(a, &mut agent_a), (b, &mut agent_b)] {
         assert!(p.stop(), "{} stopped cleanly", side.tag);
     }
+}
+
+/// keepalived (VRRP, adverts every 100 ms) as the arbiter: its notify
+/// scripts promote and demote the agents, its priority follows each
+/// agent's role (`ha-priority`), so a switchover asked of the agents moves
+/// the VRRP master too; a dead active (agent and keepalived killed, links
+/// down) is replaced within a second, its flows kept; cutting the sync
+/// link alone moves nothing.
+#[test]
+fn keepalived_arbitrates_and_replaces_a_dead_active() {
+    if !require_root() || !lbagent_tests::keepalived::available() {
+        return;
+    }
+    let bed = Bed::new();
+    let (a, b) = (&bed.a, &bed.b);
+    let mut agent_a = bed.start(a);
+    let mut agent_b = bed.start(b);
+    bed.wait_applied();
+    let bin = lbagent_bin();
+    let (api_a, api_b) = (a.dirs.path("api.sock"), b.dirs.path("api.sock"));
+    let (prio_a, prio_b) = (a.dirs.path("sd/ha-priority"), b.dirs.path("sd/ha-priority"));
+    let vrid = 1 + (std::process::id() % 250) as u8;
+    let [mut ka, mut kb] = Keepalived::pair(
+        vrid,
+        [
+            Drives { lbagent: &bin, api_socket: &api_a, priority_file: &prio_a },
+            Drives { lbagent: &bin, api_socket: &api_b, priority_file: &prio_b },
+        ],
+    )
+    .unwrap();
+    // VRRP elects one master; its agent is promoted, the other stays standby.
+    wait_for(|| (a.status()["role"] == "active") != (b.status()["role"] == "active"), "one agent active");
+    let a_active = a.status()["role"] == "active";
+    let (act, stb) = if a_active { (a, b) } else { (b, a) };
+    wait_synced(stb, 0);
+    let flows = bed.flows();
+    flows.check("on the elected active");
+    wait_synced(stb, 50);
+
+    // A switchover asked of the agents moves keepalived's master too (the
+    // priority files), and back.
+    for (from, to, k) in [(act, stb, if a_active { &kb } else { &ka }), (stb, act, if a_active { &ka } else { &kb })] {
+        let (ok, msg) = from.ha(&["switchover"]);
+        assert!(ok, "switchover {} -> {}: {msg}", from.tag, to.tag);
+        wait_for(|| k.log().matches("Entering MASTER STATE").count() >= 1, "keepalived follows the switchover");
+        std::thread::sleep(Duration::from_millis(1000));
+        assert_eq!(to.status()["role"], "active", "keepalived kept {} active", to.tag);
+        assert_eq!(from.status()["role"], "standby");
+        flows.check(&format!("after the switchover {} -> {}", from.tag, to.tag));
+        wait_synced(from, 1);
+    }
+
+    // The sync link cut while both hosts are up: keepalived still hears
+    // the active, so nothing moves.
+    let block = |add: bool| {
+        let port = stb.listen.to_string();
+        sh(&[
+            "iptables",
+            if add { "-I" } else { "-D" },
+            "INPUT",
+            "-i",
+            "lo",
+            "-p",
+            "udp",
+            "--dport",
+            &port,
+            "-j",
+            "DROP",
+        ])
+        .unwrap()
+    };
+    block(true);
+    std::thread::sleep(Duration::from_millis(1500));
+    let roles = (act.status()["role"].clone(), stb.status()["role"].clone());
+    block(false);
+    assert_eq!(roles, ("active".into(), "standby".into()), "a cut sync link moves no role");
+
+    // The active dies: its agent, its keepalived, its links.
+    let probe = bed.probe();
+    let (agent, k) = if a_active { (&mut agent_a, &mut ka) } else { (&mut agent_b, &mut kb) };
+    k.kill();
+    bed.kill(act, agent);
+    wait_for(|| stb.status()["role"] == "active", "keepalived promoted the standby");
+    std::thread::sleep(Duration::from_millis(500));
+    probed("the active died; keepalived promoted the standby", probe);
+    flows.check("after the active died");
 }

@@ -48,6 +48,10 @@ const PACKAGES: &[(&str, &str)] = &[
     // and IPFIX output).
     ("nfcapd", "nfdump"),
     ("ulogd", "ulogd2"),
+    // HA pairs: the arbiter of file mode (VRRP) the tests drive the agents
+    // with, and the reference pair (conntrackd + keepalived) of the bench.
+    ("keepalived", "keepalived"),
+    ("conntrackd", "conntrackd"),
 ];
 
 /// Debian packages that provide no binary (a file they install, package).

@@ -424,7 +424,12 @@ impl Link {
         let began = *r.handover.get_or_insert_with(Instant::now);
         let peer = r.peer.filter(|(at, _)| at.elapsed() < Duration::from_secs(1)).map(|(_, h)| h);
         let outcome = match peer {
-            _ if !active => Some(Err("this host is no longer active".to_string())),
+            // Stepped down meanwhile (keepalived followed the priority).
+            Some(p) if !active && p.active => Some(Ok("the peer is active; this host stepped down".to_string())),
+            _ if !active && began.elapsed() > HANDOVER_WAIT => {
+                Some(Err("this host stepped down, and the peer is not active".to_string()))
+            }
+            _ if !active => None,
             None => Some(Err("the peer is not heard on the sync link".to_string())),
             Some(p) if !p.ready && !p.active => Some(Err("the peer is not ready (no complete bulk pass yet)".into())),
             Some(p) if p.active => {

@@ -68,6 +68,15 @@ pub fn announcing() -> bool {
 /// File in the state dir that keeps the role across restarts.
 pub const ROLE_FILE: &str = "ha-role";
 
+/// File in the state dir holding this host's VRRP priority adjustment, for
+/// keepalived's `track_file` (weight 1): [`PRIORITY_ACTIVE`] while
+/// active, 0 while standby, [`PRIORITY_HANDOVER`] while a switchover
+/// hands the role over. So keepalived's mastership follows the role: the
+/// active stays master, and a switchover moves the master too.
+pub const PRIORITY_FILE: &str = "ha-priority";
+pub const PRIORITY_ACTIVE: i32 = 50;
+pub const PRIORITY_HANDOVER: i32 = -50;
+
 /// `ha` in the status document, `lbagent ha status` and the metrics.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HaStatus {
@@ -226,6 +235,18 @@ impl Shared {
         if let Err(e) = crate::files::write_private(&self.state_dir.join(ROLE_FILE), text.as_bytes(), true) {
             warn!("ha: keeping the role in {}: {e:#}", self.state_dir.display());
         }
+        self.set_priority(if active { PRIORITY_ACTIVE } else { 0 });
+    }
+
+    fn set_priority(&self, p: i32) {
+        let path = self.state_dir.join(PRIORITY_FILE);
+        // Replaced whole (keepalived watches it); readable by root.
+        let tmp = self.state_dir.join(format!("{PRIORITY_FILE}.new"));
+        let done = crate::files::write_private(&tmp, format!("{p}\n").as_bytes(), false)
+            .and_then(|()| std::fs::rename(&tmp, &path).context("renaming"));
+        if let Err(e) = done {
+            warn!("ha: writing {}: {e:#}", path.display());
+        }
     }
 
     /// Takes the active role: every gateway's links up, its addresses
@@ -301,12 +322,19 @@ impl Shared {
         let mut h = self.handover.lock().unwrap();
         h.requested = true;
         h.outcome = None;
+        // keepalived (if it arbitrates) hands its mastership over too.
+        self.set_priority(PRIORITY_HANDOVER);
         let (mut h, _) = self
             .handed_over
             .wait_timeout_while(h, link::HANDOVER_WAIT + Duration::from_secs(1), |h| h.outcome.is_none())
             .unwrap();
         h.requested = false;
-        h.outcome.take().unwrap_or_else(|| Err("the link did not answer".into()))
+        let outcome = h.outcome.take().unwrap_or_else(|| Err("the link did not answer".into()));
+        drop(h);
+        if outcome.is_err() && announcing() {
+            self.set_priority(PRIORITY_ACTIVE);
+        }
+        outcome
     }
 
     fn handover_requested(&self) -> bool {

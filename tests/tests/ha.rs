@@ -259,7 +259,7 @@ fn flows_keep_their_translation_through_a_switchover_and_a_hard_failure() {
     let vns = bed.vpc.ns.name.clone();
     let mut flows = bed.flows();
     flows.check("on a");
-    wait_synced(&b, 50);
+    wait_synced(b, 50);
 
     // Planned switchover, asked on the active.
     let probe = bed.probe();
@@ -282,7 +282,7 @@ fn flows_keep_their_translation_through_a_switchover_and_a_hard_failure() {
         flows.udp.push(f);
     }
     flows.out.push(OpenConn::open(&vns, at(INTERNET_IP, 9000)).unwrap());
-    wait_synced(&a, 1);
+    wait_synced(a, 1);
     let before = a.status()["synced_in"].as_u64().unwrap();
     wait_for(|| a.status()["synced_in"].as_u64().unwrap() > before + 5, "b's new flows synced to a");
     std::thread::sleep(Duration::from_millis(1500));
@@ -317,7 +317,7 @@ fn flows_keep_their_translation_through_a_switchover_and_a_hard_failure() {
     wait_for(|| b.ha(&["status", "--json"]).0, "b up again");
     let kept: BTreeMap<String, Value> = serde_json::from_value(b.status()).unwrap();
     assert_eq!(kept["role"], "standby", "b's links were down: it comes back as standby");
-    wait_synced(&b, 1);
+    wait_synced(b, 1);
     let probe = bed.probe();
     let (ok, msg) = a.ha(&["switchover"]);
     assert!(ok, "failback: {msg}");

@@ -128,4 +128,17 @@ mod tests {
         slow.bulk_every_s = Some(0);
         assert_eq!(paths(&slow), ["agent.ha.bulk_every_s"]);
     }
+
+    #[test]
+    fn a_pair_with_load_balancers_is_refused() {
+        let doc = "version: 1\nagent:\n  ha: {listen: \"192.0.2.1:7946\", peer: \"192.0.2.2:7946\", secret: \"00112233445566778899aabbccddeeff\"}\nload_balancers:\n  - id: a\n    network: {ip: 10.0.0.5, prefix_len: 24, mac: \"02:00:00:00:00:05\", gateway: 10.0.0.1}\n    listeners: []\n    backend_groups: []\n";
+        let problems = match crate::state::accept_str(doc, crate::state::Format::Yaml) {
+            Ok(_) => vec![],
+            Err(p) => p.0,
+        };
+        assert!(
+            problems.iter().any(|p| p.path == "agent.ha" && p.message.contains("NAT gateways only")),
+            "{problems:?}"
+        );
+    }
 }

@@ -203,6 +203,17 @@ pub fn check_after(s: &StateFile, earlier: Option<&Desired>) -> (Desired, Vec<Pr
     let ha = s.agent.ha.as_ref().and_then(|h| {
         let (spec, problems) = super::ha::check(h);
         c.problems.extend(problems);
+        if !s.load_balancers.is_empty() {
+            // The standby would announce their VIPs too: refused, not
+            // half-paired.
+            c.err(
+                "agent.ha",
+                format!(
+                    "{} load balancers: HA pairs carry NAT gateways only (a load balancer's VIP is not held back on the standby)",
+                    s.load_balancers.len()
+                ),
+            );
+        }
         spec
     });
     c.problems.extend(limits::object_limits(s));

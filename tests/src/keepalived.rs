@@ -1,8 +1,11 @@
-//! Real keepalived (VRRP) as an HA pair's arbiter: two network namespaces
-//! joined by a veth pair (the pair's management link), one keepalived in
-//! each, unicast adverts every 100 ms, each one's priority adjusted by its
-//! agent's `ha-priority` file (`track_file`), its notify scripts running
-//! `lbagent ha promote|demote` on its agent. Killed and removed on drop.
+//! Real keepalived (VRRP) as an HA pair's arbiter. [`Keepalived::agent_pair`]:
+//! two network namespaces joined by a veth pair (the pair's management
+//! link), one keepalived in each, unicast adverts every `advert` seconds,
+//! each one's priority adjusted by its agent's `ha-priority` file
+//! (`track_file`), its notify scripts running `lbagent ha promote|demote`
+//! on its agent. [`Keepalived::start`] runs any configuration in any
+//! namespace (the bench's iptables + conntrackd reference). Killed and
+//! removed on drop.
 
 use std::{
     path::{Path, PathBuf},
@@ -24,10 +27,10 @@ pub fn available() -> bool {
     have
 }
 
-/// One host's keepalived, in its management namespace.
+/// One keepalived process.
 pub struct Keepalived {
-    pub ns: Netns,
-    pub ip: String,
+    /// Its management namespace, when [`Keepalived::agent_pair`] made one.
+    pub ns: Option<Netns>,
     dir: PathBuf,
     child: Option<Child>,
 }
@@ -41,9 +44,30 @@ pub struct Drives<'a> {
 }
 
 impl Keepalived {
-    /// Two management namespaces linked by a veth pair (10.254.<n>.1 and
-    /// .2/24), each with its keepalived driving `drives[i]`.
-    pub fn pair(vrid: u8, drives: [Drives; 2]) -> Result<[Keepalived; 2]> {
+    /// keepalived with configuration `conf` in namespace `ns`.
+    pub fn start(ns: &str, conf: &str) -> Result<Keepalived> {
+        let dir = std::env::temp_dir().join(crate::unique("keepalived"));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("keepalived.conf"), conf)?;
+        let log = std::fs::File::create(dir.join("log"))?;
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "keepalived", "-n", "-l", "-D", "--vrrp", "-f"])
+            .arg(dir.join("keepalived.conf"))
+            .arg("-p")
+            .arg(dir.join("keepalived.pid"))
+            .arg("-r")
+            .arg(dir.join("vrrp.pid"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting keepalived")?;
+        Ok(Keepalived { ns: None, dir, child: Some(child) })
+    }
+
+    /// Two management namespaces linked by a veth pair (10.254.<vrid>.1
+    /// and .2/24), each with its keepalived driving `drives[i]`, adverts
+    /// every `advert` seconds.
+    pub fn agent_pair(vrid: u8, advert: f64, drives: [Drives; 2]) -> Result<[Keepalived; 2]> {
         let names = [crate::unique("lbka"), crate::unique("lbkb")];
         let (va, vb) = (crate::unique("kva"), crate::unique("kvb"));
         let nss = [Netns::new(&names[0])?, Netns::new(&names[1])?];
@@ -54,15 +78,13 @@ impl Keepalived {
             sh(&["ip", "link", "set", link, "netns", &ns.name])?;
             ns.exec(&["ip", "addr", "add", &format!("{}/24", ips[i]), "dev", link])?;
             ns.exec(&["ip", "link", "set", link, "up"])?;
-            let dir = std::env::temp_dir().join(crate::unique("keepalived"));
-            std::fs::create_dir_all(&dir)?;
             let d = &drives[i];
             let run =
                 |what: &str| format!("\"{} ha {what} --api-socket {}\"", d.lbagent.display(), d.api_socket.display());
             let conf = format!(
                 "global_defs {{\n  router_id lbha{i}\n  script_user root\n  enable_script_security\n  vrrp_version 3\n  max_auto_priority -1\n}}\n\
                  track_file lbagent_role {{\n  file {}\n  weight 1\n}}\n\
-                 vrrp_instance lbha {{\n  state BACKUP\n  interface {link}\n  virtual_router_id {vrid}\n  priority 100\n  advert_int 0.1\n\
+                 vrrp_instance lbha {{\n  state BACKUP\n  interface {link}\n  virtual_router_id {vrid}\n  priority 100\n  advert_int {advert}\n\
                  \x20 unicast_src_ip {}\n  unicast_peer {{\n    {}\n  }}\n  virtual_ipaddress {{\n    10.254.{vrid}.100/32\n  }}\n\
                  \x20 track_file {{\n    lbagent_role\n  }}\n  notify_master {}\n  notify_backup {}\n  notify_fault {}\n}}\n",
                 d.priority_file.display(),
@@ -72,37 +94,34 @@ impl Keepalived {
                 run("demote"),
                 run("demote"),
             );
-            std::fs::write(dir.join("keepalived.conf"), conf)?;
-            let log = std::fs::File::create(dir.join("log"))?;
-            let child = Command::new("ip")
-                .args(["netns", "exec", &ns.name, "keepalived", "-n", "-l", "-D", "--vrrp", "-f"])
-                .arg(dir.join("keepalived.conf"))
-                .arg("-p")
-                .arg(dir.join("keepalived.pid"))
-                .arg("-r")
-                .arg(dir.join("vrrp.pid"))
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .context("starting keepalived")?;
-            out.push(Keepalived { ns, ip: ips[i].clone(), dir, child: Some(child) });
+            let mut k = Keepalived::start(&ns.name, &conf)?;
+            k.ns = Some(ns);
+            out.push(k);
         }
         let [a, b]: [Keepalived; 2] = out.try_into().map_err(|_| anyhow::anyhow!("two"))?;
         Ok([a, b])
     }
 
-    /// Kills it (SIGKILL: a host's death; no advert says it is leaving).
-    pub fn kill(&mut self) {
+    /// Kills it with `signal` (`-9`: a host's death, no advert says it is
+    /// leaving; `-TERM`: a clean stop, its last advert gives the role
+    /// away).
+    pub fn stop_with(&mut self, signal: &str) {
         if let Some(mut c) = self.child.take() {
-            // `ip netns exec` execs keepalived: the child is keepalived's
-            // parent process; its VRRP child goes with it on SIGKILL of
-            // the process group's leader only if told, so kill by pid file.
+            // The VRRP child first (its pid file), then the parent.
             if let Ok(pid) = std::fs::read_to_string(self.dir.join("vrrp.pid")) {
-                let _ = sh(&["kill", "-9", pid.trim()]);
+                let _ = sh(&["kill", signal, pid.trim()]);
+            }
+            if let Ok(pid) = std::fs::read_to_string(self.dir.join("keepalived.pid")) {
+                let _ = sh(&["kill", signal, pid.trim()]);
             }
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self) {
+        self.stop_with("-9");
     }
 
     /// Its log (states entered, scripts run).

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod etcd;
 pub mod fixture;
 pub mod gateway;
+pub mod ha_pair;
 pub mod hosts;
 pub mod keepalived;
 pub mod net;

@@ -13,128 +13,19 @@
 //!                      sync link: 127.0.0.1:<pa> ⇄ 127.0.0.1:<pb>
 //! ```
 
-use std::{collections::BTreeMap, net::SocketAddr, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use lbagent_tests::{
-    agent::{AgentDirs, AgentProcess},
-    gateway::{INTERNET_IP, LAN_GW_IP},
-    hosts::TestHost,
+    gateway::INTERNET_IP,
+    ha_pair::{Bed, at, wait_synced},
     keepalived::{Drives, Keepalived},
     lbagent_bin,
     net::sh,
-    ovs::{LinuxBridge, OvsBridge},
     require_root,
     traffic::*,
-    unique, wait_for,
+    wait_for,
 };
 use serde_json::Value;
-
-const SECRET: &str = "4c62616765 6e742068612070616972 2074657374 206b6579";
-
-fn at(ip: &str, port: u16) -> SocketAddr {
-    format!("{ip}:{port}").parse().unwrap()
-}
-
-fn free_udp_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Side {
-    dirs: AgentDirs,
-    tag: &'static str,
-    listen: u16,
-}
-
-impl Side {
-    fn new(tag: &'static str) -> Side {
-        let mut dirs = AgentDirs::new(&format!("lbha{tag}"));
-        dirs.instance = Some(tag.to_string());
-        Side { dirs, tag, listen: free_udp_port() }
-    }
-
-    fn api(&self) -> String {
-        self.dirs.path("api.sock").display().to_string()
-    }
-
-    /// `lbagent ha ARGS` on this side's agent: (ok, stdout or stderr).
-    fn ha(&self, args: &[&str]) -> (bool, String) {
-        let out = std::process::Command::new(lbagent_bin())
-            .arg("ha")
-            .args(args)
-            .args(["--api-socket", &self.api()])
-            .output()
-            .unwrap();
-        let text = if out.status.success() { out.stdout } else { out.stderr };
-        (out.status.success(), String::from_utf8_lossy(&text).into_owned())
-    }
-
-    fn status(&self) -> Value {
-        let (ok, text) = self.ha(&["status", "--json"]);
-        assert!(ok, "ha status on {}: {text}", self.tag);
-        serde_json::from_str(&text).unwrap()
-    }
-
-    fn start(&self, state: &str) -> AgentProcess {
-        let file = self.dirs.path("state.yaml");
-        std::fs::write(&file, state).unwrap();
-        let args = ["--state", file.to_str().unwrap(), "--repair-interval", "3", "--metrics", "off"];
-        self.dirs.spawn(&lbagent_bin(), &args.map(String::from), "daemon.log")
-    }
-
-    fn host_links(&self, gw: &str) -> [String; 2] {
-        let (l, x) = lbagent::naming::gw_host_veths_of(self.tag, gw);
-        [l, x]
-    }
-}
-
-fn state(gw: &str, lan: &str, ext: &str, me: &Side, peer: &Side) -> String {
-    let secret: String = SECRET.split_whitespace().collect();
-    format!(
-        "version: 1
-agent:
-  integration_bridge: {lan}
-  ha: {{listen: \"127.0.0.1:{}\", peer: \"127.0.0.1:{}\", secret: \"{secret}\", bulk_every_s: 5}}
-nat_gateways:
-  - name: {gw}
-    lan: {{ip: {LAN_GW_IP}, prefix_len: 24, mac: \"02:00:0a:0a:00:fe\", gateway: 10.10.0.1}}
-    external: {{bridge: {ext}, prefix_len: 24, gateway: {INTERNET_IP}}}
-    eips:
-      - {{name: eip1, ip: 198.51.100.11}}
-      - {{name: eip2, ip: 198.51.100.12}}
-    dnats:
-      - {{eip: eip2, protocol: tcp, external_port: 80, internal_ip: 10.10.0.22, internal_port: 8080}}
-    snats: [{{eip: eip1, internal_cidr: 10.10.0.0/24}}]
-",
-        me.listen, peer.listen
-    )
-}
-
-/// Every flow the test holds, and what the far end saw of each.
-struct Flows {
-    out: Vec<OpenConn>,
-    inbound: Vec<OpenConn>,
-    udp: Vec<UdpFlow>,
-    /// The external address and port each UDP flow was seen from.
-    udp_seen: Vec<String>,
-}
-
-impl Flows {
-    /// Pings every flow once; panics naming what broke or moved.
-    fn check(&self, when: &str) {
-        for (i, r) in OpenConn::ping_all(&self.out, "x").into_iter().enumerate() {
-            let answer = r.unwrap_or_else(|e| panic!("{when}: outbound TCP connection {i} broke: {e:#}"));
-            assert!(answer.starts_with("inet 198.51.100.11:"), "{when}: outbound {i}: {answer}");
-        }
-        for (i, r) in OpenConn::ping_all(&self.inbound, "x").into_iter().enumerate() {
-            let answer = r.unwrap_or_else(|e| panic!("{when}: inbound (DNAT) connection {i} broke: {e:#}"));
-            assert!(answer.starts_with("vpc "), "{when}: inbound {i}: {answer}");
-        }
-        for (i, f) in self.udp.iter().enumerate() {
-            let seen = f.ask("x").unwrap_or_else(|e| panic!("{when}: UDP flow {i} got no answer: {e:#}"));
-            assert_eq!(seen, self.udp_seen[i], "{when}: UDP flow {i} moved to another external port");
-        }
-    }
-}
 
 /// A probe's report for `what`: the flow kept its external port.
 fn probed(what: &str, p: UdpProbe) {
@@ -146,91 +37,6 @@ fn probed(what: &str, p: UdpProbe) {
         r.sent
     );
     assert_eq!(r.seen.len(), 1, "{what}: the probe's flow kept one external address and port: {:?}", r.seen);
-}
-
-fn wait_synced(side: &Side, at_least: u64) {
-    wait_for(
-        || {
-            let s = side.status();
-            s["ready"] == true && s["synced_in"].as_u64().unwrap_or(0) >= at_least
-        },
-        &format!("{} ready with {at_least} flows synced in", side.tag),
-    );
-}
-
-/// The two agents' world: bridges, the internet host and a VPC host with
-/// their servers, the gateway's name, and both sides.
-struct Bed {
-    lan: OvsBridge,
-    ext: LinuxBridge,
-    internet: TestHost,
-    vpc: TestHost,
-    gw: String,
-    a: Side,
-    b: Side,
-}
-
-impl Bed {
-    fn new() -> Bed {
-        let lan = OvsBridge::new(&unique("brv")).unwrap();
-        let ext = LinuxBridge::new(&unique("bre")).unwrap();
-        let ext_name = ext.name.clone();
-        let internet =
-            TestHost::on(|p| sh(&["ip", "link", "set", p, "master", &ext_name]).map(|_| ()), INTERNET_IP, 24, "")
-                .unwrap();
-        let vpc = TestHost::on(|p| lan.add_port(p), "10.10.0.22", 24, LAN_GW_IP).unwrap();
-        line_echo_server(&internet.ns.name, 9000, "inet").unwrap();
-        udp_echo_forever(&internet.ns.name, 9001).unwrap();
-        line_echo_server(&vpc.ns.name, 8080, "vpc").unwrap();
-        Bed { lan, ext, internet, vpc, gw: unique("gw"), a: Side::new("a"), b: Side::new("b") }
-    }
-
-    fn state(&self, me: &Side, peer: &Side) -> String {
-        state(&self.gw, &self.lan.name, &self.ext.name, me, peer)
-    }
-
-    fn start(&self, side: &Side) -> AgentProcess {
-        let peer = if side.tag == "a" { &self.b } else { &self.a };
-        side.start(&self.state(side, peer))
-    }
-
-    fn wait_applied(&self) {
-        for side in [&self.a, &self.b] {
-            wait_for(|| side.ha(&["status", "--json"]).0, &format!("{} up", side.tag));
-            wait_for(
-                || side.dirs.status().is_some_and(|s| s["last_apply"]["ok"] == true),
-                &format!("{} applied", side.tag),
-            );
-        }
-    }
-
-    /// 20 outbound and 10 inbound (DNAT) TCP connections, 20 UDP flows.
-    fn flows(&self) -> Flows {
-        let (vns, ins) = (self.vpc.ns.name.clone(), self.internet.ns.name.clone());
-        let mut flows = Flows {
-            out: (0..20).map(|_| OpenConn::open(&vns, at(INTERNET_IP, 9000)).unwrap()).collect(),
-            inbound: (0..10).map(|_| OpenConn::open(&ins, at("198.51.100.12", 80)).unwrap()).collect(),
-            udp: (0..20).map(|_| UdpFlow::open(&vns, 0, at(INTERNET_IP, 9001)).unwrap()).collect(),
-            udp_seen: Vec::new(),
-        };
-        flows.udp_seen = flows.udp.iter().map(|f| f.ask("hi").unwrap()).collect();
-        assert!(flows.udp_seen.iter().all(|s| s.starts_with("198.51.100.11:")), "{:?}", flows.udp_seen);
-        flows
-    }
-
-    fn probe(&self) -> UdpProbe {
-        let p = UdpProbe::start(&self.vpc.ns.name, at(INTERNET_IP, 9001), Duration::from_millis(2)).unwrap();
-        std::thread::sleep(Duration::from_millis(1500));
-        p
-    }
-
-    /// A host's death: its agent killed, its gateway's links down.
-    fn kill(&self, side: &Side, agent: &mut AgentProcess) {
-        agent.end_with(nix::sys::signal::Signal::SIGKILL);
-        for l in side.host_links(&self.gw) {
-            sh(&["ip", "link", "set", &l, "down"]).unwrap();
-        }
-    }
 }
 
 #[test]
@@ -350,8 +156,9 @@ fn keepalived_arbitrates_and_replaces_a_dead_active() {
     let (api_a, api_b) = (a.dirs.path("api.sock"), b.dirs.path("api.sock"));
     let (prio_a, prio_b) = (a.dirs.path("sd/ha-priority"), b.dirs.path("sd/ha-priority"));
     let vrid = 1 + (std::process::id() % 250) as u8;
-    let [mut ka, mut kb] = Keepalived::pair(
+    let [mut ka, mut kb] = Keepalived::agent_pair(
         vrid,
+        0.1,
         [
             Drives { lbagent: &bin, api_socket: &api_a, priority_file: &prio_a },
             Drives { lbagent: &bin, api_socket: &api_b, priority_file: &prio_b },
@@ -370,10 +177,12 @@ fn keepalived_arbitrates_and_replaces_a_dead_active() {
     // A switchover asked of the agents moves keepalived's master too (the
     // priority files), and back.
     for (from, to, k) in [(act, stb, if a_active { &kb } else { &ka }), (stb, act, if a_active { &ka } else { &kb })] {
+        let probe = bed.probe();
         let (ok, msg) = from.ha(&["switchover"]);
         assert!(ok, "switchover {} -> {}: {msg}", from.tag, to.tag);
         wait_for(|| k.log().matches("Entering MASTER STATE").count() >= 1, "keepalived follows the switchover");
         std::thread::sleep(Duration::from_millis(1000));
+        probed(&format!("switchover {} -> {} under keepalived", from.tag, to.tag), probe);
         assert_eq!(to.status()["role"], "active", "keepalived kept {} active", to.tag);
         assert_eq!(from.status()["role"], "standby");
         flows.check(&format!("after the switchover {} -> {}", from.tag, to.tag));

@@ -300,8 +300,8 @@ pub fn ha_lines(h: &crate::ha::HaStatus) -> Vec<String> {
             ms(h.lag_ms_p99)
         ),
         format!(
-            "  dropped: feed_full {} send_failed {} refused {} unknown {} table_full {}",
-            d.feed_full, d.send_failed, d.refused, d.unknown, d.table_full
+            "  dropped: ring_full {} feed_full {} send_failed {} refused {} unknown {} table_full {}",
+            d.ring_full, d.feed_full, d.send_failed, d.refused, d.unknown, d.table_full
         ),
     ];
     if let Some(p) = &h.problem {

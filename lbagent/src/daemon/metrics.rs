@@ -150,6 +150,7 @@ fn ha(r: &mut Registry, doc: &super::status::StatusDoc) {
     gauge(r, "ha_sync_lag_p99_us", "Sync lag of new flows, 99th percentile (µs; -1: no sample).", lag_us(h.lag_ms_p99));
     let d = &h.dropped;
     let by_reason = [
+        ("ring_full", d.ring_full),
         ("feed_full", d.feed_full),
         ("send_failed", d.send_failed),
         ("refused", d.refused),

@@ -168,8 +168,11 @@ impl Logger {
                         f.lost.fetch_add(n, Ordering::Relaxed);
                     }
                 }
-                events.retain(|e| u32::from(e.serves) & (FLOW_LOG_START | FLOW_LOG_END) != 0);
             }
+            // Records for the sync alone are not logged (still in the ring
+            // when the sync stopped, too); `serves` 0 is the previous
+            // layout's programs' (they log what they write).
+            events.retain(|e| e.serves == 0 || u32::from(e.serves) & (FLOW_LOG_START | FLOW_LOG_END) != 0);
             let mut exported = self.export(&events, &mut collectors, jsonl.as_mut());
             events.clear();
             loop {

@@ -13,11 +13,11 @@ use std::{
     net::UdpSocket,
     path::PathBuf,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
         mpsc::Receiver,
     },
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
@@ -29,7 +29,7 @@ use super::{
     wire::{self, Body, FlowRec, Hello, Replay},
 };
 use crate::{
-    dataplane::tables::{FlowPut, Tables, monotonic_ns},
+    dataplane::tables::{FlowPut, FlowWriter, Tables, monotonic_ns},
     state::ha::HaSpec,
 };
 
@@ -37,23 +37,47 @@ use crate::{
 pub const FEED_BATCHES: usize = 256;
 pub const HELLO_EVERY: Duration = Duration::from_millis(100);
 pub const DELTA_EVERY: Duration = Duration::from_secs(1);
-/// A flow is sent in a delta when its last packet is this recent (the
-/// programs stamp `last_seen_ns` at most once a second).
+/// A flow is sent in a delta when a packet of either half is this recent
+/// (the programs stamp `last_seen_ns` at most once a second) and its
+/// refresh is due: each flow's turn comes every [`REFRESH_SLOTS`] deltas
+/// (by a hash of its key), so a delta carries a tenth of the busy flows.
 const DELTA_RECENT_NS: u64 = 2_500_000_000;
+const REFRESH_SLOTS: u64 = 10;
 /// The longest a switchover waits for the peer to say it is active.
 pub const HANDOVER_WAIT: Duration = Duration::from_secs(2);
+/// A switchover's ask is sent again this often until the peer answers.
+const TAKEOVER_EVERY: Duration = Duration::from_millis(50);
 /// Kept samples of the sync lag.
 const LAG_SAMPLES: usize = 4096;
 /// The flags a record carries (the rest are this host's).
 const SYNCED_FLAGS: u8 = CT_F_SNAT | CT_F_DNAT;
+/// Datagrams read per round of the loop, and the longest a round reads:
+/// a flood (junk from anywhere, a bulk pass) never starves the rest.
+const READ_PER_ROUND: usize = 512;
+const READ_ROUND: Duration = Duration::from_millis(20);
+/// Bulk datagrams sent per round of the loop.
+const BULK_PER_ROUND: usize = 64;
+/// The peer unheard this long: this host may have missed flows, so it is
+/// not ready until the next complete bulk pass.
+const PEER_SILENT: Duration = Duration::from_secs(2);
 
 pub(super) struct Link {
     spec: HaSpec,
     shared: Arc<Shared>,
     bpffs: PathBuf,
-    feed: Receiver<Vec<FlowEvent>>,
+    feed: Arc<Mutex<Receiver<Vec<FlowEvent>>>>,
     feed_lost: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+}
+
+/// A bulk pass being received: the sender's session, its id, when it
+/// began here, the flows seen, the records counted.
+struct PassIn {
+    session: u64,
+    id: u32,
+    began: u64,
+    seen: HashSet<Tuple>,
+    got: u32,
 }
 
 /// The link's state for one socket's life.
@@ -64,22 +88,34 @@ struct Run {
     seq: u64,
     replay: Replay,
     tables: Tables,
+    writer: FlowWriter,
     names: Arc<SyncNames>,
+    /// The peer's last trusted hello (one that echoed this run's session).
     peer: Option<(Instant, Hello)>,
     /// The peer asked for a bulk pass.
     peer_wants_bulk: bool,
     pass_out: u32,
+    /// The bulk pass being sent: its datagrams, then its end.
+    outgoing: VecDeque<Body>,
     last_bulk: Instant,
     last_delta: Instant,
+    deltas: u64,
     last_hello: Instant,
-    /// A bulk pass being received: its id, when it began, the flows seen.
-    pass_in: Option<(u32, u64, HashSet<Tuple>, u32)>,
+    pass_in: Option<PassIn>,
     ready: bool,
     /// Datagrams of new flows waiting for their ack: seq → the oldest
     /// start record's time.
     unacked: HashMap<u64, u64>,
     lags_us: VecDeque<u64>,
-    handover: Option<Instant>,
+    handover: Option<Handover>,
+    refused_logged: Option<Instant>,
+}
+
+/// A switchover under way on this host.
+struct Handover {
+    began: Instant,
+    /// The changes went out, and the priority was lowered.
+    asked: Option<Instant>,
 }
 
 impl Link {
@@ -87,7 +123,7 @@ impl Link {
         spec: HaSpec,
         shared: Arc<Shared>,
         bpffs: PathBuf,
-        feed: Receiver<Vec<FlowEvent>>,
+        feed: Arc<Mutex<Receiver<Vec<FlowEvent>>>>,
         feed_lost: Arc<AtomicU64>,
         stop: Arc<AtomicBool>,
     ) -> Link {
@@ -115,56 +151,68 @@ impl Link {
         sock.set_read_timeout(Some(Duration::from_millis(5)))?;
         set_buffers(&sock);
         let tables = Tables::open(&self.bpffs)?;
-        let session = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH)?.as_nanos() as u64;
+        let writer = tables.flow_writer()?;
         let long_ago = Instant::now() - Duration::from_secs(3600);
         let mut r = Run {
             sock,
             key: wire::Key::new(&self.spec.secret),
-            session,
+            session: self.shared.next_session(),
             seq: 0,
             replay: Replay::default(),
             tables,
+            writer,
             names: self.shared.names.lock().unwrap().clone(),
             peer: None,
             peer_wants_bulk: false,
             pass_out: 0,
+            outgoing: VecDeque::new(),
             last_bulk: Instant::now(),
             last_delta: long_ago,
+            deltas: 0,
             last_hello: long_ago,
             pass_in: None,
             ready: false,
             unacked: HashMap::new(),
             lags_us: VecDeque::new(),
             handover: None,
+            refused_logged: None,
         };
         self.shared.status.lock().unwrap().problem = None;
         let mut reported = long_ago;
-        let mut buf = vec![0u8; 65536];
+        let mut buf = vec![0u8; wire::MAX_DATAGRAM + 1];
         while !self.stop.load(Ordering::SeqCst) {
             r.names = self.shared.names.lock().unwrap().clone();
-            // The peer's datagrams.
-            loop {
+            // The peer's datagrams, a bounded round of them.
+            let round = Instant::now();
+            for _ in 0..READ_PER_ROUND {
                 match r.sock.recv_from(&mut buf) {
                     Ok((n, from)) => {
-                        if from != self.spec.peer {
-                            self.shared.status.lock().unwrap().dropped.refused += 1;
-                            continue;
+                        if from != self.spec.peer || n > wire::MAX_DATAGRAM {
+                            self.refused(&mut r, "not from the peer's address, or too long");
+                        } else {
+                            self.take(&mut r, &buf[..n]);
                         }
-                        self.take(&mut r, &buf[..n]);
                     }
                     Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                         break;
                     }
                     Err(e) => return Err(e).context("receiving"),
                 }
+                if round.elapsed() >= READ_ROUND {
+                    break;
+                }
             }
             // New flows of this host's programs, whatever the role (both
             // hosts are active for a switchover's moment).
-            while let Ok(batch) = self.feed.try_recv() {
+            let batches: Vec<Vec<FlowEvent>> = {
+                let feed = self.feed.lock().unwrap();
+                std::iter::from_fn(|| feed.try_recv().ok()).take(FEED_BATCHES).collect()
+            };
+            for batch in batches {
                 let now = monotonic_ns();
                 let oldest = batch.iter().map(|e| e.time_ns).min().unwrap_or(now);
                 let flows: Vec<FlowRec> = batch.iter().filter_map(|e| record_of_event(e, &r.names, now)).collect();
-                for body in wire::pack(0, flows) {
+                for body in wire::pack(wire::NEW_FLOWS, flows) {
                     if let Some(seq) = self.send(&mut r, &body) {
                         r.unacked.insert(seq, oldest);
                     }
@@ -174,17 +222,28 @@ impl Link {
             if r.last_hello.elapsed() >= HELLO_EVERY {
                 self.hello(&mut r, active);
             }
+            if r.peer.is_some_and(|(at, _)| at.elapsed() > PEER_SILENT) && r.ready {
+                warn!("ha: the peer is silent: not ready until its next bulk pass");
+                r.ready = false;
+            }
             if active {
                 let bulk_due = r.last_bulk.elapsed() >= self.spec.bulk_every;
-                if r.peer_wants_bulk || bulk_due {
+                if r.outgoing.is_empty() && (r.peer_wants_bulk || bulk_due) {
                     r.peer_wants_bulk = false;
                     r.last_bulk = Instant::now();
-                    r.last_delta = Instant::now();
                     self.bulk(&mut r)?;
                 } else if r.last_delta.elapsed() >= DELTA_EVERY {
                     r.last_delta = Instant::now();
-                    self.pass(&mut r, 0)?;
+                    r.deltas += 1;
+                    let slot = r.deltas % REFRESH_SLOTS;
+                    self.changes(&mut r, Some(slot))?;
                 }
+            } else {
+                r.outgoing.clear();
+            }
+            for _ in 0..BULK_PER_ROUND {
+                let Some(body) = r.outgoing.pop_front() else { break };
+                self.send(&mut r, &body);
             }
             self.handover(&mut r, active);
             if reported.elapsed() >= Duration::from_millis(500) {
@@ -195,6 +254,15 @@ impl Link {
         Ok(())
     }
 
+    /// Counts a refused datagram; logs one every 10 s at most.
+    fn refused(&self, r: &mut Run, why: &str) {
+        self.shared.status.lock().unwrap().dropped.refused += 1;
+        if r.refused_logged.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+            r.refused_logged = Some(Instant::now());
+            warn!("ha: refused a datagram: {why} (counted in dropped.refused; logged every 10 s at most)");
+        }
+    }
+
     /// Signs and sends one datagram; its seq when the socket took it.
     fn send(&self, r: &mut Run, body: &Body) -> Option<u64> {
         r.seq += 1;
@@ -202,7 +270,7 @@ impl Link {
         let d = wire::encode(&r.key, r.session, r.seq, echo, body);
         let mut sent = r.sock.send_to(&d, self.spec.peer);
         if sent.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::ENOBUFS)) {
-            // The socket's buffer is full (a bulk pass): a moment for it.
+            // The socket's buffer is full: a moment for it.
             std::thread::sleep(Duration::from_millis(1));
             sent = r.sock.send_to(&d, self.spec.peer);
         }
@@ -227,29 +295,34 @@ impl Link {
             active,
             ready: r.ready,
             want_bulk: want_bulk && !active,
-            active_since_ms: if active { self.shared.active_since_ms.load(Ordering::SeqCst) } else { 0 },
+            term: self.shared.term.load(Ordering::SeqCst),
         };
         self.send(r, &Body::Hello(h));
     }
 
     /// One datagram from the peer's address.
     fn take(&self, r: &mut Run, d: &[u8]) {
+        let before = r.replay.peer_session;
         let taken = wire::decode(&r.key, d)
             .map_err(|e| format!("{e:#}"))
             .and_then(|(h, b)| r.replay.admit(&h, r.session).map(|()| (h, b)).map_err(str::to_string));
         let (h, body) = match taken {
             Ok(x) => x,
-            Err(why) => {
-                let mut st = self.shared.status.lock().unwrap();
-                if st.dropped.refused == 0 {
-                    warn!("ha: refused a datagram from the peer's address: {why}");
-                }
-                st.dropped.refused += 1;
-                return;
-            }
+            Err(why) => return self.refused(r, &why),
         };
+        if r.replay.peer_session != before {
+            // The peer restarted its link: what it was sending is over.
+            r.pass_in = None;
+            r.peer = None;
+            r.ready = false;
+        }
         match body {
             Body::Hello(hello) => {
+                // Only a hello addressed to this run is believed: one
+                // recorded before it started says nothing of the peer now.
+                if h.echo != r.session {
+                    return;
+                }
                 let fresh = r.peer.is_none();
                 // The peer stepped down while this host announces (a
                 // switchover's end): announce again, so the bridges
@@ -258,18 +331,22 @@ impl Link {
                     self.shared.reannounce();
                 }
                 r.peer = Some((Instant::now(), hello));
+                self.shared.peer_term(hello.term);
                 if fresh {
                     info!("ha: heard the peer ({})", if hello.active { "active" } else { "standby" });
                 }
                 if hello.want_bulk {
                     r.peer_wants_bulk = true;
                 }
-                // Both active: the one promoted last keeps the role.
-                if hello.active && announcing() {
-                    let mine = self.shared.active_since_ms.load(Ordering::SeqCst);
-                    let theirs = hello.active_since_ms;
-                    if (theirs, h.session) > (mine, r.session) && r.handover.is_none() {
-                        warn!("ha: the peer is active too and was promoted later; stepping down");
+                // Both active: the one promoted last (the higher term)
+                // keeps the role; never while this host hands it over.
+                if hello.active && announcing() && r.handover.is_none() {
+                    let mine = self.shared.term.load(Ordering::SeqCst);
+                    if (hello.term, h.session) > (mine, r.session) {
+                        warn!(
+                            "ha: the peer is active too, promoted later (term {} > {mine}); stepping down",
+                            hello.term
+                        );
                         if let Err(e) = self.shared.demote("the peer was promoted later") {
                             warn!("ha: stepping down: {e:#}");
                         }
@@ -278,10 +355,12 @@ impl Link {
                 }
             }
             Body::Flows { pass, flows } => {
-                self.write(r, pass, &flows);
-                self.send(r, &Body::Ack { seq: h.seq });
+                self.write(r, h.session, pass, &flows);
+                if pass == wire::NEW_FLOWS {
+                    self.send(r, &Body::Ack { seq: h.seq });
+                }
             }
-            Body::PassEnd { pass, records } => self.pass_end(r, pass, records),
+            Body::PassEnd { pass, records } => self.pass_end(r, h.session, pass, records),
             Body::Ack { seq } => {
                 if let Some(t) = r.unacked.remove(&seq) {
                     let lag = monotonic_ns().saturating_sub(t) / 1000;
@@ -301,70 +380,70 @@ impl Link {
                 };
                 match outcome {
                     Ok(_) => self.hello(r, announcing()),
-                    Err(e) => warn!("ha: refused a switchover: {e:#}"),
+                    Err(e) => {
+                        if r.refused_logged.is_none_or(|t| t.elapsed() > Duration::from_secs(10)) {
+                            r.refused_logged = Some(Instant::now());
+                            warn!("ha: refused a switchover: {e:#}");
+                        }
+                    }
                 }
             }
         }
     }
 
     /// Writes the peer's flows.
-    fn write(&self, r: &mut Run, pass: u32, flows: &[FlowRec]) {
+    fn write(&self, r: &mut Run, session: u64, pass: u32, flows: &[FlowRec]) {
         let now = monotonic_ns();
-        if pass != 0 && r.pass_in.as_ref().is_none_or(|p| p.0 != pass) {
-            r.pass_in = Some((pass, now, HashSet::new(), 0));
+        let bulk = pass != wire::NEW_FLOWS && pass != wire::CHANGES;
+        if bulk && r.pass_in.as_ref().is_none_or(|p| (p.session, p.id) != (session, pass)) {
+            r.pass_in = Some(PassIn { session, id: pass, began: now, seen: HashSet::new(), got: 0 });
         }
-        let mut writer = match r.tables.flow_writer() {
-            Ok(w) => w,
-            Err(e) => {
-                warn!("ha: opening the conntrack tables: {e:#}");
-                return;
-            }
-        };
         let (mut written, mut unknown, mut full) = (0, 0, 0);
         for f in flows {
+            if bulk && let Some(p) = r.pass_in.as_mut() {
+                p.got += 1;
+            }
             let Some((key, e)) = flow_of_record(f, &r.names, now) else {
                 unknown += 1;
                 continue;
             };
-            if let Some(p) = r.pass_in.as_mut().filter(|p| p.0 == pass) {
-                p.2.insert(key);
-                p.3 += 1;
+            if bulk && let Some(p) = r.pass_in.as_mut() {
+                p.seen.insert(key);
             }
-            match writer.put_flow(&key, &e, f.established) {
+            match r.writer.put_flow(&key, &e, f.established) {
                 FlowPut::Full => full += 1,
                 _ => written += 1,
             }
         }
-        if pass != 0
-            && let Some(p) = r.pass_in.as_mut().filter(|p| p.0 == pass)
-        {
-            p.3 += unknown;
-        }
         let mut st = self.shared.status.lock().unwrap();
         st.synced_in += written;
-        st.dropped.unknown += u64::from(unknown);
+        st.dropped.unknown += unknown;
         st.dropped.table_full += full;
     }
 
     /// A bulk pass ended: complete, it makes this host ready and (while
     /// standby) removes the flows the peer no longer has.
-    fn pass_end(&self, r: &mut Run, pass: u32, records: u32) {
-        let Some((id, began, seen, got)) = r.pass_in.take() else {
-            if records == 0 {
-                r.ready = true;
-                self.shared.want_bulk.store(false, Ordering::SeqCst);
+    fn pass_end(&self, r: &mut Run, session: u64, pass: u32, records: u32) {
+        let p = match r.pass_in.take() {
+            Some(p) if (p.session, p.id) == (session, pass) => p,
+            // A pass of no record (the peer has no flow) sent nothing before.
+            _ if records == 0 => PassIn { session, id: pass, began: monotonic_ns(), seen: HashSet::new(), got: 0 },
+            _ => {
+                warn!("ha: bulk pass {pass} ended without its records; asking for another");
+                r.ready = false;
+                self.shared.want_bulk.store(true, Ordering::SeqCst);
+                return;
             }
-            return;
         };
-        if id != pass || got != records {
-            warn!("ha: bulk pass {pass} incomplete ({got} of {records} records); asking for another");
+        if p.got != records {
+            warn!("ha: bulk pass {pass} incomplete ({} of {records} records); asking for another", p.got);
             r.ready = false;
             self.shared.want_bulk.store(true, Ordering::SeqCst);
             return;
         }
         let mut swept = 0;
         if !announcing() {
-            swept = sweep(&r.tables, &seen, began).unwrap_or_else(|e| {
+            swept = sweep(&r.tables, &mut r.writer, &p.seen, p.began).unwrap_or_else(|e| {
                 warn!("ha: removing the flows the peer no longer has: {e:#}");
                 0
             });
@@ -377,51 +456,95 @@ impl Link {
         st.swept = swept;
     }
 
-    /// Every flow, as bulk pass `pass_out + 1`, then its end.
+    /// Queues every flow as bulk pass `pass_out + 1`, then its end; sent
+    /// [`BULK_PER_ROUND`] datagrams a round.
     fn bulk(&self, r: &mut Run) -> Result<()> {
-        r.pass_out = r.pass_out.wrapping_add(1).max(1);
-        let n = self.pass(r, r.pass_out)?;
-        self.send(r, &Body::PassEnd { pass: r.pass_out, records: n });
+        r.pass_out = r.pass_out.wrapping_add(1).clamp(1, wire::CHANGES - 1);
+        let flows = self.scan(r, None)?;
+        let n = flows.len() as u32;
+        r.outgoing.extend(wire::pack(r.pass_out, flows));
+        r.outgoing.push_back(Body::PassEnd { pass: r.pass_out, records: n });
         self.shared.status.lock().unwrap().bulk_passes_sent += 1;
         Ok(())
     }
 
-    /// Sends every flow (`pass` ≠ 0) or those with a recent packet (0);
-    /// how many records it sent.
-    fn pass(&self, r: &mut Run, pass: u32) -> Result<u32> {
+    /// Sends the flows with a recent packet whose refresh is due (`slot`;
+    /// `None`: every recent flow).
+    fn changes(&self, r: &mut Run, slot: Option<u64>) -> Result<()> {
+        let flows = self.scan(r, Some(slot))?;
+        for body in wire::pack(wire::CHANGES, flows) {
+            self.send(r, &body);
+        }
+        Ok(())
+    }
+
+    /// The records of every flow (`recent` `None`), or of those with a
+    /// packet of either half in the last [`DELTA_RECENT_NS`] (and in
+    /// refresh slot `s` when `Some(Some(s))`). `ct_new` is read before
+    /// `ct`: a flow promoted meanwhile is then read in `ct` (the program
+    /// inserts it there before it deletes it from `ct_new`).
+    fn scan(&self, r: &mut Run, recent: Option<Option<u64>>) -> Result<Vec<FlowRec>> {
         let now = monotonic_ns();
-        let mut flows = Vec::new();
-        for table in [MAP_CT, MAP_CT_NEW] {
+        let fresh = |e: &CtEntry| now.saturating_sub(e.last_seen_ns) <= DELTA_RECENT_NS;
+        let due = |k: &Tuple| match recent {
+            Some(Some(slot)) => slot_of(k) == slot,
+            _ => true,
+        };
+        // Original halves by key; the reply halves' last packet, by their
+        // flow's original key.
+        let mut origs: HashMap<Tuple, (CtEntry, bool)> = HashMap::new();
+        let mut replies: HashMap<Tuple, u64> = HashMap::new();
+        for table in [MAP_CT_NEW, MAP_CT] {
             let established = table.name == MAP_CT.name;
             r.tables.each_conntrack(table, |keys, entries| {
                 for (k, e) in keys.iter().zip(entries) {
-                    if e.flags & (CT_F_REPLY | CT_F_LOCAL) != 0 {
+                    if e.flags & CT_F_LOCAL != 0 {
                         continue;
                     }
-                    if pass == 0 && now.saturating_sub(e.last_seen_ns) > DELTA_RECENT_NS {
-                        continue;
-                    }
-                    if let Some(f) = record_of_entry(k, e, established, &r.names, now) {
-                        flows.push(f);
+                    if e.flags & CT_F_REPLY != 0 {
+                        let orig = e.xlate.reversed();
+                        if (recent.is_none() || fresh(e)) && due(&orig) {
+                            let t = replies.entry(orig).or_default();
+                            *t = (*t).max(e.last_seen_ns);
+                        }
+                    } else if (recent.is_none() || fresh(e)) && due(k) {
+                        origs.insert(*k, (*e, established));
                     }
                 }
             })?;
         }
-        let n = flows.len() as u32;
-        for body in wire::pack(pass, flows) {
-            self.send(r, &body);
+        // Flows busy only in the reply direction: their original half.
+        if recent.is_some() {
+            let missing: Vec<Tuple> = replies.keys().filter(|k| !origs.contains_key(k)).copied().collect();
+            for k in missing {
+                if let Some((established, e)) = r.writer.get(&k) {
+                    origs.insert(k, (e, established));
+                }
+            }
         }
-        Ok(n)
+        let mut out = Vec::with_capacity(origs.len());
+        for (k, (mut e, established)) in origs {
+            if let Some(t) = replies.get(&k) {
+                e.last_seen_ns = e.last_seen_ns.max(*t);
+            }
+            if let Some(f) = record_of_entry(&k, &e, established, &r.names, now) {
+                out.push(f);
+            }
+        }
+        Ok(out)
     }
 
-    /// A switchover asked on this host: the changes so far sent, the role
-    /// handed to the peer, this host down once the peer says it is active.
+    /// A switchover asked on this host: once the peer is heard and ready,
+    /// the changes so far go out with the ask (and keepalived's priority is
+    /// lowered, so its master moves too); the ask is repeated until the
+    /// peer says it is active, and this host steps down then.
     fn handover(&self, r: &mut Run, active: bool) {
         if !self.shared.handover_requested() {
             r.handover = None;
             return;
         }
-        let began = *r.handover.get_or_insert_with(Instant::now);
+        let h = r.handover.get_or_insert_with(|| Handover { began: Instant::now(), asked: None });
+        let (began, asked) = (h.began, h.asked);
         let peer = r.peer.filter(|(at, _)| at.elapsed() < Duration::from_secs(1)).map(|(_, h)| h);
         let outcome = match peer {
             // Stepped down meanwhile (keepalived followed the priority).
@@ -443,13 +566,18 @@ impl Link {
                 Some(Err(format!("the peer did not take over within {} s", HANDOVER_WAIT.as_secs())))
             }
             Some(_) => {
-                if r.last_delta.elapsed() >= Duration::from_millis(20) {
-                    // What changed since the last delta, then the ask.
-                    r.last_delta = Instant::now();
-                    if let Err(e) = self.pass(r, 0) {
+                if asked.is_none() {
+                    // What changed since the last delta, once.
+                    if let Err(e) = self.changes(r, None) {
                         warn!("ha: switchover: sending changes: {e:#}");
                     }
+                    self.shared.set_priority(super::PRIORITY_HANDOVER);
+                }
+                if asked.is_none_or(|t| t.elapsed() >= TAKEOVER_EVERY) {
                     self.send(r, &Body::Takeover);
+                    if let Some(h) = r.handover.as_mut() {
+                        h.asked = Some(Instant::now());
+                    }
                 }
                 None
             }
@@ -470,9 +598,11 @@ impl Link {
         let mut lags: Vec<u64> = r.lags_us.iter().copied().collect();
         lags.sort_unstable();
         let q = |p: f64| (!lags.is_empty()).then(|| lags[((lags.len() - 1) as f64 * p) as usize] as f64 / 1000.0);
+        let ring_full = r.tables.counter(Counter::FlowLogRingFull).unwrap_or(0);
         let mut st = self.shared.status.lock().unwrap();
         st.ready = r.ready;
         st.dropped.feed_full = lost;
+        st.dropped.ring_full = ring_full;
         st.lag_ms_p50 = q(0.5);
         st.lag_ms_p99 = q(0.99);
         st.peer.last_heard_ms = r.peer.map(|(at, _)| at.elapsed().as_millis() as u64);
@@ -483,19 +613,35 @@ impl Link {
     }
 }
 
+/// A flow's refresh slot, from its original key.
+fn slot_of(k: &Tuple) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(k, &mut h);
+    std::hash::Hasher::finish(&h) % REFRESH_SLOTS
+}
+
+/// 4 MiB socket buffers both ways (past `rmem_max`/`wmem_max`: the agent
+/// runs as root); a buffer it could not set is logged.
 fn set_buffers(sock: &UdpSocket) {
     use std::os::fd::AsRawFd;
     let size: libc::c_int = 4 << 20;
-    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-        // SAFETY: a valid socket and an int option of the right size.
-        unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&raw const size).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            );
+    for (forced, plain, what) in
+        [(libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, "send"), (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, "receive")]
+    {
+        let set = |opt| {
+            // SAFETY: a valid socket and an int option of the right size.
+            unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&raw const size).cast(),
+                    size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            }
+        };
+        if set(forced) != 0 && set(plain) != 0 {
+            warn!("ha: could not set the sync link's {what} buffer to {size} bytes");
         }
     }
 }
@@ -605,7 +751,7 @@ fn flow_of_record(f: &FlowRec, names: &SyncNames, now: u64) -> Option<(Tuple, Ct
 /// After a complete bulk pass that began at `began`: removes the flows
 /// not in it (`seen`) that had no packet since before it began (a flow
 /// opened meanwhile is newer than the pass). How many it removed.
-fn sweep(t: &Tables, seen: &HashSet<Tuple>, began: u64) -> Result<u64> {
+fn sweep(t: &Tables, w: &mut FlowWriter, seen: &HashSet<Tuple>, began: u64) -> Result<u64> {
     let before = began.saturating_sub(1_000_000_000);
     let mut gone = Vec::new();
     for table in [MAP_CT, MAP_CT_NEW] {
@@ -617,7 +763,6 @@ fn sweep(t: &Tables, seen: &HashSet<Tuple>, began: u64) -> Result<u64> {
             }
         })?;
     }
-    let mut w = t.flow_writer()?;
     for (k, e) in &gone {
         w.remove_flow(k, e);
     }

@@ -139,6 +139,11 @@ pub struct HaDrops {
     pub unknown: u64,
     /// Flows the conntrack tables had no room for.
     pub table_full: u64,
+    /// Start records the programs had no room for in the ring
+    /// (`flow_log_ring_full`, shared with flow logs): the next bulk pass
+    /// carries those flows.
+    #[serde(default)]
+    pub ring_full: u64,
 }
 
 /// One NAT gateway's announcing side: its host-side links, and the
@@ -204,9 +209,12 @@ pub struct Shared {
     pub status: Mutex<HaStatus>,
     targets: Mutex<Vec<Target>>,
     names: Mutex<Arc<SyncNames>>,
-    /// Role changes one at a time.
-    role: Mutex<()>,
     active_since_ms: AtomicU64,
+    /// The role's term: every promotion takes one above both hosts' last
+    /// (the peer's from its hellos). Of two active hosts, the one with the
+    /// lower term steps down: it was promoted first.
+    term: AtomicU64,
+    peer_term: AtomicU64,
     /// Set on demotion: the link asks the new active for a bulk pass.
     want_bulk: AtomicBool,
     handover: Mutex<Handover>,
@@ -219,6 +227,24 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// This boot of the host (a role kept across a reboot is not resumed: the
+/// conntrack tables did not survive it).
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// Role changes, and the plumbing's reading of the role with what it does
+/// to the links, one at a time (a repair pass that read "standby" must not
+/// take the links down after a promotion brought them up).
+static ROLE: Mutex<()> = Mutex::new(());
+
+/// Runs `f` with the role ([`announcing`]) held still: the plumbing sets a
+/// gateway's links under it.
+pub fn with_role<T>(f: impl FnOnce(bool) -> T) -> T {
+    let _one = ROLE.lock().unwrap_or_else(|e| e.into_inner());
+    f(announcing())
+}
+
 impl Shared {
     /// Hands the status to the daemon's document.
     fn publish(&self) {
@@ -226,11 +252,14 @@ impl Shared {
         (self.report)(&st);
     }
 
+    /// Keeps the role (`active <since> <term> <boot id>` or
+    /// `standby <term>`) and writes the priority adjustment.
     fn persist(&self, active: bool) {
+        let term = self.term.load(Ordering::SeqCst);
         let text = if active {
-            format!("active {}\n", self.active_since_ms.load(Ordering::SeqCst))
+            format!("active {} {term} {}\n", self.active_since_ms.load(Ordering::SeqCst), boot_id())
         } else {
-            "standby\n".into()
+            format!("standby {term}\n")
         };
         if let Err(e) = crate::files::write_private(&self.state_dir.join(ROLE_FILE), text.as_bytes(), true) {
             warn!("ha: keeping the role in {}: {e:#}", self.state_dir.display());
@@ -249,25 +278,34 @@ impl Shared {
         }
     }
 
+    /// The peer's term, from an authenticated hello addressed to this run.
+    fn peer_term(&self, term: u64) {
+        self.peer_term.fetch_max(term, Ordering::SeqCst);
+    }
+
     /// Takes the active role: every gateway's links up, its addresses
     /// announced (again at 0.1, 0.3, 1 and 2 s: the bridge may see the
     /// link come up after the first announcement, and re-learns the LAN
-    /// MAC here after the old active's last packets).
+    /// MAC here after the old active's last packets). Every gateway is
+    /// tried; the errors are reported together.
     pub fn promote(&self, why: &str) -> Result<String> {
-        let _one = self.role.lock().unwrap();
+        let _one = ROLE.lock().unwrap_or_else(|e| e.into_inner());
         let was = announcing();
         ANNOUNCING.store(true, Ordering::SeqCst);
         if !was {
             self.active_since_ms.store(unix_ms(), Ordering::SeqCst);
+            let next = self.term.load(Ordering::SeqCst).max(self.peer_term.load(Ordering::SeqCst)) + 1;
+            self.term.store(next, Ordering::SeqCst);
         }
         self.persist(true);
         let targets = self.targets.lock().unwrap().clone();
-        set_links(&targets, true)?;
+        let failed = set_links(&targets, true);
         let announced = announce(&targets);
         {
             let mut st = self.status.lock().unwrap();
             st.role = "active".into();
             st.active_since = Some(self.active_since_ms.load(Ordering::SeqCst) / 1000);
+            st.problem = (!failed.is_empty()).then(|| failed.join("; "));
         }
         let later = targets.clone();
         std::thread::spawn(move || {
@@ -279,7 +317,7 @@ impl Shared {
         self.publish();
         let msg = format!("active ({why}): {} gateways up, {announced} addresses announced", targets.len());
         info!("ha: {msg}");
-        Ok(msg)
+        if failed.is_empty() { Ok(msg) } else { anyhow::bail!("{msg}; but: {}", failed.join("; ")) }
     }
 
     /// Announces every address again (the active, when its peer stepped
@@ -289,29 +327,32 @@ impl Shared {
         announce(&targets);
     }
 
-    /// Gives up the active role: every gateway's host-side links down.
+    /// Gives up the active role: every gateway's host-side links down
+    /// (every gateway tried; the errors reported together).
     pub fn demote(&self, why: &str) -> Result<String> {
-        let _one = self.role.lock().unwrap();
+        let _one = ROLE.lock().unwrap_or_else(|e| e.into_inner());
         ANNOUNCING.store(false, Ordering::SeqCst);
         self.active_since_ms.store(0, Ordering::SeqCst);
         self.want_bulk.store(true, Ordering::SeqCst);
         self.persist(false);
         let targets = self.targets.lock().unwrap().clone();
-        set_links(&targets, false)?;
+        let failed = set_links(&targets, false);
         {
             let mut st = self.status.lock().unwrap();
             st.role = "standby".into();
             st.active_since = None;
+            st.problem = (!failed.is_empty()).then(|| failed.join("; "));
         }
         self.publish();
         let msg = format!("standby ({why}): {} gateways down", targets.len());
         info!("ha: {msg}");
-        Ok(msg)
+        if failed.is_empty() { Ok(msg) } else { anyhow::bail!("{msg}; but: {}", failed.join("; ")) }
     }
 
     /// A planned switchover, asked on the active: the link hands the role
-    /// to the peer (once the peer is ready and has every flow sent so far),
-    /// and this host steps down once the peer says it is active.
+    /// to the peer (once the peer is heard and ready, and has every flow
+    /// sent so far), and this host steps down once the peer says it is
+    /// active.
     pub fn switchover(&self) -> Result<String, String> {
         if !self.configured.load(Ordering::SeqCst) {
             return Err("this host is not one of an HA pair (agent.ha)".into());
@@ -322,8 +363,6 @@ impl Shared {
         let mut h = self.handover.lock().unwrap();
         h.requested = true;
         h.outcome = None;
-        // keepalived (if it arbitrates) hands its mastership over too.
-        self.set_priority(PRIORITY_HANDOVER);
         let (mut h, _) = self
             .handed_over
             .wait_timeout_while(h, link::HANDOVER_WAIT + Duration::from_secs(1), |h| h.outcome.is_none())
@@ -351,21 +390,46 @@ impl Shared {
     pub fn is_configured(&self) -> bool {
         self.configured.load(Ordering::SeqCst)
     }
+
+    /// A session id for a new run of the link: the wall clock, but always
+    /// above the last one this host used (kept in the state dir), so a
+    /// clock stepped back never makes the peer refuse this host.
+    fn next_session(&self) -> u64 {
+        let path = self.state_dir.join(SESSION_FILE);
+        let last: u64 = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let session = now.max(last + 1);
+        if let Err(e) = crate::files::write_private(&path, format!("{session}\n").as_bytes(), true) {
+            warn!("ha: keeping the session in {}: {e:#}", path.display());
+        }
+        session
+    }
 }
 
-/// Every target's host-side links up or down.
-fn set_links(targets: &[Target], up: bool) -> Result<()> {
-    netns::run_in(None, || {
+/// File in the state dir with the last session id the link used.
+const SESSION_FILE: &str = "ha-session";
+
+/// Every target's host-side links up or down, each tried; what failed.
+fn set_links(targets: &[Target], up: bool) -> Vec<String> {
+    let done = netns::run_in(None, || {
         let nl = Nl::new()?;
+        let mut failed = Vec::new();
         for t in targets {
             for l in &t.host_links {
                 // A gateway still being built has no links yet.
-                let Some(i) = nl.index(l)? else { continue };
-                if up { nl.set_up(i)? } else { nl.set_down(i)? }
+                let set = nl.index(l).and_then(|i| match i {
+                    Some(i) if up => nl.set_up(i),
+                    Some(i) => nl.set_down(i),
+                    None => Ok(()),
+                });
+                if let Err(e) = set {
+                    failed.push(format!("{l}: {e:#}"));
+                }
             }
         }
-        Ok(())
-    })
+        Ok(failed)
+    });
+    done.unwrap_or_else(|e| vec![format!("{e:#}")])
 }
 
 /// Whether any target's host-side link exists and is down.
@@ -393,6 +457,14 @@ fn announce(targets: &[Target]) -> usize {
         let sent = netns::run_in(Some(&t.netns), || {
             let nl = Nl::new()?;
             let mut n = 0;
+            // Both hosts answer to the LAN MAC for a switchover's moment:
+            // an ARP reply to this host's request may reach the peer. A
+            // neighbour left unresolved is asked again after 20 ms, not
+            // the default second (and after three tries, on the next
+            // packet: only a stream's packets wait for it).
+            for link in [naming::GW_LAN_IF, naming::GW_EXT_IF] {
+                let _ = crate::plumbing::sysctl::set(&format!("net.ipv4.neigh.{link}.retrans_time_ms"), "20");
+            }
             for (link, ip) in &t.addresses {
                 let Some(i) = nl.index(link)? else { continue };
                 let mac: [u8; 6] = nl.link_info(i)?.1.try_into().unwrap_or([0; 6]);
@@ -416,6 +488,11 @@ pub struct Ha {
     pub shared: Arc<Shared>,
     bpffs: PathBuf,
     running: Option<Running>,
+    /// The feed of start records, one for the agent's life: a restarted
+    /// link takes the same receiving end, so the flow logger's thread
+    /// never feeds a channel nobody reads.
+    feed: Feed,
+    feed_rx: Arc<Mutex<std::sync::mpsc::Receiver<Vec<lbagent_common::FlowEvent>>>>,
     /// The role was settled for this run (from the role file, or first
     /// configured).
     settled: bool,
@@ -423,7 +500,6 @@ pub struct Ha {
 
 struct Running {
     spec: HaSpec,
-    feed: Feed,
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
 }
@@ -435,15 +511,25 @@ impl Ha {
             status: Mutex::default(),
             targets: Mutex::default(),
             names: Mutex::default(),
-            role: Mutex::new(()),
             active_since_ms: AtomicU64::new(0),
+            term: AtomicU64::new(0),
+            peer_term: AtomicU64::new(0),
             want_bulk: AtomicBool::new(true),
             handover: Mutex::default(),
             handed_over: Condvar::new(),
             configured: AtomicBool::new(false),
             report: Box::new(report),
         });
-        Ha { shared, bpffs: bpffs.to_path_buf(), running: None, settled: false }
+        let (tx, rx) = std::sync::mpsc::sync_channel(link::FEED_BATCHES);
+        let feed = Feed { tx, lost: Arc::default() };
+        Ha {
+            shared,
+            bpffs: bpffs.to_path_buf(),
+            running: None,
+            settled: false,
+            feed,
+            feed_rx: Arc::new(Mutex::new(rx)),
+        }
     }
 
     /// Before a document's apply: settles the role the first time (the
@@ -466,14 +552,22 @@ impl Ha {
         }
         self.settled = true;
         let kept = std::fs::read_to_string(self.shared.state_dir.join(ROLE_FILE)).ok();
-        let (mut active, since) = match kept.as_deref().map(str::trim) {
-            Some("standby") => (false, 0),
-            Some(a) if a.starts_with("active") => (true, a[6..].trim().parse().unwrap_or_else(|_| unix_ms())),
-            _ => (serving, unix_ms()),
+        let words: Vec<&str> = kept.as_deref().unwrap_or("").split_whitespace().collect();
+        let number = |i: usize| words.get(i).and_then(|w| w.parse::<u64>().ok());
+        let (mut active, since, term) = match words.first().copied() {
+            Some("standby") => (false, 0, number(1).unwrap_or(0)),
+            Some("active") => (true, number(1).unwrap_or_else(unix_ms), number(2).unwrap_or(0)),
+            _ => (serving, unix_ms(), 0),
         };
-        if active && kept.is_some() && links_down(&targets(applied)) {
-            info!("ha: the role kept is active, but the gateways' links are down: starting as standby");
-            active = false;
+        self.shared.term.store(term, Ordering::SeqCst);
+        if active && kept.is_some() {
+            if words.get(3).copied() != Some(boot_id().as_str()) {
+                info!("ha: the role kept is active, but from before this host's boot: starting as standby");
+                active = false;
+            } else if links_down(&targets(applied)) {
+                info!("ha: the role kept is active, but the gateways' links are down: starting as standby");
+                active = false;
+            }
         }
         ANNOUNCING.store(active, Ordering::SeqCst);
         self.shared.active_since_ms.store(if active { since } else { 0 }, Ordering::SeqCst);
@@ -503,19 +597,23 @@ impl Ha {
                 (self.shared.report)(&HaStatus::default());
             }
         }
-        self.running.as_ref().map(|r| r.feed.clone())
+        self.running.as_ref().map(|_| self.feed.clone())
     }
 
     fn start(&mut self, spec: HaSpec) {
-        let (tx, rx) = std::sync::mpsc::sync_channel(link::FEED_BATCHES);
-        let feed = Feed { tx, lost: Arc::default() };
         let stop = Arc::new(AtomicBool::new(false));
-        let mut l =
-            link::Link::new(spec.clone(), self.shared.clone(), self.bpffs.clone(), rx, feed.lost.clone(), stop.clone());
+        let mut l = link::Link::new(
+            spec.clone(),
+            self.shared.clone(),
+            self.bpffs.clone(),
+            self.feed_rx.clone(),
+            self.feed.lost.clone(),
+            stop.clone(),
+        );
         let thread =
             std::thread::Builder::new().name("ha-link".into()).spawn(move || l.run()).expect("spawning the HA link");
         info!("ha: sync link on {} with peer {}", spec.listen, spec.peer);
-        self.running = Some(Running { spec, feed, stop, thread });
+        self.running = Some(Running { spec, stop, thread });
     }
 
     pub fn stop(&mut self) {

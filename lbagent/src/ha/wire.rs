@@ -79,8 +79,9 @@ pub struct Hello {
     pub ready: bool,
     /// The sender asks for a bulk pass.
     pub want_bulk: bool,
-    /// Unix ms when the sender last became active (0: standby).
-    pub active_since_ms: u64,
+    /// The sender's role term (`crate::ha`: every promotion takes one
+    /// above both hosts' last).
+    pub term: u64,
 }
 
 /// One flow, as both hosts understand it.
@@ -192,6 +193,12 @@ impl Body {
     }
 }
 
+/// `Body::Flows::pass` of new flows from the ring (each datagram is
+/// acknowledged: the sync lag).
+pub const NEW_FLOWS: u32 = 0;
+/// `Body::Flows::pass` of the changes sent every second.
+pub const CHANGES: u32 = u32::MAX;
+
 /// Room for flow records in one datagram.
 pub const FLOWS_ROOM: usize = MAX_DATAGRAM - HEADER - MAC - 4 - 2;
 
@@ -215,7 +222,7 @@ pub fn encode(key: &Key, session: u64, seq: u64, echo: u64, body: &Body) -> Vec<
     match body {
         Body::Hello(h) => {
             out.extend_from_slice(&[u8::from(h.active), u8::from(h.ready), u8::from(h.want_bulk), 0]);
-            out.extend_from_slice(&h.active_since_ms.to_be_bytes());
+            out.extend_from_slice(&h.term.to_be_bytes());
         }
         Body::Flows { pass, flows } => {
             out.extend_from_slice(&pass.to_be_bytes());
@@ -240,6 +247,7 @@ pub fn encode(key: &Key, session: u64, seq: u64, echo: u64, body: &Body) -> Vec<
 /// [`Replay`]'s).
 pub fn decode(key: &Key, d: &[u8]) -> Result<(Header, Body)> {
     ensure!(d.len() >= HEADER + MAC, "{} bytes: too short", d.len());
+    ensure!(d.len() <= MAX_DATAGRAM, "{} bytes: longer than any datagram of the link", d.len());
     let (signed, tag) = d.split_at(d.len() - MAC);
     ensure!(hmac::verify(&key.0, signed, tag).is_ok(), "bad MAC (another secret, or forged)");
     ensure!(&signed[..4] == MAGIC && signed[4] == VERSION, "not an lbagent sync datagram of version {VERSION}");
@@ -250,7 +258,7 @@ pub fn decode(key: &Key, d: &[u8]) -> Result<(Header, Body)> {
         Kind::Hello => {
             let f = r.take(4)?;
             let (active, ready, want_bulk) = (f[0] != 0, f[1] != 0, f[2] != 0);
-            Body::Hello(Hello { active, ready, want_bulk, active_since_ms: r.u64()? })
+            Body::Hello(Hello { active, ready, want_bulk, term: r.u64()? })
         }
         Kind::Flows => {
             let pass = r.u32()?;
@@ -304,7 +312,9 @@ pub struct Replay {
 
 impl Replay {
     /// Whether to take a datagram with header `h`, `mine` being this host's
-    /// session; records it when taken.
+    /// session; records it when taken. A hello is taken without echoing
+    /// `mine` (the peer may not have heard this host yet), so what a hello
+    /// says is trusted only when it does echo it (the caller's part).
     pub fn admit(&mut self, h: &Header, mine: u64) -> Result<(), &'static str> {
         if h.kind != Kind::Hello && h.echo != mine {
             return Err("not addressed to this session (stale or replayed)");

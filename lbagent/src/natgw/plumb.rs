@@ -44,14 +44,17 @@ pub fn ensure(gw: &Gw, integration_bridge: &str, changes: &mut Changes) -> Resul
     // Host ends: up, on their bridges; down on the standby of an HA pair
     // (it neither answers ARP for the gateway's addresses nor takes its
     // traffic until promoted: `crate::ha`).
-    let announcing = crate::ha::announcing();
-    netns::run_in(None, || {
-        let nl = Nl::new()?;
-        for h in [&lan_host, &ext_host] {
-            let i = nl.must_index(h)?;
-            if announcing { nl.set_up(i)? } else { nl.set_down(i)? }
-        }
-        Ok(())
+    // The role is held still while the links are set (a promotion or
+    // demotion waits for it, and sets every gateway's links itself).
+    let announcing = crate::ha::with_role(|announcing| {
+        netns::run_in(None, || {
+            let nl = Nl::new()?;
+            for h in [&lan_host, &ext_host] {
+                let i = nl.must_index(h)?;
+                if announcing { nl.set_up(i)? } else { nl.set_down(i)? }
+            }
+            Ok(announcing)
+        })
     })?;
     // Before the addresses: a gratuitous ARP must find the port bridged.
     let bridges = ensure_bridges(gw, integration_bridge, changes);

@@ -58,10 +58,17 @@ pub fn check(h: &HaPair) -> (Option<HaSpec>, Vec<Problem>) {
     {
         err("peer", format!("{:?}: the peer needs a real address", h.peer));
     }
-    if let (Some(l), Some(p)) = (listen, peer)
-        && l == p
-    {
-        err("peer", format!("{:?} is this host's own listen address", h.peer));
+    if let (Some(l), Some(p)) = (listen, peer) {
+        if l == p {
+            err("peer", format!("{:?} is this host's own listen address", h.peer));
+        }
+        // Datagrams are taken only from `peer`, and answered from
+        // `listen`: both need one real address of one family.
+        if l.ip().is_unspecified() {
+            err("listen", format!("{:?}: name this host's address on the sync link, not a wildcard", h.listen));
+        } else if l.is_ipv4() != p.is_ipv4() {
+            err("listen", format!("{:?} and peer {:?} are of two address families", h.listen, h.peer));
+        }
     }
     let secret = hex(&h.secret);
     match &secret {
@@ -119,6 +126,8 @@ mod tests {
         assert_eq!(paths(&pair("192.0.2.1", "192.0.2.2:7946", key)), ["agent.ha.listen"]);
         assert_eq!(paths(&pair("192.0.2.1:7946", "0.0.0.0:7946", key)), ["agent.ha.peer"]);
         assert_eq!(paths(&pair("192.0.2.1:7946", "192.0.2.1:7946", key)), ["agent.ha.peer"]);
+        assert_eq!(paths(&pair("0.0.0.0:7946", "192.0.2.2:7946", key)), ["agent.ha.listen"]);
+        assert_eq!(paths(&pair("[2001:db8::1]:7946", "192.0.2.2:7946", key)), ["agent.ha.listen"]);
         assert_eq!(paths(&pair("192.0.2.1:7946", "192.0.2.2:7946", "0011")), ["agent.ha.secret"]);
         assert_eq!(
             paths(&pair("192.0.2.1:7946", "192.0.2.2:7946", "zz112233445566778899aabbccddeeff")),

@@ -58,8 +58,13 @@ pub enum FlowPut {
     Full,
 }
 
+/// Two creation times this far apart (ms) are two flows of one tuple (a
+/// copy's creation time is the peer's, converted: a few ms off).
+const SAME_FLOW_MS: u32 = 2000;
+
 impl FlowWriter {
-    fn find(&self, key: &Tuple) -> Option<(bool, CtEntry)> {
+    /// The half under `key`: (in `ct`, entry).
+    pub fn get(&self, key: &Tuple) -> Option<(bool, CtEntry)> {
         if let Ok(e) = self.established.get(key, 0) {
             return Some((true, e));
         }
@@ -70,15 +75,31 @@ impl FlowWriter {
         if established { &mut self.established } else { &mut self.new }
     }
 
+    /// Removes the half under `k` from table `t`, and its pair if the pair
+    /// points back.
+    fn remove_with_pair(&mut self, t: bool, k: &Tuple, x: &CtEntry) {
+        let _ = self.table(t).remove(k);
+        let pk = x.xlate.reversed();
+        if let Some((pt, px)) = self.get(&pk)
+            && px.xlate.reversed() == *k
+        {
+            let _ = self.table(pt).remove(&pk);
+        }
+    }
+
     /// Writes a whole flow, both halves, from its original half (`key`,
-    /// `e`; the reply half is derived): a peer's copy of a flow, which is
-    /// the truth for its keys. A flow already here keeps its entries (and
-    /// what the program learnt of its sequence numbers); its state and last
-    /// packet time only move forward, and it moves to `ct` once
-    /// `established`. Halves under either key that belong to another flow
-    /// are removed first. Writes race with this host's programs only
-    /// while both hosts are active (a switchover's moment); the program's
-    /// pair check repairs a half either side tore.
+    /// `e`; the reply half is derived as the program derives it): a peer's
+    /// copy of a flow, which is the truth for its keys. The same flow here
+    /// (same translation, created within [`SAME_FLOW_MS`]) keeps its
+    /// entries and what the program learnt of its sequence numbers; its
+    /// state and last packet time only move forward, and it moves to `ct`
+    /// once `established`. Halves under either key that belong to another
+    /// flow (another translation, or an earlier flow of the tuple) are
+    /// removed first, with their pairs. An established flow `ct` has no
+    /// room for goes to `ct_new`, as the program keeps it. A write that
+    /// fails half-way removes only what it inserted. Writes race with this
+    /// host's programs only while both hosts are active (a switchover's
+    /// moment); the program's pair check repairs a half either side tore.
     pub fn put_flow(&mut self, key: &Tuple, e: &CtEntry, established: bool) -> FlowPut {
         let rkey = e.xlate.reversed();
         let mut r = CtEntry {
@@ -86,8 +107,14 @@ impl FlowWriter {
             flags: (e.flags & (CT_F_SNAT | CT_F_DNAT | CT_F_LOCAL)) | CT_F_REPLY,
             ..*e
         };
-        let here = (self.find(key), self.find(&rkey));
-        let same = |h: &Option<(bool, CtEntry)>, want: &Tuple| h.as_ref().is_some_and(|(_, x)| x.xlate == *want);
+        let here = (self.get(key), self.get(&rkey));
+        let same = |h: &Option<(bool, CtEntry)>, want: &Tuple| {
+            h.as_ref().is_some_and(|(_, x)| {
+                x.xlate == *want
+                    && ct_ms_since(x.created_ms, e.created_ms).max(ct_ms_since(e.created_ms, x.created_ms))
+                        < SAME_FLOW_MS
+            })
+        };
         if same(&here.0, &e.xlate) && same(&here.1, &r.xlate) {
             let ((t0, mut o), (t1, mut p)) = (here.0.unwrap(), here.1.unwrap());
             for x in [&mut o, &mut p] {
@@ -95,8 +122,16 @@ impl FlowWriter {
                 x.last_seen_ns = x.last_seen_ns.max(e.last_seen_ns);
             }
             let to = t0 || established;
-            let (ok0, ok1) = (self.table(to).insert(key, &o, 0).is_ok(), self.table(to).insert(&rkey, &p, 0).is_ok());
-            if !(ok0 && ok1) {
+            // Into the target table first (updated in place when there),
+            // then out of the other: never in neither.
+            if self.table(to).insert(key, &o, 0).is_err() || self.table(to).insert(&rkey, &p, 0).is_err() {
+                if to != t0 {
+                    // `ct` is full: both stay in `ct_new`, refreshed.
+                    let _ = self.table(to).remove(key);
+                    let _ = self.table(t0).insert(key, &o, 0);
+                    let _ = self.table(t1).insert(&rkey, &p, 0);
+                    return FlowPut::Refreshed;
+                }
                 return FlowPut::Full;
             }
             for (was, k) in [(t0, key), (t1, &rkey)] {
@@ -107,34 +142,40 @@ impl FlowWriter {
             return FlowPut::Refreshed;
         }
         let mut replaced = false;
-        for (k, h) in [(key, &here.0), (&rkey, &here.1)] {
+        for (k, h) in [(*key, here.0), (rkey, here.1)] {
             if let Some((t, x)) = h {
-                // The other flow's pair goes too (it would repair this one).
-                let _ = self.table(*t).remove(k);
-                let pk = x.xlate.reversed();
-                if let Some((pt, px)) = self.find(&pk)
-                    && px.xlate.reversed() == *k
-                {
-                    let _ = self.table(pt).remove(&pk);
-                }
+                self.remove_with_pair(t, &k, &x);
                 replaced = true;
             }
         }
         r.seq_end = 0;
         r.max_win = 0;
-        let t = self.table(established);
-        if t.insert(key, e, NOEXIST).is_err() || t.insert(&rkey, &r, NOEXIST).is_err() {
-            let _ = t.remove(key);
-            return FlowPut::Full;
+        for table in if established { [true, false] } else { [false, false] } {
+            let t = self.table(table);
+            match t.insert(key, e, NOEXIST) {
+                Ok(()) => {}
+                // The program made the flow meanwhile: its entry stays.
+                Err(MapError::SyscallError(x)) if x.io_error.raw_os_error() == Some(libc::EEXIST) => {
+                    return FlowPut::Refreshed;
+                }
+                Err(_) => continue,
+            }
+            match t.insert(&rkey, &r, NOEXIST) {
+                Ok(()) => return if replaced { FlowPut::Replaced } else { FlowPut::Inserted },
+                Err(_) => {
+                    // Only what this call inserted goes.
+                    let _ = t.remove(key);
+                }
+            }
         }
-        if replaced { FlowPut::Replaced } else { FlowPut::Inserted }
+        FlowPut::Full
     }
 
     /// Removes a flow's halves (from its original half), if they are still
     /// this flow's.
     pub fn remove_flow(&mut self, key: &Tuple, e: &CtEntry) {
         for (k, want) in [(*key, e.xlate), (e.xlate.reversed(), key.reversed())] {
-            if let Some((t, x)) = self.find(&k)
+            if let Some((t, x)) = self.get(&k)
                 && x.xlate == want
             {
                 let _ = self.table(t).remove(&k);

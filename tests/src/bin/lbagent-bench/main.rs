@@ -37,10 +37,12 @@
 //!     rules and a million flows: RSS, scrapes, a change during a GC pass
 //!     (`flows.rs`). 20. flow logs: a new flow's cost with logging on and
 //!     off, and the new flows/s logged without loss beside iptables with
-//!     ulogd2 (`flow_log.rs`).
+//!     ulogd2 (`flow_log.rs`). 21. HA pairs: failovers with held flows and
+//!     the sync's capacity and lag, beside iptables + conntrackd +
+//!     keepalived (`ha.rs`).
 //!
 //! `LBAGENT_BENCH_QUICK=1` runs a smaller set (N up to 10 000, one repeat);
-//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart,lru,flows,full-table,agent-scale,flow-log`
+//! `LBAGENT_BENCH_SECTIONS=cost,connections,apply,throughput,disruption,udp,scale,qos,qos-cost,sched,fleet,xdp,load,cold,restart,lru,flows,full-table,agent-scale,flow-log,ha`
 //! picks sections; `profile` (only when named) records where the time of a
 //! TCP stream without TSO, 64-byte UDP and new connections goes (`profile.rs`).
 
@@ -48,6 +50,7 @@ mod fleet;
 mod flow_log;
 mod flows;
 mod full_table;
+mod ha;
 mod load;
 mod lru;
 mod profile;
@@ -976,6 +979,9 @@ fn main() -> Result<()> {
     }
     if want("flow-log") {
         flow_log::flow_log(quick, &mut out)?;
+    }
+    if want("ha") {
+        ha::ha(quick, &mut out)?;
     }
     // Opt-in only: it needs `perf` and prints profiles, not figures.
     if only.split(',').any(|s| s == "profile") {

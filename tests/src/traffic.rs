@@ -191,6 +191,16 @@ impl OpenConn {
         self.rx.recv_timeout(Duration::from_secs(10)).context("no answer")?
     }
 
+    /// Sends one line without waiting for its answer ([`OpenConn::answer`]).
+    pub fn send(&self, line: &str) -> Result<()> {
+        Ok(self.tx.send(Some(line.to_string()))?)
+    }
+
+    /// The answer to the line [`OpenConn::send`] sent.
+    pub fn answer(&self) -> Result<String> {
+        self.rx.recv_timeout(Duration::from_secs(10)).context("no answer")?
+    }
+
     /// `ping` on every connection at once (a dead one waits out its read
     /// timeout: one after the other, hundreds would take minutes).
     pub fn ping_all(conns: &[OpenConn], line: &str) -> Vec<Result<String>> {

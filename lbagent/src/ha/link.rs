@@ -33,8 +33,10 @@ use crate::{
     state::ha::HaSpec,
 };
 
-/// Batches of start records the feed holds before it drops.
-pub const FEED_BATCHES: usize = 256;
+/// Batches of start records the feed holds before it drops (the ring's
+/// reader hands over what each wake-up read, often a few records: a link
+/// busy for a second at 10 000 new flows/s needs thousands).
+pub const FEED_BATCHES: usize = 16_384;
 pub const HELLO_EVERY: Duration = Duration::from_millis(100);
 pub const DELTA_EVERY: Duration = Duration::from_secs(1);
 /// A flow is sent in a delta when a packet of either half is this recent

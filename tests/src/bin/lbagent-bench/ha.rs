@@ -65,10 +65,15 @@ pub fn ha(quick: bool, out: &mut String) -> Result<()> {
     capacity(quick, out)
 }
 
-/// The held flows, pinged every 100 ms on a thread of their own.
+/// The held flows, pinged every 100 ms on a thread of their own (the
+/// traffic a failover must carry). A connection is *broken* when, after
+/// the event, it still fails its ping four times in a row (a ping times
+/// out after 3 s, and its late answer is read by the next one: a
+/// connection that only waited out a retransmission answers again; one
+/// that was reset or lost its translation does not).
 struct Held {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<(Flows, BTreeSet<String>, BTreeSet<usize>, usize)>,
+    thread: std::thread::JoinHandle<(Flows, usize, usize, usize)>,
 }
 
 impl Held {
@@ -76,26 +81,13 @@ impl Held {
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
         let thread = std::thread::spawn(move || {
-            // Connections that fail the first round were broken before
-            // (an earlier event): not this event's.
-            let (mut broken, mut moved, mut gone) = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
-            let mut first = true;
+            // Connections that fail the first round broke before (an
+            // earlier event): not this event's.
+            let first: Vec<bool> = ping(&conns(&flows)).into_iter().map(|r| r.is_ok()).collect();
+            let mut moved = BTreeSet::new();
             while !halt.load(Ordering::Relaxed) {
                 let began = Instant::now();
-                for (kind, conns) in [("out", &flows.out), ("in", &flows.inbound)] {
-                    for (i, r) in OpenConn::ping_all(conns, "x").into_iter().enumerate() {
-                        let key = format!("{kind}{i}");
-                        match (r.is_err(), first) {
-                            (true, true) => {
-                                gone.insert(key);
-                            }
-                            (true, false) if !gone.contains(&key) => {
-                                broken.insert(key);
-                            }
-                            _ => {}
-                        }
-                    }
-                }
+                let _ = ping(&conns(&flows));
                 for (i, f) in flows.udp.iter().enumerate() {
                     if let Ok(seen) = f.ask("x")
                         && seen != flows.udp_seen[i]
@@ -103,11 +95,20 @@ impl Held {
                         moved.insert(i);
                     }
                 }
-                first = false;
                 std::thread::sleep(Duration::from_millis(100).saturating_sub(began.elapsed()));
             }
-            let alive = flows.out.len() + flows.inbound.len() - gone.len();
-            (flows, broken, moved, alive)
+            let all = conns(&flows);
+            let mut failing: Vec<usize> = (0..all.len()).filter(|&i| first[i]).collect();
+            for _ in 0..4 {
+                let tried: Vec<&OpenConn> = failing.iter().map(|&i| all[i]).collect();
+                let results = ping(&tried);
+                failing = failing.into_iter().zip(results).filter(|(_, r)| r.is_err()).map(|(i, _)| i).collect();
+                if failing.is_empty() {
+                    break;
+                }
+            }
+            let alive = first.iter().filter(|ok| **ok).count();
+            (flows, failing.len(), alive, moved.len())
         });
         Held { stop, thread }
     }
@@ -116,9 +117,25 @@ impl Held {
     /// broke; how many UDP flows moved.
     fn finish(self) -> (Flows, usize, usize, usize) {
         self.stop.store(true, Ordering::Relaxed);
-        let (flows, broken, moved, alive) = self.thread.join().expect("the held flows' thread");
-        (flows, broken.len(), alive, moved.len())
+        self.thread.join().expect("the held flows' thread")
     }
+}
+
+/// Every held TCP connection, outbound then inbound.
+fn conns(f: &Flows) -> Vec<&OpenConn> {
+    f.out.iter().chain(&f.inbound).collect()
+}
+
+/// Pings every connection at once.
+fn ping(conns: &[&OpenConn]) -> Vec<Result<String>> {
+    conns
+        .iter()
+        .map(|c| c.send("x"))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .zip(conns)
+        .map(|(sent, c)| sent.and_then(|()| c.answer()))
+        .collect()
 }
 
 /// Runs `event` with the held flows pinged and a 1 ms probe; the row.
@@ -457,7 +474,10 @@ fn capacity(quick: bool, out: &mut String) -> Result<()> {
          acknowledgement that it wrote it.\n",
         dur.as_secs()
     )?;
-    writeln!(out, "| pair | offered flows/s | created | synced | lag p50 | lag p99 |\n|---|---:|---:|---:|---:|---:|")?;
+    writeln!(
+        out,
+        "| pair | offered flows/s | created | synced | lag p50 | lag p99 | drops (active; standby) |\n|---|---:|---:|---:|---:|---:|---|"
+    )?;
     // The agent pair (no arbiter needed: promoted by hand).
     let bed = Bed::with_bin(lbagent_release_bin());
     let _agents = [bed.start(&bed.a), bed.start(&bed.b)];
@@ -486,14 +506,23 @@ fn capacity(quick: bool, out: &mut String) -> Result<()> {
         port = port.wrapping_add(sent as u16);
         std::thread::sleep(Duration::from_millis(1500));
         let a = bed.a.status();
+        let b = bed.b.status();
         let created = flows_in(&bed.a)?.saturating_sub(a0);
         let synced = flows_in(&bed.b)?.saturating_sub(b0);
+        let drops = |v: &serde_json::Value| {
+            let d = v["dropped"].as_object().cloned().unwrap_or_default();
+            let nonzero: Vec<String> =
+                d.iter().filter(|(_, n)| n.as_u64().unwrap_or(0) > 0).map(|(k, n)| format!("{k} {n}")).collect();
+            if nonzero.is_empty() { "none".to_string() } else { nonzero.join(", ") }
+        };
         writeln!(
             out,
-            "| agent pair | {rate} | {created} | {} | {:.2} ms | {:.2} ms |",
+            "| agent pair | {rate} | {created} | {} | {:.2} ms | {:.2} ms | {}; {} |",
             synced.min(created),
             a["lag_ms_p50"].as_f64().unwrap_or(f64::NAN),
-            a["lag_ms_p99"].as_f64().unwrap_or(f64::NAN)
+            a["lag_ms_p99"].as_f64().unwrap_or(f64::NAN),
+            drops(&a),
+            drops(&b)
         )?;
         eprint!(".");
     }
@@ -521,7 +550,7 @@ fn capacity(quick: bool, out: &mut String) -> Result<()> {
         std::thread::sleep(Duration::from_millis(1500));
         let created = count(&bed.hosts[m]).saturating_sub(c0);
         let synced = external(&bed.hosts[1 - m]).saturating_sub(e0);
-        writeln!(out, "| iptables + conntrackd | {rate} | {created} | {} | | |", synced.min(created))?;
+        writeln!(out, "| iptables + conntrackd | {rate} | {created} | {} | | | |", synced.min(created))?;
         eprint!(".");
     }
     Ok(())

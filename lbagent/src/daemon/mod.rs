@@ -138,7 +138,9 @@ impl Daemon {
                 if let Some(accepted) = update.on_accept.take() {
                     accepted();
                 }
-                self.ha.settle(desired.ha.as_ref(), &self.reconciler.applied);
+                let applied = &self.reconciler.applied;
+                let serving = !applied.gws.is_empty() || !applied.lbs.is_empty();
+                self.ha.settle(desired.ha.as_ref(), applied.gws.values().map(|g| &**g), serving);
                 self.last_good = Some(desired);
                 self.apply(Some(update.revision));
             }
@@ -293,7 +295,8 @@ impl Daemon {
             }
         }
         let ha = self.last_good.as_ref().and_then(|g| g.ha.as_ref());
-        let feed = self.ha.sync(ha, &self.reconciler.applied, &self.reconciler.alloc);
+        let gws = self.reconciler.applied.gws.values().map(|g| &**g);
+        let feed = self.ha.sync(ha, gws, &self.reconciler.alloc);
         let spec = self.last_good.as_ref().and_then(|g| g.flow_log.as_ref());
         if let Err(e) = self.flow_log.sync(spec, &self.reconciler.alloc, feed.as_ref()) {
             warn!("flow logs: {e:#}");

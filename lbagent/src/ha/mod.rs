@@ -52,8 +52,7 @@ use crate::{
     flow_log::Feed,
     naming, netns,
     plumbing::{garp, nl::Nl},
-    reconcile::applied::Applied,
-    state::ha::HaSpec,
+    state::{ha::HaSpec, spec::Gw},
 };
 
 static ANNOUNCING: AtomicBool = AtomicBool::new(true);
@@ -156,11 +155,9 @@ pub struct Target {
     pub addresses: Vec<(&'static str, Ipv4Addr)>,
 }
 
-/// The targets of the gateways in `applied`.
-pub fn targets(applied: &Applied) -> Vec<Target> {
-    applied
-        .gws
-        .values()
+/// The targets of the running gateways `gws`.
+pub fn targets<'a>(gws: impl IntoIterator<Item = &'a Gw>) -> Vec<Target> {
+    gws.into_iter()
         .map(|g| {
             let (lan, ext) = naming::gw_host_veths(&g.name);
             let mut addresses = vec![(naming::GW_LAN_IF, g.lan.ip)];
@@ -539,8 +536,7 @@ impl Ha {
     /// meanwhile) comes back as standby; without a kept role it is active
     /// when it already runs objects (HA added to a serving host) and
     /// standby when it is new.
-    pub fn settle(&mut self, spec: Option<&HaSpec>, applied: &Applied) {
-        let serving = !applied.gws.is_empty() || !applied.lbs.is_empty();
+    pub fn settle<'a>(&mut self, spec: Option<&HaSpec>, gws: impl IntoIterator<Item = &'a Gw>, serving: bool) {
         self.shared.configured.store(spec.is_some(), Ordering::SeqCst);
         if spec.is_none() {
             ANNOUNCING.store(true, Ordering::SeqCst);
@@ -564,7 +560,7 @@ impl Ha {
             if words.get(3).copied() != Some(boot_id().as_str()) {
                 info!("ha: the role kept is active, but from before this host's boot: starting as standby");
                 active = false;
-            } else if links_down(&targets(applied)) {
+            } else if links_down(&targets(gws)) {
                 info!("ha: the role kept is active, but the gateways' links are down: starting as standby");
                 active = false;
             }
@@ -583,8 +579,13 @@ impl Ha {
     /// After every apply: the targets and names from what runs, the link
     /// (re)started or stopped with `spec`. Returns the feed the flow
     /// logger's thread hands start records to.
-    pub fn sync(&mut self, spec: Option<&HaSpec>, applied: &Applied, alloc: &Allocations) -> Option<Feed> {
-        *self.shared.targets.lock().unwrap() = targets(applied);
+    pub fn sync<'a>(
+        &mut self,
+        spec: Option<&HaSpec>,
+        gws: impl IntoIterator<Item = &'a Gw>,
+        alloc: &Allocations,
+    ) -> Option<Feed> {
+        *self.shared.targets.lock().unwrap() = targets(gws);
         if spec.is_some() {
             *self.shared.names.lock().unwrap() = Arc::new(SyncNames::of(alloc));
         }

@@ -51,6 +51,69 @@ fn a_flow_written_from_outside_is_the_one_the_program_finds() {
     assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 1, "the flow was opened again");
 }
 
+/// A peer's copy of a flow (`FlowWriter::put_flow`, what an HA standby
+/// writes from its original half alone) is the flow the program finds: the
+/// reply half is derived as the program derives it, and the copy
+/// translates the flow's next packets both ways without opening it again.
+/// Written again as established, the same flow moves into `ct` (both
+/// halves) with its state; a copy of a later flow of the tuple (created
+/// 10 s after, another translation) replaces the earlier flow and its pair.
+#[test]
+fn a_peers_copy_of_a_flow_is_the_one_the_program_finds() {
+    use lbagent::dataplane::tables::FlowPut;
+    let Some(mut e) = engine() else { return };
+    let ends = |out: &[u8]| {
+        let s = packet::summary(out);
+        (s.src, s.dst, s.sport, s.dport)
+    };
+    let q = frame(&Ip::new(CLIENT, VIP), &udp(26101, 53, b"q"));
+    let (rc, first) = e.run(&q).unwrap();
+    assert_eq!(rc, TC_ACT_OK);
+    let orig = udp_key(26101);
+    let made = entry(&e, &orig).expect("the flow's original half");
+    for (k, _) in e.tables.conntrack().unwrap() {
+        assert!(e.tables.remove_conntrack_entry(&k).unwrap());
+    }
+    // What a record carries: the translation, state, times, rules, and
+    // the translation flags (no sequence tracking).
+    let copy =
+        CtEntry { seq_end: 0, max_win: 0, wscale: CT_WSCALE_NONE, flags: made.flags & (CT_F_SNAT | CT_F_DNAT), ..made };
+    let mut w = e.tables.flow_writer().unwrap();
+    assert_eq!(w.put_flow(&orig, &copy, false), FlowPut::Inserted);
+    let halves = e.tables.conntrack_table(MAP_CT_NEW).unwrap();
+    assert_eq!(halves.len(), 2, "{halves:?}");
+    let reply = entry(&e, &copy.xlate.reversed()).expect("the derived reply half");
+    assert_eq!(reply.xlate, orig.reversed());
+    assert_eq!(reply.flags, copy.flags | CT_F_REPLY);
+    let (rc, again) = e.run(&q).unwrap();
+    assert_eq!((rc, ends(&again)), (TC_ACT_OK, ends(&first)));
+    let (sport, dport) = (packet::summary(&first).sport, packet::summary(&first).dport);
+    let (rc, answer) = e.run(&frame(&Ip::new(SERVER, SNAT), &udp(dport, sport, b"a"))).unwrap();
+    assert_eq!((rc, ends(&answer)), (TC_ACT_OK, (VIP, CLIENT, 53, 26101)));
+    assert_eq!(e.tables.counter(Counter::NewFlows).unwrap(), 1, "the flow was opened again");
+
+    // The same flow, established on the peer: both halves move into ct.
+    let established = CtEntry { state: CT_ESTABLISHED, ..copy };
+    assert_eq!(w.put_flow(&orig, &established, true), FlowPut::Refreshed);
+    let ct = e.tables.conntrack_table(MAP_CT).unwrap();
+    assert_eq!(ct.len(), 2, "{ct:?}");
+    assert!(ct.iter().all(|(_, v)| v.state == CT_ESTABLISHED), "{ct:?}");
+    assert!(e.tables.conntrack_table(MAP_CT_NEW).unwrap().is_empty());
+
+    // A later flow of the tuple with another translation replaces it.
+    let later = CtEntry {
+        created_ms: copy.created_ms.wrapping_add(10_000),
+        xlate: Tuple { sport: copy.xlate.sport.wrapping_add(1), ..copy.xlate },
+        ..copy
+    };
+    assert_eq!(w.put_flow(&orig, &later, false), FlowPut::Replaced);
+    let all = e.tables.conntrack().unwrap();
+    assert_eq!(all.len(), 2, "the earlier flow's halves are gone: {all:?}");
+    assert_eq!(entry(&e, &orig).unwrap().xlate, later.xlate);
+    assert!(entry(&e, &copy.xlate.reversed()).is_none(), "the earlier reply half is gone");
+    assert_eq!(entry(&e, &later.xlate.reversed()).unwrap().xlate, orig.reversed());
+}
+
 /// The previous layout's entry of a half (what its programs wrote).
 fn previous(e: &CtEntry) -> CtEntryPrev {
     CtEntryPrev {

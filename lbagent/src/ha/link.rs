@@ -716,24 +716,17 @@ fn flow_of_record(f: &FlowRec, names: &SyncNames, now: u64) -> Option<(Tuple, Ct
     }
     let zone = *names.zone_id.get(f.zone.as_str())?;
     let rule = |k: &str| if k.is_empty() { Some(0) } else { names.rule_id.get(k).copied() };
-    let key = Tuple {
-        saddr: v4_of(&f.orig_saddr),
-        daddr: v4_of(&f.orig_daddr),
-        sport: f.orig_sport,
-        dport: f.orig_dport,
+    let tuple = |saddr: &[u8; 16], daddr: &[u8; 16], sport, dport| Tuple {
+        saddr: v4_of(saddr),
+        daddr: v4_of(daddr),
+        sport,
+        dport,
         proto: f.proto,
         _pad0: 0,
         zone,
     };
-    let xlate = Tuple {
-        saddr: v4_of(&f.xlate_saddr),
-        daddr: v4_of(&f.xlate_daddr),
-        sport: f.xlate_sport,
-        dport: f.xlate_dport,
-        proto: f.proto,
-        _pad0: 0,
-        zone,
-    };
+    let key = tuple(&f.orig_saddr, &f.orig_daddr, f.orig_sport, f.orig_dport);
+    let xlate = tuple(&f.xlate_saddr, &f.xlate_daddr, f.xlate_sport, f.xlate_dport);
     let e = CtEntry {
         xlate,
         last_seen_ns: now.saturating_sub(u64::from(f.idle_ms) * 1_000_000),

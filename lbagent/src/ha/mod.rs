@@ -397,13 +397,14 @@ impl Shared {
         let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
         let session = now.max(last + 1);
         if let Err(e) = crate::files::write_private(&path, format!("{session}\n").as_bytes(), true) {
-            warn!("ha: keeping the session in {}: {e:#}", path.display());
+            warn!("ha: keeping the link's run id in {}: {e:#}", path.display());
         }
         session
     }
 }
 
-/// File in the state dir with the last session id the link used.
+/// File in the state dir with the last run id the sync link used (each
+/// start of the link takes a higher one).
 const SESSION_FILE: &str = "ha-session";
 
 /// Every target's host-side links up or down, each tried; what failed.

@@ -317,7 +317,7 @@ impl Replay {
     /// says is trusted only when it does echo it (the caller's part).
     pub fn admit(&mut self, h: &Header, mine: u64) -> Result<(), &'static str> {
         if h.kind != Kind::Hello && h.echo != mine {
-            return Err("not addressed to this session (stale or replayed)");
+            return Err("not addressed to the current run of this host's link (stale or replayed)");
         }
         if h.session < self.peer_session {
             return Err("an older session of the peer (replayed)");
@@ -394,6 +394,10 @@ mod tests {
             assert!(decode(&key, &bad).is_err(), "byte {i}");
         }
         assert!(decode(&Key::new(b"another secret!!"), &d).is_err());
+        let mut long = d.clone();
+        long.resize(MAX_DATAGRAM + 1, 0);
+        let why = decode(&key, &long).unwrap_err().to_string();
+        assert!(why.contains("longer than any datagram"), "refused before its MAC is computed: {why}");
     }
 
     #[test]
